@@ -1,0 +1,72 @@
+"""The one backend protocol. Sensors, triggers and teardown talk to this, never to a
+particular backend: they hold a :class:`GroupRef` (JSON, fit for XCom) and call
+:func:`airflow_tf.backends.backend_for`."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict, dataclass, field
+from typing import Any, AsyncIterator, Iterable, Protocol, runtime_checkable
+
+from airflow_tf.cluster import GroupSpec, GroupStatus
+
+
+@dataclass(frozen=True)
+class GroupRef:
+    """Everything needed to find a launched group again, from any process."""
+
+    backend: str
+    name: str
+    namespace: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    """Backend settings needed to reconnect (state dir; connection id, config file, ...)."""
+    success_policy: str = "AllWorkers"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "GroupRef":
+        return cls(**data)
+
+
+class BackendError(RuntimeError):
+    """The backend could not do what was asked; the message says what and what to do."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    def launch(self, spec: GroupSpec) -> GroupRef:
+        """Create every task of the group. Idempotent: when a group of this name already
+        exists, return a reference to it and create nothing (a retried launch re-attaches)."""
+
+    def find(self, name: str) -> GroupRef | None:
+        """The existing group of this name, or None."""
+
+    def status(self, ref: GroupRef) -> GroupStatus:
+        """Per-task phases, restarts and failure reasons. A group that is gone reports
+        ``exists=False``."""
+
+    def watch(self, ref: GroupRef, timeout: float | None = None) -> AsyncIterator[GroupStatus]:
+        """Async: yield a status now and then whenever it may have changed, until ``timeout``
+        seconds passed (None: forever). The trigger waits on this instead of polling."""
+
+    def logs(self, ref: GroupRef, role: str, index: int, tail_lines: int | None = None) -> str:
+        """The task's log (its last ``tail_lines`` lines), '' when there is none."""
+
+    def teardown(self, ref: GroupRef, roles: Iterable[str] | None = None) -> list[str]:
+        """Stop and delete the tasks of ``roles`` (None: all, and the group itself).
+        Tolerates tasks already gone; returns the names of what it deleted."""
+
+
+async def poll_watch(backend: Backend, ref: GroupRef, interval: float, timeout: float | None) -> AsyncIterator[GroupStatus]:
+    """A ``watch`` for backends whose status is cheap to read (a local state file)."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    while True:
+        yield await asyncio.to_thread(backend.status, ref)
+        if deadline is not None and loop.time() >= deadline:
+            return
+        await asyncio.sleep(interval if deadline is None else max(0.0, min(interval, deadline - loop.time())))

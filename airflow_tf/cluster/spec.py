@@ -1,0 +1,193 @@
+"""What a training group IS: roles, replicas, what each task runs, how failures are retried.
+
+Pure Python (no Airflow, no TensorFlow) so that the launcher, the backends, the supervisor
+and the tests share one definition and one validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from .names import is_dns1123_label, task_name
+from .training import TrainingConfig
+
+ROLES = ("chief", "ps", "worker", "evaluator")
+"""Task types, in TF_CONFIG spelling. ``master`` is not one: TensorFlow 2.21 rejects it."""
+
+RESTART_POLICIES = ("Never", "OnFailure", "ExitCode")
+SUCCESS_POLICIES = ("AllWorkers", "ChiefOrWorker0")
+DEFAULT_PORT = 2222
+RUNTIME_COMMAND = ("python", "-m", "airflow_tf.runtime")
+
+
+class SpecError(ValueError):
+    """A group spec that cannot run; the message names every field that is wrong."""
+
+
+def is_retryable_exit(policy: str, exit_code: int) -> bool:
+    """Whether a task that exited with ``exit_code`` is restarted under ``policy``.
+
+    ``ExitCode`` retries only infrastructure failures: death by a signal (a negative code
+    from a local process, 128+N from a container runtime, e.g. 137 for SIGKILL/OOM, 143
+    for SIGTERM). A program error such as exit 1 fails at once: retrying would fail again."""
+    if exit_code == 0 or policy == "Never":
+        return False
+    if policy == "OnFailure":
+        return True
+    return exit_code < 0 or exit_code > 128
+
+
+def describe_exit(exit_code: int) -> str:
+    """``exit code 1`` / ``killed by SIGKILL`` / ``exit code 137 (SIGKILL)``."""
+    signum = -exit_code if exit_code < 0 else exit_code - 128 if exit_code > 128 else None
+    try:
+        signame = signal.Signals(signum).name if signum else None
+    except ValueError:
+        signame = None
+    if exit_code < 0:
+        return f"killed by {signame or f'signal {-exit_code}'}"
+    return f"exit code {exit_code}" + (f" ({signame})" if signame else "")
+
+
+@dataclass
+class RoleSpec:
+    replicas: int = 1
+    image: str | None = None
+    """Container image (Kubernetes backend); None takes the group's image."""
+    command: list[str] | None = None
+    """None runs ``python -m airflow_tf.runtime`` with the group's training options."""
+    resources: dict[str, dict[str, str]] = field(default_factory=dict)
+    """``{"requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}`` as in Kubernetes."""
+    env: dict[str, str] = field(default_factory=dict)
+    restart_policy: str = "ExitCode"
+    kubernetes: dict[str, Any] = field(default_factory=dict)
+    """Pod settings only the Kubernetes backend reads (node selector, tolerations, ...)."""
+
+
+def _default_roles() -> dict[str, RoleSpec]:
+    return {"ps": RoleSpec(replicas=1, restart_policy="OnFailure"), "worker": RoleSpec(replicas=2)}
+
+
+@dataclass
+class GroupSpec:
+    name: str
+    roles: dict[str, RoleSpec] = field(default_factory=_default_roles)
+    training: TrainingConfig | None = None
+    image: str | None = None
+    backoff_limit: int = 3
+    """Restarts allowed across the whole group before it is failed."""
+    active_deadline_seconds: float | None = None
+    success_policy: str = "AllWorkers"
+    port: int = DEFAULT_PORT
+    labels: dict[str, str] = field(default_factory=dict)
+    """Extra labels (Airflow dag/task/run ids) stamped on every task of the group."""
+
+    def __post_init__(self) -> None:
+        self.roles = {
+            role: spec if isinstance(spec, RoleSpec) else RoleSpec(**spec)
+            for role, spec in self.roles.items()
+        }
+        if isinstance(self.training, dict):
+            self.training = TrainingConfig.from_dict(self.training)
+        self.validate()
+
+    # -- construction -------------------------------------------------------------------
+    @classmethod
+    def for_training(cls, name: str, training: TrainingConfig, *, ps: int = 1, workers: int = 2,
+                     chief: int = 0, evaluator: int = 0, **options: Any) -> "GroupSpec":
+        roles = {"ps": RoleSpec(replicas=ps, restart_policy="OnFailure"), "worker": RoleSpec(replicas=workers)}
+        if chief:
+            roles["chief"] = RoleSpec(replicas=chief)
+        if evaluator:
+            roles["evaluator"] = RoleSpec(replicas=evaluator)
+        role_overrides = options.pop("role_options", {}) or {}
+        for role, extra in role_overrides.items():
+            if role not in roles:
+                raise SpecError(f"role_options: {role!r} is not a role of this group ({', '.join(roles)})")
+            roles[role] = dataclasses.replace(roles[role], **extra)
+        return cls(name=name, roles=roles, training=training, **options)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "GroupSpec":
+        return cls(**data)
+
+    # -- validation ---------------------------------------------------------------------
+    def validate(self) -> None:
+        errors: list[str] = []
+        if not is_dns1123_label(self.name or "") or len(self.name) > 46:
+            errors.append(
+                f"name: {self.name!r} must be a DNS-1123 label of at most 46 characters "
+                "(lowercase letters, digits and '-'); derive it with airflow_tf.cluster.names.dns1123_label"
+            )
+        for role, spec in self.roles.items():
+            if role not in ROLES:
+                hint = " (use 'chief': TensorFlow 2.21 rejects 'master')" if role == "master" else ""
+                errors.append(f"roles.{role}: unknown role{hint}; roles are {', '.join(ROLES)}")
+                continue
+            if not isinstance(spec.replicas, int) or isinstance(spec.replicas, bool) or spec.replicas < 0:
+                errors.append(f"roles.{role}.replicas: must be a whole number >= 0, got {spec.replicas!r}")
+            if spec.restart_policy not in RESTART_POLICIES:
+                errors.append(
+                    f"roles.{role}.restart_policy: {spec.restart_policy!r} is not one of {', '.join(RESTART_POLICIES)}"
+                )
+            if spec.command is not None and (not spec.command or not all(isinstance(c, str) for c in spec.command)):
+                errors.append(f"roles.{role}.command: must be a non-empty list of strings")
+        if self.replicas("worker") < 1 and self.replicas("chief") < 1:
+            errors.append("roles.worker.replicas: a group needs at least one worker (or a chief)")
+        if self.replicas("chief") > 1:
+            errors.append(f"roles.chief.replicas: at most one chief, got {self.replicas('chief')}")
+        if self.replicas("evaluator") > 1:
+            errors.append(f"roles.evaluator.replicas: at most one evaluator, got {self.replicas('evaluator')}")
+        if self.training is not None and self.replicas("ps") < 1:
+            errors.append("roles.ps.replicas: parameter-server training needs at least one ps task")
+        if self.training is not None and self.training.replicas_to_aggregate is not None:
+            trainers = self.replicas("worker") + self.replicas("chief")
+            if self.training.replicas_to_aggregate > trainers:
+                errors.append(
+                    f"training.replicas_to_aggregate: {self.training.replicas_to_aggregate} is more than "
+                    f"the {trainers} training task(s); a sync step would never complete"
+                )
+        if not isinstance(self.backoff_limit, int) or self.backoff_limit < 0:
+            errors.append(f"backoff_limit: must be a whole number >= 0, got {self.backoff_limit!r}")
+        if self.active_deadline_seconds is not None and self.active_deadline_seconds <= 0:
+            errors.append(f"active_deadline_seconds: must be positive, got {self.active_deadline_seconds}")
+        if self.success_policy not in SUCCESS_POLICIES:
+            errors.append(f"success_policy: {self.success_policy!r} is not one of {', '.join(SUCCESS_POLICIES)}")
+        if not isinstance(self.port, int) or not 1 <= self.port <= 65535:
+            errors.append(f"port: must be a TCP port 1-65535, got {self.port!r}")
+        if self.training is None and any(s.command is None for r, s in self.roles.items() if s.replicas):
+            errors.append("training: required unless every role has its own command")
+        if errors:
+            raise SpecError(f"invalid training group {self.name!r}:\n  " + "\n  ".join(errors))
+        for role, index in self.tasks():
+            task_name(self.name, role, index)
+
+    # -- queries ------------------------------------------------------------------------
+    def replicas(self, role: str) -> int:
+        spec = self.roles.get(role)
+        return spec.replicas if spec else 0
+
+    def tasks(self) -> Iterator[tuple[str, int]]:
+        """Every (role, index) of the group, in a stable order."""
+        for role in ROLES:
+            for index in range(self.replicas(role)):
+                yield role, index
+
+    def chief_task(self) -> tuple[str, int]:
+        """The task that checkpoints: the chief if there is one, else worker 0."""
+        return ("chief", 0) if self.replicas("chief") else ("worker", 0)
+
+    def command(self, role: str, python: str | None = None) -> list[str]:
+        """What a task of ``role`` runs. ``python`` replaces the interpreter (local backend)."""
+        spec = self.roles[role]
+        if spec.command is not None:
+            return list(spec.command)
+        assert self.training is not None
+        head = [python or sys.executable, *RUNTIME_COMMAND[1:]] if python else list(RUNTIME_COMMAND)
+        return head + self.training.to_args()

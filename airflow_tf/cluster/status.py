@@ -1,0 +1,114 @@
+"""Group status as every backend reports it, and the rules that say when a group is done."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .spec import GroupSpec
+
+
+class Phase(str, Enum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    """Terminal: failed beyond its restart budget (or under a policy that does not retry)."""
+    RESTARTING = "Restarting"
+
+
+@dataclass
+class TaskStatus:
+    role: str
+    index: int
+    name: str
+    phase: Phase
+    restarts: int = 0
+    exit_code: int | None = None
+    reason: str | None = None
+    """Why it failed or is not running: 'exit code 1', 'OOMKilled', 'ImagePullBackOff: ...'."""
+
+    def __post_init__(self) -> None:
+        self.phase = Phase(self.phase)
+
+
+@dataclass
+class GroupStatus:
+    name: str
+    tasks: list[TaskStatus] = field(default_factory=list)
+    failure: str | None = None
+    """Set when the group as a whole failed (deadline passed, backoff limit reached, ...)."""
+    progress: dict[str, Any] | None = None
+    """Latest training progress (global_step, target_step, examples_per_sec, loss) if known."""
+    exists: bool = True
+
+    def __post_init__(self) -> None:
+        self.tasks = [t if isinstance(t, TaskStatus) else TaskStatus(**t) for t in self.tasks]
+
+    def task(self, role: str, index: int) -> TaskStatus | None:
+        return next((t for t in self.tasks if t.role == role and t.index == index), None)
+
+    def role_tasks(self, role: str) -> list[TaskStatus]:
+        return [t for t in self.tasks if t.role == role]
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Per role, how many tasks are in each phase: ``{"worker": {"Succeeded": 1, ...}}``."""
+        result: dict[str, dict[str, int]] = {}
+        for t in self.tasks:
+            per_role = result.setdefault(t.role, {p.value: 0 for p in Phase})
+            per_role[t.phase.value] += 1
+        return result
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        for t in data["tasks"]:
+            t["phase"] = Phase(t["phase"]).value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "GroupStatus":
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    done: bool
+    succeeded: bool
+    reason: str
+    failed_task: TaskStatus | None = None
+
+
+def _trainers(status: GroupStatus) -> list[TaskStatus]:
+    return status.role_tasks("chief") + status.role_tasks("worker")
+
+
+def evaluate(status: GroupStatus, success_policy: str = "AllWorkers") -> Outcome:
+    """Apply the completion rules to a status.
+
+    - failed: the group failed as a whole, or any task failed beyond its restart budget;
+    - AllWorkers: every worker (and the chief, if any) succeeded;
+    - ChiefOrWorker0: the chief, or worker 0 when there is no chief, succeeded.
+    Parameter servers never finish by themselves and are not counted."""
+    if not status.exists:
+        return Outcome(True, False, f"training group {status.name!r} does not exist (never launched, or deleted)")
+    if status.failure:
+        return Outcome(True, False, status.failure)
+    for t in status.tasks:
+        if t.phase is Phase.FAILED:
+            return Outcome(True, False, f"task {t.name} ({t.role} {t.index}) failed: {t.reason or 'unknown reason'}", t)
+    trainers = _trainers(status)
+    if not trainers:
+        return Outcome(False, False, "no training task reported yet")
+    if success_policy == "ChiefOrWorker0":
+        lead = status.task("chief", 0) or status.task("worker", 0)
+        if lead is not None and lead.phase is Phase.SUCCEEDED:
+            return Outcome(True, True, f"{lead.name} succeeded")
+    elif success_policy == "AllWorkers":
+        if all(t.phase is Phase.SUCCEEDED for t in trainers):
+            return Outcome(True, True, f"all {len(trainers)} training task(s) succeeded")
+    else:
+        raise ValueError(f"unknown success policy {success_policy!r}")
+    done = sum(t.phase is Phase.SUCCEEDED for t in trainers)
+    return Outcome(False, False, f"workers done {done}/{len(trainers)}")

@@ -1,0 +1,146 @@
+"""What every task of a group is asked to do: the training options.
+
+One definition serves both sides: the launcher turns a :class:`TrainingConfig` into
+``python -m airflow_tf.runtime`` arguments (:meth:`TrainingConfig.to_args`), and the runtime
+parses them back with :func:`argument_parser` (:meth:`TrainingConfig.from_args`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+OPTIMIZERS = ("sgd", "adam", "adagrad", "rmsprop")
+BUILTIN_MODELS = ("linear_regression", "mlp_classifier")
+
+
+@dataclass
+class TrainingConfig:
+    dataset: str
+    """Dataset directory written by PrepareTFRecords (holds schema.json and _SUCCESS)."""
+    run_dir: str
+    """Checkpoints, event files and progress.json of this run (shared by all tasks)."""
+    model: str = "linear_regression"
+    """A built-in model name or ``package.module:function`` returning a Keras model."""
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    loss: str | None = None
+    """Keras loss name; None lets the model decide (mse for regression, sparse CE for classes)."""
+    optimizer: str = "sgd"
+    learning_rate: float = 0.01
+    batch_size: int = 64
+    steps: int | None = None
+    """Target global step. Exactly one of steps / epochs is set (steps wins when both)."""
+    epochs: float | None = None
+    sync: bool = False
+    replicas_to_aggregate: int | None = None
+    """Sync mode: gradients aggregated per step; below the worker count, slow workers don't stall."""
+    checkpoint_every_secs: float = 10.0
+    log_every_secs: float = 2.0
+    intra_op_threads: int = 1
+    inter_op_threads: int = 2
+    seed: int = 0
+    warm_start_from: str | None = None
+    """A checkpoint directory or SavedModel to initialise the weights from (first start only)."""
+
+    def __post_init__(self) -> None:
+        errors = []
+        if not self.dataset:
+            errors.append("dataset: a dataset directory is required")
+        if not self.run_dir:
+            errors.append("run_dir: a run directory is required")
+        if self.steps is None and self.epochs is None:
+            errors.append("steps/epochs: set a target global step (steps) or a number of epochs")
+        if self.steps is not None and int(self.steps) <= 0:
+            errors.append(f"steps: must be positive, got {self.steps}")
+        if self.epochs is not None and float(self.epochs) <= 0:
+            errors.append(f"epochs: must be positive, got {self.epochs}")
+        if int(self.batch_size) <= 0:
+            errors.append(f"batch_size: must be positive, got {self.batch_size}")
+        if float(self.learning_rate) <= 0:
+            errors.append(f"learning_rate: must be positive, got {self.learning_rate}")
+        if self.optimizer not in OPTIMIZERS:
+            errors.append(f"optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        if self.model not in BUILTIN_MODELS and ":" not in self.model:
+            errors.append(
+                f"model: {self.model!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) "
+                "nor an import path 'package.module:function'"
+            )
+        if self.replicas_to_aggregate is not None and int(self.replicas_to_aggregate) <= 0:
+            errors.append(f"replicas_to_aggregate: must be positive, got {self.replicas_to_aggregate}")
+        if errors:
+            raise ValueError("invalid training options:\n  " + "\n  ".join(errors))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainingConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown training option(s): {', '.join(unknown)}")
+        return cls(**data)
+
+    def to_args(self) -> list[str]:
+        """Command-line arguments for ``python -m airflow_tf.runtime``."""
+        args: list[str] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            flag = "--" + f.name.replace("_", "-")
+            if value is None or (f.name == "model_kwargs" and not value):
+                continue
+            if isinstance(value, bool):
+                if value:
+                    args.append(flag)
+            elif isinstance(value, dict):
+                args += [flag, json.dumps(value, sort_keys=True)]
+            else:
+                args += [flag, str(value)]
+        return args
+
+    @classmethod
+    def from_args(cls, argv: list[str] | None = None) -> "TrainingConfig":
+        ns = argument_parser().parse_args(argv)
+        return cls(**vars(ns))
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m airflow_tf.runtime",
+        description="Run one task (ps, worker, chief or evaluator) of a TensorFlow training group. "
+        "The task's role and the cluster come from the TF_CONFIG environment variable.",
+    )
+    defaults = {f.name: f for f in dataclasses.fields(TrainingConfig)}
+    parser.add_argument("--dataset", required=True, help=_doc("dataset"))
+    parser.add_argument("--run-dir", dest="run_dir", required=True, help=_doc("run_dir"))
+    parser.add_argument("--model", default=defaults["model"].default, help=_doc("model"))
+    parser.add_argument("--model-kwargs", dest="model_kwargs", type=json.loads, default={},
+                        help="JSON object of keyword arguments for the model function")
+    parser.add_argument("--loss", default=None)
+    parser.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS)
+    parser.add_argument("--learning-rate", dest="learning_rate", type=float, default=0.01)
+    parser.add_argument("--batch-size", dest="batch_size", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=None, help=_doc("steps"))
+    parser.add_argument("--epochs", type=float, default=None)
+    parser.add_argument("--sync", action="store_true", help="synchronous updates (SyncReplicasOptimizer)")
+    parser.add_argument("--replicas-to-aggregate", dest="replicas_to_aggregate", type=int, default=None)
+    parser.add_argument("--checkpoint-every-secs", dest="checkpoint_every_secs", type=float, default=10.0)
+    parser.add_argument("--log-every-secs", dest="log_every_secs", type=float, default=2.0)
+    parser.add_argument("--intra-op-threads", dest="intra_op_threads", type=int, default=1)
+    parser.add_argument("--inter-op-threads", dest="inter_op_threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warm-start-from", dest="warm_start_from", default=None, help=_doc("warm_start_from"))
+    return parser
+
+
+def _doc(name: str) -> str:
+    docs = {
+        "dataset": "dataset directory written by PrepareTFRecords (must hold _SUCCESS)",
+        "run_dir": "directory for checkpoints, event files and progress.json, shared by all tasks",
+        "model": f"built-in model ({', '.join(BUILTIN_MODELS)}) or package.module:function",
+        "steps": "target global step",
+        "warm_start_from": "checkpoint directory or SavedModel to initialise weights from",
+    }
+    return docs[name]

@@ -1,0 +1,1 @@
+"""TFRecord preparation and reading: schema, conversion, atomic commit, tf.data input."""

@@ -1,0 +1,1 @@
+"""Airflow operators: thin adapters over cluster/, backends/, data/ and serving/."""

@@ -1,0 +1,1 @@
+"""What runs inside each ps/worker process or pod. Imports TensorFlow, never Airflow."""

@@ -1,0 +1,1 @@
+"""Evaluation of a checkpoint, blessing, and SavedModel export in the TF Serving layout."""

@@ -1,0 +1,1 @@
+"""Async triggers for deferrable waiting on the triggerer."""

@@ -1,0 +1,100 @@
+"""The group spec, names, TF_CONFIG and completion rules: pure Python, no TensorFlow."""
+
+import json
+import re
+
+import pytest
+
+from airflow_tf.cluster import (
+    GroupSpec, GroupStatus, Phase, RoleSpec, SpecError, TaskStatus, TrainingConfig, cluster_def,
+    dns1123_label, evaluate, group_name, is_retryable_exit, label_value, tf_config_json,
+)
+from airflow_tf.cluster.names import is_dns1123_label
+
+
+def training(**kw):
+    return TrainingConfig(dataset="/data/ds/1", run_dir="/runs/r", steps=100, **kw)
+
+
+def test_hostile_dag_id_gives_valid_distinct_names():
+    a = group_name("My_Model; rm -rf /", "train", "manual__2026-01-01")
+    b = group_name("my-model-rm-rf", "train", "manual__2026-01-01")
+    c = group_name("My_Model; rm -rf /", "train", "manual__2026-01-02")
+    for name in (a, b, c):
+        assert is_dns1123_label(name) and len(name) <= 46
+    assert len({a, b, c}) == 3
+    assert a == group_name("My_Model; rm -rf /", "train", "manual__2026-01-01"), "a retry must find the same group"
+    assert dns1123_label("My_Model") != dns1123_label("my-model")
+    run_label = label_value("manual__2026-01-01T00:00:00+00:00")
+    assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", run_label) and "+" not in run_label
+    assert len(label_value("x" * 100)) <= 63
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(roles={"ps": RoleSpec(1), "worker": RoleSpec(0)}), "at least one worker"),
+        (dict(roles={"ps": RoleSpec(1), "worker": RoleSpec(-1)}), "roles.worker.replicas"),
+        (dict(roles={"ps": RoleSpec(1), "worker": RoleSpec(1), "master": RoleSpec(1)}), "TensorFlow 2.21 rejects 'master'"),
+        (dict(roles={"ps": RoleSpec(1), "worker": RoleSpec(1, restart_policy="Always")}), "restart_policy"),
+        (dict(roles={"ps": RoleSpec(0), "worker": RoleSpec(1)}), "at least one ps"),
+        (dict(backoff_limit=-1), "backoff_limit"),
+        (dict(active_deadline_seconds=0), "active_deadline_seconds"),
+    ],
+)
+def test_bad_specs_are_refused_with_the_field_named(kwargs, message):
+    with pytest.raises(SpecError, match=message):
+        GroupSpec(name="good-name", training=training(), **kwargs)
+
+
+def test_name_that_is_not_a_dns_label_is_refused():
+    with pytest.raises(SpecError, match="DNS-1123"):
+        GroupSpec(name="Bad_Name", training=training())
+
+
+def test_replicas_to_aggregate_above_worker_count_is_refused():
+    with pytest.raises(SpecError, match="replicas_to_aggregate"):
+        GroupSpec.for_training("g", training(sync=True, replicas_to_aggregate=3), workers=2)
+
+
+def test_tf_config_has_integer_index_and_chief_not_master():
+    spec = GroupSpec.for_training("g", training(), ps=2, workers=2, chief=1)
+    cluster = cluster_def(spec, lambda role, i: f"{role}-{i}:2222")
+    config = json.loads(tf_config_json(cluster, "chief", 0))
+    assert config["task"] == {"type": "chief", "index": 0}
+    assert config["cluster"] == {
+        "chief": ["chief-0:2222"], "ps": ["ps-0:2222", "ps-1:2222"], "worker": ["worker-0:2222", "worker-1:2222"],
+    }
+    assert json.loads(tf_config_json(cluster, "worker", 1))["task"]["index"] == 1
+
+
+def test_training_options_round_trip_through_runtime_arguments():
+    config = training(sync=True, replicas_to_aggregate=1, model_kwargs={"hidden": [8]})
+    assert TrainingConfig.from_args(config.to_args()) == config
+
+
+def test_exit_code_rule_retries_only_signals():
+    assert is_retryable_exit("ExitCode", -9) and is_retryable_exit("ExitCode", 137)
+    assert not is_retryable_exit("ExitCode", 1)
+    assert is_retryable_exit("OnFailure", 1) and not is_retryable_exit("Never", -9)
+
+
+def _status(*phases, failure=None):
+    tasks = [TaskStatus("ps", 0, "g-ps-0", Phase.RUNNING)]
+    tasks += [TaskStatus("worker", i, f"g-worker-{i}", p, reason="exit code 1" if p is Phase.FAILED else None)
+              for i, p in enumerate(phases)]
+    return GroupStatus("g", tasks, failure=failure)
+
+
+def test_completion_rules():
+    assert not evaluate(_status(Phase.SUCCEEDED, Phase.RUNNING)).done
+    assert evaluate(_status(Phase.SUCCEEDED, Phase.RUNNING), "ChiefOrWorker0").succeeded
+    done = evaluate(_status(Phase.SUCCEEDED, Phase.SUCCEEDED))
+    assert done.done and done.succeeded
+    failed = evaluate(_status(Phase.SUCCEEDED, Phase.FAILED))
+    assert failed.done and not failed.succeeded and "g-worker-1" in failed.reason and "exit code 1" in failed.reason
+    deadline = evaluate(_status(Phase.RUNNING, Phase.RUNNING, failure="active deadline of 5s passed"))
+    assert deadline.done and not deadline.succeeded and "deadline" in deadline.reason
+    counts = _status(Phase.SUCCEEDED, Phase.RUNNING).counts()
+    assert counts["worker"]["Succeeded"] == 1 and counts["worker"]["Running"] == 1 and counts["ps"]["Running"] == 1
+    assert GroupStatus.from_dict(_status(Phase.FAILED).to_dict()) == _status(Phase.FAILED)
