@@ -98,3 +98,19 @@ def test_completion_rules():
     counts = _status(Phase.SUCCEEDED, Phase.RUNNING).counts()
     assert counts["worker"]["Succeeded"] == 1 and counts["worker"]["Running"] == 1 and counts["ps"]["Running"] == 1
     assert GroupStatus.from_dict(_status(Phase.FAILED).to_dict()) == _status(Phase.FAILED)
+
+
+def test_progress_line_round_trips_and_the_last_line_wins():
+    from airflow_tf.cluster.progress import describe, format_progress, parse_progress
+
+    log = "\n".join([
+        "INFO starting",
+        format_progress(10, 1000, 1200.0, 3.5, 40.0),
+        "INFO checkpoint written",
+        format_progress(500, 1000, 5300.25, 0.42, None),
+    ])
+    progress = parse_progress(log)
+    assert progress == {"global_step": 500, "target_step": 1000, "percent": 50.0,
+                        "examples_per_sec": 5300.2, "loss": 0.42, "eta_seconds": None}
+    assert describe(progress) == "global step 500/1000 (50.0%), 5300 examples/s, loss 0.42"
+    assert parse_progress("nothing here") is None

@@ -1,0 +1,57 @@
+"""Training progress as one log line, written by the chief and read back by any backend
+(from a log file, a pod log, or ``progress.json`` in the run directory)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+PREFIX = "airflow-tf progress"
+_FIELDS = ("global_step", "target_step", "percent", "examples_per_sec", "loss", "eta_seconds")
+_LINE = re.compile(PREFIX + r"((?:\s+\w+=\S+)+)")
+
+
+def format_progress(global_step: int, target_step: int, examples_per_sec: float,
+                    loss: float | None, eta_seconds: float | None) -> str:
+    percent = 100.0 * min(global_step, target_step) / target_step if target_step else 0.0
+    parts = [
+        f"global_step={int(global_step)}",
+        f"target_step={int(target_step)}",
+        f"percent={percent:.1f}",
+        f"examples_per_sec={examples_per_sec:.1f}",
+        f"loss={'nan' if loss is None else f'{loss:.6g}'}",
+        f"eta_seconds={'nan' if eta_seconds is None else f'{eta_seconds:.1f}'}",
+    ]
+    return f"{PREFIX} " + " ".join(parts)
+
+
+def parse_progress(text: str) -> dict[str, Any] | None:
+    """The last progress line in ``text`` as a dict, or None if there is none."""
+    matches = _LINE.findall(text)
+    if not matches:
+        return None
+    result: dict[str, Any] = {}
+    for pair in matches[-1].split():
+        key, _, value = pair.partition("=")
+        if key not in _FIELDS:
+            continue
+        if key in ("global_step", "target_step"):
+            result[key] = int(value)
+        else:
+            number = float(value)
+            result[key] = None if number != number else number
+    return result
+
+
+def describe(progress: dict[str, Any] | None) -> str:
+    """``global step 120/1000 (12.0%), 5300 examples/s, ETA 8s`` for task logs."""
+    if not progress:
+        return "no training progress yet"
+    text = f"global step {progress['global_step']}/{progress['target_step']} ({progress['percent']:.1f}%)"
+    if progress.get("examples_per_sec"):
+        text += f", {progress['examples_per_sec']:.0f} examples/s"
+    if progress.get("loss") is not None:
+        text += f", loss {progress['loss']:.4g}"
+    if progress.get("eta_seconds") is not None:
+        text += f", ETA {progress['eta_seconds']:.0f}s"
+    return text
