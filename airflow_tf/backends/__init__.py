@@ -25,8 +25,7 @@ def get_backend(name: str = "local", **options: Any) -> Backend:
 
 def backend_for(ref: GroupRef | dict[str, Any]) -> Backend:
     """The backend that launched ``ref`` (a GroupRef or its XCom dict), reconnected."""
-    if isinstance(ref, dict):
-        ref = GroupRef.from_dict(ref)
+    ref = GroupRef.coerce(ref)
     options = dict(ref.options)
     if ref.namespace is not None:
         options["namespace"] = ref.namespace

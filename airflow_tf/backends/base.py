@@ -29,6 +29,19 @@ class GroupRef:
     def from_dict(cls, data: dict[str, Any]) -> "GroupRef":
         return cls(**data)
 
+    @classmethod
+    def coerce(cls, value: "GroupRef | dict[str, Any]") -> "GroupRef":
+        """A GroupRef from itself, its dict, or a launch result (``{"group": {...}, ...}``)."""
+        if isinstance(value, GroupRef):
+            return value
+        if isinstance(value, dict) and isinstance(value.get("group"), dict):
+            value = value["group"]
+        if not isinstance(value, dict) or not {"backend", "name"} <= set(value):
+            raise ValueError(
+                f"expected a training group reference (the launch task's XCom), got {value!r}"
+            )
+        return cls.from_dict(value)
+
 
 class BackendError(RuntimeError):
     """The backend could not do what was asked; the message says what and what to do."""
