@@ -144,3 +144,17 @@ def _doc(name: str) -> str:
         "warm_start_from": "checkpoint directory or SavedModel to initialise weights from",
     }
     return docs[name]
+
+
+def dataset_uri_of(value: Any) -> str:
+    """The dataset directory from a path, a ``file://`` URI, or the prepare task's XCom."""
+    if isinstance(value, dict):
+        for key in ("dataset_uri", "uri", "dataset"):
+            if isinstance(value.get(key), str):
+                value = value[key]
+                break
+        else:
+            raise ValueError(f"dataset: no dataset URI in {sorted(value)}; pass the prepare task's output")
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"dataset: expected a dataset directory or URI, got {value!r}")
+    return value[len("file://"):] if value.startswith("file://") else value

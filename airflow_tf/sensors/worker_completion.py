@@ -1,0 +1,101 @@
+"""WorkerCompletionSensor: waits until the group's workers are done, counting per role."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Sequence
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_tf.backends import GroupRef, backend_for
+from airflow_tf.triggers.worker_completion import WorkerCompletionTrigger, completion_event, waiting_message
+
+
+class TrainingGroupFailed(AirflowException):
+    """A task of the group failed beyond its restart budget, or the group's deadline passed."""
+
+
+class WorkerCompletionSensor(BaseSensorOperator):
+    """Waits for a training group launched by :class:`LaunchTFClusterOperator`.
+
+    Succeeds when the completion rule holds (all workers succeeded by default; ``success_policy
+    = "ChiefOrWorker0"`` for the chief alone). Fails fast, naming the task and the reason and
+    quoting its last log lines, when a task fails beyond its restart budget or the group's
+    deadline passes. ``deferrable=True`` waits on the triggerer instead of a worker slot.
+
+    :param group: the launch task's XCom (``launch.output``) or a group reference dict.
+    """
+
+    template_fields: Sequence[str] = ("group", "success_policy")
+    ui_color = "#ff9f40"
+
+    def __init__(self, *, group: Any, success_policy: str | None = None, deferrable: bool = False,
+                 log_tail_lines: int = 30, poke_interval: float = 5.0, **kwargs: Any) -> None:
+        super().__init__(poke_interval=poke_interval, **kwargs)
+        self.group = group
+        self.success_policy = success_policy
+        self.deferrable = deferrable
+        self.log_tail_lines = log_tail_lines
+
+    def _ref(self) -> GroupRef:
+        return GroupRef.coerce(self.group)
+
+    def _policy(self, ref: GroupRef) -> str:
+        return self.success_policy or ref.success_policy
+
+    def _check(self) -> dict[str, Any] | None:
+        ref = self._ref()
+        backend = backend_for(ref)
+        status = backend.status(ref)
+        event = completion_event(ref, status, self._policy(ref))
+        if event is None:
+            self.log.info("group %s: %s", ref.name, waiting_message(status, self._policy(ref)))
+            return None
+        if event["failed_task"]:
+            failed = event["failed_task"]
+            event["log_tail"] = backend.logs(ref, failed["role"], failed["index"], self.log_tail_lines)
+        return event
+
+    def poke(self, context: Any) -> PokeReturnValue | bool:
+        event = self._check()
+        if event is None:
+            return False
+        return PokeReturnValue(is_done=True, xcom_value=self._finish(event))
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        event = self._check()
+        if event is not None:
+            return self._finish(event)
+        ref = self._ref()
+        self.defer(
+            trigger=WorkerCompletionTrigger(group=ref.to_dict(), success_policy=self._policy(ref),
+                                            log_tail_lines=self.log_tail_lines),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout) if self.timeout else None,
+        )
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        return self._finish(event)
+
+    def _finish(self, event: dict[str, Any]) -> dict[str, Any]:
+        if event["status"] != "success":
+            tail = event.get("log_tail") or ""
+            quoted = "\n".join(f"    {line}" for line in tail.rstrip().splitlines()[-self.log_tail_lines:])
+            raise TrainingGroupFailed(
+                f"training group {event['group']['name']} failed: {event['reason']}"
+                + (f"\nlast log lines of {event['failed_task']['name']}:\n{quoted}" if quoted else "")
+            )
+        self.log.info("group %s done: %s; per role: %s", event["group"]["name"], event["reason"], event["counts"])
+        return {k: event[k] for k in ("reason", "counts", "progress")}
+
+    def on_kill(self) -> None:
+        """A killed wait leaves nothing running: the group it watches is torn down."""
+        try:
+            ref = self._ref()
+        except ValueError:
+            return
+        deleted = backend_for(ref).teardown(ref)
+        self.log.info("sensor killed: tore down group %s (%d task(s))", ref.name, len(deleted))
