@@ -45,7 +45,9 @@ class TrainingConfig:
     """A checkpoint directory or SavedModel to initialise the weights from (first start only)."""
 
     def __post_init__(self) -> None:
-        errors = []
+        errors = self._coerce_types()
+        if errors:
+            raise ValueError("invalid training options:\n  " + "\n  ".join(errors))
         if not self.dataset:
             errors.append("dataset: a dataset directory is required")
         if not self.run_dir:
@@ -71,6 +73,27 @@ class TrainingConfig:
             errors.append(f"replicas_to_aggregate: must be positive, got {self.replicas_to_aggregate}")
         if errors:
             raise ValueError("invalid training options:\n  " + "\n  ".join(errors))
+
+    def _coerce_types(self) -> list[str]:
+        """Templated Airflow arguments arrive as strings ("3000"): convert them by field type."""
+        errors = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, str) or value == "":
+                continue
+            kind = str(f.type)
+            try:
+                if kind.startswith("int"):
+                    setattr(self, f.name, int(value))
+                elif kind.startswith("float"):
+                    setattr(self, f.name, float(value))
+                elif kind == "bool":
+                    setattr(self, f.name, value.strip().lower() in ("1", "true", "yes", "on"))
+                elif kind.startswith("dict"):
+                    setattr(self, f.name, json.loads(value))
+            except ValueError:
+                errors.append(f"{f.name}: {value!r} is not a valid {kind.split(' ')[0]}")
+        return errors
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

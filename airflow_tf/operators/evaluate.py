@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_tf.cluster import TrainingConfig
+from airflow_tf.storage import models_dir
 
 
 def _launch_result(value: Any) -> tuple[str, str, TrainingConfig]:
@@ -19,12 +19,7 @@ def _launch_result(value: Any) -> tuple[str, str, TrainingConfig]:
 
 
 def _serving_base(value: str | None) -> str:
-    if value:
-        return value
-    storage = os.environ.get("AIRFLOW_TF_STORAGE")
-    if not storage:
-        raise ValueError("serving_base is not set and AIRFLOW_TF_STORAGE is not defined: set serving_base=...")
-    return os.path.join(storage, "models")
+    return value or models_dir()
 
 
 class EvaluateModelOperator(BaseOperator):

@@ -10,6 +10,7 @@ from airflow.sdk import BaseOperator
 from airflow_tf.backends import GroupRef, backend_for, get_backend
 from airflow_tf.cluster import GroupSpec, TrainingConfig, group_name, label_value
 from airflow_tf.cluster.training import dataset_uri_of
+from airflow_tf.storage import runs_dir
 
 
 class LaunchTFClusterOperator(BaseOperator):
@@ -19,7 +20,7 @@ class LaunchTFClusterOperator(BaseOperator):
     this task finds the group it already launched and re-attaches instead of starting another.
 
     :param dataset: dataset directory, or the prepare task's XCom (``prepare.output``).
-    :param run_dir: checkpoints and event files; default ``$AIRFLOW_TF_STORAGE/runs/<group>``.
+    :param run_dir: checkpoints and event files; default ``<storage>/runs/<group>`` (see airflow_tf.storage).
     :param ps: parameter-server tasks; :param workers: worker tasks; :param chief: 0 or 1.
     :param sync: synchronous updates (``SyncReplicasOptimizer``) instead of asynchronous.
     :param backend: ``local`` (processes on this machine) or ``kubernetes``.
@@ -65,7 +66,7 @@ class LaunchTFClusterOperator(BaseOperator):
     def build_spec(self, context: Any) -> GroupSpec:
         ti = context["ti"]
         name = self.group_name or group_name(ti.dag_id, ti.task_id, ti.run_id)
-        run_dir = self.run_dir or os.path.join(default_storage(), "runs", name)
+        run_dir = self.run_dir or os.path.join(runs_dir(), name)
         config = TrainingConfig(dataset=dataset_uri_of(self.dataset), run_dir=run_dir, sync=self.sync, **self.training)
         labels = {
             "airflow.dag_id": label_value(ti.dag_id),
@@ -107,13 +108,3 @@ class LaunchTFClusterOperator(BaseOperator):
             backend_for(ref).teardown(ref)
             self.log.info("launch killed: tore down group %s", ref.name)
 
-
-def default_storage() -> str:
-    """Shared storage for datasets, runs and models: ``$AIRFLOW_TF_STORAGE``."""
-    storage = os.environ.get("AIRFLOW_TF_STORAGE")
-    if not storage:
-        raise ValueError(
-            "run_dir is not set and AIRFLOW_TF_STORAGE is not defined: set run_dir=... on the task, "
-            "or export AIRFLOW_TF_STORAGE=/path/to/shared/storage for the Airflow workers"
-        )
-    return storage
