@@ -49,11 +49,15 @@ def _cmd_render(args: argparse.Namespace) -> int:
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the demo end to end on the embedded default")
     p.add_argument("--workdir", required=True, help="directory for data, runs, models and AIRFLOW_HOME")
+    p.add_argument("--dags-folder", default=None, help="the example DAGs (default: the repository's dags/)")
     p.set_defaults(func=_cmd_demo)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    raise SystemExit("airflow-tf demo: not available yet")
+    from airflow_tf.demo import REPO_DAGS, run_demo
+
+    _print_json(run_demo(args.workdir, args.dags_folder or REPO_DAGS))
+    return 0
 
 
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_prepare, _add_run, _add_render, _add_demo)

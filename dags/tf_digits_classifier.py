@@ -1,0 +1,75 @@
+"""A classifier on real data: the 8x8 handwritten digits bundled with scikit-learn (no
+download). 1 parameter server + 2 workers train an MLP; the model is exported only if its
+accuracy on the held-out split reaches 0.9."""
+
+from __future__ import annotations
+
+import os
+
+import pendulum
+from airflow.sdk import DAG, task
+
+from airflow_tf.operators import (
+    EvaluateModelOperator, ExportSavedModelOperator, LaunchTFClusterOperator, PrepareTFRecordsOperator,
+    TeardownTFClusterOperator,
+)
+from airflow_tf.sensors import WorkerCompletionSensor
+from airflow_tf.storage import datasets_dir, incoming_dir
+
+with DAG(
+    dag_id="tf_digits_classifier",
+    description="Handwritten digits (8x8) MLP classifier: 1 ps + 2 workers, exported at accuracy >= 0.9",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    tags=["tensorflow", "example"],
+    params={"steps": 1500},
+) as dag:
+
+    @task
+    def export_digits() -> str:
+        """scikit-learn's digits as NumPy: a 64-value ``pixels`` vector and the ``digit`` label."""
+        import numpy as np
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        path = os.path.join(incoming_dir(), "digits", "digits.npz")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = path + ".tmp.npz"
+        np.savez(tmp, pixels=(digits.data / 16.0).astype("float32"), digit=digits.target.astype("int64"))
+        os.replace(tmp, path)
+        return path
+
+    prepare = PrepareTFRecordsOperator(
+        task_id="prepare",
+        input=export_digits(),
+        output=datasets_dir(),
+        name="digits",
+        label="digit",
+        eval_fraction=0.2,
+        shards=4,
+    )
+    launch = LaunchTFClusterOperator(
+        task_id="launch",
+        dataset=prepare.output,
+        ps=1,
+        workers=2,
+        model="mlp_classifier",
+        model_kwargs={"hidden_units": [64], "num_classes": 10},
+        optimizer="adam",
+        learning_rate=0.005,
+        batch_size=64,
+        steps="{{ params.steps }}",
+        checkpoint_every_secs=5,
+    )
+    wait = WorkerCompletionSensor(
+        task_id="wait_for_workers", group=launch.output, deferrable=True, poke_interval=2, timeout=1800
+    )
+    teardown = TeardownTFClusterOperator(task_id="teardown", group=launch.output, launch_task_id="launch")
+    evaluate = EvaluateModelOperator(task_id="evaluate", launch=launch.output, thresholds={"accuracy": {"min": 0.9}})
+    export = ExportSavedModelOperator(
+        task_id="export", launch=launch.output, metrics=evaluate.output, model_name="digits"
+    )
+
+    launch >> wait >> teardown.as_teardown(setups=launch)
+    [wait, teardown] >> evaluate >> export
