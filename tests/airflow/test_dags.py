@@ -1,0 +1,82 @@
+"""The example DAGs, run through Airflow (``airflow dags test``), end to end on local processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psutil
+import pytest
+
+from airflow_tf.demo import predict
+
+from .conftest import run_state, task_states
+
+pytestmark = pytest.mark.slow
+
+
+def group_processes(storage: Path) -> list[psutil.Process]:
+    """Processes of training groups (runtime tasks and supervisors) started for this storage."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            env = proc.info["environ"] or {}
+        except (psutil.Error, TypeError):
+            continue
+        if "airflow_tf" in cmdline and (str(storage) in cmdline or str(storage) in env.get("AIRFLOW_TF_STATE_DIR", "")):
+            found.append(proc)
+    return found
+
+
+def test_linear_regression_dag_exports_a_model_close_to_2x_plus_10(airflow_home, tmp_path):
+    result = airflow_home.run("tf_linear_regression", tmp_path, conf=json.dumps({"steps": 1500, "rows": 5000}))
+    assert run_state(result.stdout) == "success", result.stdout[-4000:]
+    states = task_states(airflow_home, "tf_linear_regression", result.stdout)
+    assert set(states.values()) == {"success"}, states
+    export = tmp_path / "storage" / "models" / "linear_regression" / "1"
+    assert (export / "saved_model.pb").exists()
+    predictions = predict(str(export), {"x": [0.0, 1.0, 5.0]})
+    assert predictions == pytest.approx([10.0, 12.0, 20.0], abs=0.5)
+    run_dirs = list((tmp_path / "storage" / "runs").iterdir())
+    assert len(run_dirs) == 1 and (run_dirs[0] / "metrics.json").exists()
+    assert json.loads((run_dirs[0] / "metrics.json").read_text())["blessed"] is True
+    assert not group_processes(tmp_path)
+
+
+def test_digits_classifier_reaches_090_accuracy(airflow_home, tmp_path):
+    result = airflow_home.run("tf_digits_classifier", tmp_path)
+    assert run_state(result.stdout) == "success", result.stdout[-4000:]
+    run_dir = next((tmp_path / "storage" / "runs").iterdir())
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["metrics"]["accuracy"] >= 0.9, metrics
+    export = tmp_path / "storage" / "models" / "digits" / "1"
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    pixels = (digits.data[:50] / 16.0).astype("float32")
+    import tensorflow as tf
+
+    outputs = tf.saved_model.load(str(export)).signatures["serving_default"](pixels=tf.constant(pixels))
+    classes = np.asarray(outputs["classes"]).reshape(-1)
+    assert (classes == digits.target[:50]).mean() >= 0.9
+    assert not group_processes(tmp_path)
+
+
+def test_crashing_workers_fail_the_run_with_the_reason_and_teardown_still_runs(airflow_home, tmp_path):
+    result = airflow_home.run("tf_test_crashing_workers", tmp_path)
+    assert run_state(result.stdout) == "failed"
+    states = task_states(airflow_home, "tf_test_crashing_workers", result.stdout)
+    assert states["wait_for_workers"] == "failed" and states["teardown"] == "success", states
+    assert "failed: task tf-" in result.stdout and "exit code 1" in result.stdout
+    assert "no_such_package" in result.stdout, "the sensor quotes the worker's last log lines"
+    assert not group_processes(tmp_path)
+
+
+def test_retried_launch_reattaches_to_the_same_group(airflow_home, tmp_path):
+    result = airflow_home.run("tf_test_launch_retry", tmp_path)
+    assert run_state(result.stdout) == "success", result.stdout[-4000:]
+    assert result.stdout.count("launched training group") == 1
+    assert "re-attaching to training group" in result.stdout
+    assert not group_processes(tmp_path)
