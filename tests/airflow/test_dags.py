@@ -80,3 +80,28 @@ def test_retried_launch_reattaches_to_the_same_group(airflow_home, tmp_path):
     assert result.stdout.count("launched training group") == 1
     assert "re-attaching to training group" in result.stdout
     assert not group_processes(tmp_path)
+
+
+def test_continuous_retraining_warm_starts_and_exports_only_a_better_model(airflow_home, tmp_path):
+    conf = json.dumps({"steps": 800})
+    models = tmp_path / "storage" / "models" / "linear_regression_retrained"
+    assert run_state(airflow_home.run("tf_ingest_linear_data", tmp_path).stdout) == "success"
+    first = airflow_home.run("tf_continuous_retraining", tmp_path, conf=conf)
+    assert run_state(first.stdout) == "success", first.stdout[-4000:]
+    assert sorted(p.name for p in models.iterdir()) == ["1"], "nothing served yet: the first good model is exported"
+    served_metrics = json.loads((models / "1" / "assets.extra" / "airflow_tf.json").read_text())["metrics"]
+
+    assert run_state(airflow_home.run("tf_ingest_linear_data", tmp_path).stdout) == "success"
+    second = airflow_home.run("tf_continuous_retraining", tmp_path, conf=conf)
+    assert run_state(second.stdout) == "success", second.stdout[-4000:]
+    assert "warm start" in second.stdout.lower(), "the second run continues from the served model's checkpoint"
+    states = task_states(airflow_home, "tf_continuous_retraining", second.stdout)
+    run_dirs = sorted((tmp_path / "storage" / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
+    evaluation = json.loads((run_dirs[-1] / "metrics.json").read_text())
+    assert evaluation["baseline"]["metrics"]["mse"] == pytest.approx(served_metrics["metrics"]["mse"], rel=0.05)
+    if evaluation["blessed"]:
+        assert states["export"] == "success" and (models / "2").is_dir()
+        assert evaluation["metrics"]["mse"] <= evaluation["baseline"]["metrics"]["mse"]
+    else:
+        assert states["export"] == "skipped" and not (models / "2").exists()
+    assert not group_processes(tmp_path)
