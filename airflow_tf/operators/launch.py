@@ -94,6 +94,8 @@ class LaunchTFClusterOperator(BaseOperator):
                           ", ".join(f"{spec.replicas(r)} {r}" for r in spec.roles if spec.replicas(r)))
         self._launched = ref
         assert spec.training is not None
+        if spec.training.warm_start_from:
+            self.log.info("warm start: the model begins from checkpoint %s", spec.training.warm_start_from)
         return {
             "group": ref.to_dict(),
             "run_dir": spec.training.run_dir,
