@@ -1,0 +1,83 @@
+"""Shared fixtures: a private state directory for local groups that checks no process of
+them outlives the test, and a small committed linear-regression dataset."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _group_processes(state_dir: Path) -> list[int]:
+    """Pids of live processes started for groups in ``state_dir`` (supervisors and tasks;
+    the local backend gives them ``AIRFLOW_TF_STATE_DIR`` in their environment)."""
+    marker = f"AIRFLOW_TF_STATE_DIR={Path(state_dir).resolve()}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in environ and state not in ("Z", "X"):
+            found.append(int(entry))
+    return found
+
+
+def _wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def group_processes():
+    """``group_processes(state_dir)``: pids of the live processes of the groups in ``state_dir``."""
+    return _group_processes
+
+
+@pytest.fixture
+def wait_until():
+    """``wait_until(predicate, timeout, what=...)``: the predicate's first truthy value, or fail."""
+    return _wait_until
+
+
+@pytest.fixture
+def local_state_dir(tmp_path, monkeypatch):
+    """A fresh ``AIRFLOW_TF_STATE_DIR``; after the test, no process of its groups may be left."""
+    state_dir = (tmp_path / "groups").resolve()
+    monkeypatch.setenv("AIRFLOW_TF_STATE_DIR", str(state_dir))
+    yield state_dir
+    deadline = time.monotonic() + 3.0
+    while (left := _group_processes(state_dir)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, f"processes left running after the test: {left}"
+
+
+@pytest.fixture(scope="session")
+def linear_dataset(tmp_path_factory) -> str:
+    """The seed's y = 2x + 10 + noise as a committed TFRecord dataset; returns its URI."""
+    from airflow_tf.data import prepare_dataset
+    from airflow_tf.data.samples import write_linear_regression_csv
+
+    root = tmp_path_factory.mktemp("linear")
+    csv = write_linear_regression_csv(root / "linear.csv", rows=2000, seed=1)
+    summary = prepare_dataset(csv, root / "datasets", name="linear", label="y", shards=4)
+    return summary["uri"]
