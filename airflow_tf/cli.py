@@ -27,12 +27,125 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 # -- run ----------------------------------------------------------------------------------
 def _add_run(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="train on a local parameter-server/worker group (no Airflow)")
+    p = sub.add_parser(
+        "run", help="train on a local parameter-server/worker group (no Airflow)",
+        description="Launch a parameter-server/worker group as local processes, show its progress, stop "
+        "the parameter servers when the workers are done and print a JSON summary. Ctrl-C or SIGTERM "
+        "tears the whole group down.",
+    )
+    p.add_argument("--dataset", required=True, help="dataset directory written by 'airflow-tf prepare'")
+    p.add_argument("--model", default="linear_regression",
+                   help="built-in model (linear_regression, mlp_classifier) or package.module:function")
+    p.add_argument("--model-kwargs", type=json.loads, default={}, metavar="JSON",
+                   help="keyword arguments of the model function, as a JSON object")
+    p.add_argument("--ps", type=int, default=1, help="parameter-server tasks (default 1)")
+    p.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--steps", type=int, help="target global step")
+    target.add_argument("--epochs", type=float, help="passes over the training split")
+    p.add_argument("--sync", action="store_true", help="synchronous updates (default: asynchronous)")
+    p.add_argument("--replicas-to-aggregate", type=int, default=None,
+                   help="sync mode: gradients per step (below the worker count, slow workers do not stall it)")
+    p.add_argument("--run-dir", default=None,
+                   help="checkpoints, event files and task logs (default ./airflow-tf-runs/<name>)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--learning-rate", type=float, default=0.01)
+    p.add_argument("--optimizer", default="sgd", help="sgd, adam, adagrad or rmsprop")
+    p.add_argument("--loss", default=None, help="Keras loss name (default: chosen from the label)")
+    p.add_argument("--checkpoint-every-secs", type=float, default=10.0)
+    p.add_argument("--log-every-secs", type=float, default=2.0)
+    p.add_argument("--intra-op-threads", type=int, default=1, help="threads per op in each task")
+    p.add_argument("--name", default=None, help="group name (default run-<date>-<time>-<pid>)")
+    p.add_argument("--backoff-limit", type=int, default=3, help="task restarts allowed across the group")
+    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                   help="fail the group if training takes longer")
+    p.add_argument("--state-dir", default=None, help="where groups keep their state (default $AIRFLOW_TF_STATE_DIR)")
     p.set_defaults(func=_cmd_run)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    raise SystemExit("airflow-tf run: not available yet")
+    import os
+    import signal
+    import time
+
+    from airflow_tf.backends import BackendError
+    from airflow_tf.backends.local import LocalBackend
+    from airflow_tf.backends.wait import run_group
+    from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig
+    from airflow_tf.cluster.progress import describe
+
+    name = args.name or time.strftime("run-%Y%m%d-%H%M%S-") + str(os.getpid())
+    run_dir = os.path.abspath(args.run_dir or os.path.join("airflow-tf-runs", name))
+    started, started_at = time.monotonic(), time.time()
+    try:
+        training = TrainingConfig(
+            dataset=os.path.abspath(args.dataset), run_dir=run_dir, model=args.model,
+            model_kwargs=args.model_kwargs, loss=args.loss, optimizer=args.optimizer,
+            learning_rate=args.learning_rate, batch_size=args.batch_size, steps=args.steps, epochs=args.epochs,
+            sync=args.sync, replicas_to_aggregate=args.replicas_to_aggregate,
+            checkpoint_every_secs=args.checkpoint_every_secs, log_every_secs=args.log_every_secs,
+            intra_op_threads=args.intra_op_threads,
+        )
+        spec = GroupSpec.for_training(name, training, ps=args.ps, workers=args.workers,
+                                      backoff_limit=args.backoff_limit, active_deadline_seconds=args.deadline)
+    except ValueError as err:  # SpecError and bad training options
+        raise SystemExit(f"airflow-tf run: {err}")
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum: int, frame: Any) -> None:
+        # Once: the teardown that follows must not be interrupted in turn.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Interrupted(signal.Signals(signum).name)
+
+    shown = {"line": None}
+
+    def show(status: Any) -> None:
+        counts = status.counts().get("worker", {})
+        line = f"{describe(status.progress)}; workers running {counts.get('Running', 0)}, done {counts.get('Succeeded', 0)}"
+        if line != shown["line"]:
+            shown["line"] = line
+            print(f"[{time.monotonic() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
+    backend = LocalBackend(args.state_dir)
+    logs_dir = os.path.join(run_dir, "logs")
+    try:
+        result = run_group(backend, spec, logs_dir=logs_dir, owner_pid=os.getpid(), on_status=show,
+                           on_launched=lambda ref: print(f"launched group {ref.name}: {args.ps} ps, "
+                                                         f"{args.workers} worker(s); run dir {run_dir}",
+                                                         file=sys.stderr, flush=True))
+    except Interrupted as sig:
+        print(f"airflow-tf run: {sig}: group {name} torn down; task logs in {logs_dir}", file=sys.stderr)
+        return 128 + signal.Signals[str(sig)].value
+    except (SpecError, BackendError, ValueError) as err:  # includes a dataset without _SUCCESS
+        raise SystemExit(f"airflow-tf run: {err}")
+    final = _read_json_file(os.path.join(run_dir, "progress.json")) or {}
+    if final.get("time", 0) < started_at:  # left by an earlier run in the same run dir
+        final = result.status.progress or {}
+    summary = {
+        "group": name, "succeeded": result.outcome.succeeded, "reason": result.outcome.reason,
+        "global_step": final.get("global_step"), "loss": final.get("loss"), "checkpoint": final.get("checkpoint"),
+        "run_dir": run_dir, "logs": logs_dir, "elapsed_seconds": round(time.monotonic() - started, 2),
+    }
+    if result.report:
+        failed = result.outcome.failed_task
+        summary["failed_task"] = None if failed is None else failed.name
+        print(result.report, file=sys.stderr)
+    _print_json(summary)
+    return 0 if result.outcome.succeeded else 1
+
+
+def _read_json_file(path: str) -> Any:
+    """The chief's ``progress.json`` (final step, loss, checkpoint), or None."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 # -- render -------------------------------------------------------------------------------

@@ -1,14 +1,20 @@
-"""Waiting for a group to finish, for any backend: the blocking loop of ``airflow-tf run``
-(and of anything else that waits in-process), deciding with :func:`airflow_tf.cluster.evaluate`."""
+"""Following a group to its end, for any backend: the blocking wait of ``airflow-tf run``
+(deciding with :func:`airflow_tf.cluster.evaluate`, like the Airflow sensor), the failure
+report, and a run from launch to teardown."""
 
 from __future__ import annotations
 
+import os
 import time
-from typing import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
 
-from airflow_tf.cluster import GroupStatus, Outcome, evaluate
+from airflow_tf.cluster import GroupSpec, GroupStatus, Outcome, evaluate
 
 from .base import Backend, GroupRef
+
+TRAINING_ROLES = ("chief", "worker")
 
 
 def wait_for_group(backend: Backend, ref: GroupRef, *, timeout: float | None = None, interval: float = 0.5,
@@ -41,3 +47,54 @@ def failure_report(backend: Backend, ref: GroupRef, outcome: Outcome, tail_lines
                 f"    {line}" for line in tail.splitlines()
             )
     return text
+
+
+def save_logs(backend: Backend, ref: GroupRef, spec: GroupSpec, directory: str | os.PathLike) -> Path:
+    """Copy every task's log to ``<directory>/<task name>.log`` (before the group is deleted)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for role, index in spec.tasks():
+        text = backend.logs(ref, role, index)
+        if text:
+            target = directory / f"{ref.name}-{role}-{index}.log"
+            tmp = target.with_name(f".{target.name}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, target)
+    return directory
+
+
+@dataclass
+class RunResult:
+    ref: GroupRef
+    outcome: Outcome
+    status: GroupStatus
+    report: str | None
+    """The failure report (reason and the failed task's last log lines); None on success."""
+
+
+def run_group(backend: Backend, spec: GroupSpec, *, logs_dir: str | os.PathLike | None = None,
+              on_launched: Callable[[GroupRef], None] | None = None,
+              on_status: Callable[[GroupStatus], None] | None = None,
+              tail_lines: int = 20, **launch_options: Any) -> RunResult:
+    """Launch ``spec``, wait for its workers, then tear everything down, on every path.
+
+    The parameter servers (and any evaluator) are stopped as soon as training is done; the
+    task logs are copied to ``logs_dir`` and the group is deleted, even when the wait is
+    interrupted (KeyboardInterrupt, or an exception raised by a signal handler)."""
+    ref = backend.launch(spec, **launch_options)
+    try:
+        if on_launched is not None:
+            on_launched(ref)
+        outcome, status = wait_for_group(backend, ref, on_status=on_status)
+        report = None
+        if outcome.succeeded:
+            backend.teardown(ref, [role for role in spec.roles if role not in TRAINING_ROLES])
+        else:
+            report = failure_report(backend, ref, outcome, tail_lines)
+        return RunResult(ref, outcome, status, report)
+    finally:
+        try:
+            if logs_dir is not None:
+                save_logs(backend, ref, spec, logs_dir)
+        finally:
+            backend.teardown(ref)
