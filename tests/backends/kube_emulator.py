@@ -1,0 +1,395 @@
+"""A small Kubernetes API server for tests, over real HTTP on 127.0.0.1.
+
+No cluster can run on the test machines, so the Kubernetes backend is exercised against
+this emulator: the real ``kubernetes`` / ``kubernetes_asyncio`` clients, reached through
+the cncf-kubernetes provider's hooks with a kubeconfig written by the test, send real
+requests here. It implements only what the backend uses:
+
+- pods, services (core/v1) and networkpolicies (networking.k8s.io/v1): create, get, list
+  (label selectors), delete (with ``preconditions.uid``), pod logs (``tailLines``);
+- events (core/v1): list with field selectors;
+- pod watches (``watch=true``) that replay from a ``resourceVersion``, honour
+  ``timeoutSeconds`` and answer a too-old version with a 410 ERROR event.
+
+Every request is recorded with the RBAC verb it needs, so a test can compare the calls
+the backend made with the shipped Role. Tests drive pods through the helper methods
+(:meth:`run`, :meth:`succeed`, :meth:`fail`, :meth:`waiting`, :meth:`unschedulable`,
+:meth:`evict`, :meth:`oom_kill`), which change the status the way the kubelet and the
+scheduler would and emit MODIFIED watch events.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import yaml
+
+_CORE = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<resource>[a-z]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>[a-z]+))?)?$")
+_GROUPED = re.compile(
+    r"^/apis/(?P<group>[^/]+)/v1/namespaces/(?P<ns>[^/]+)/(?P<resource>[a-z]+)(?:/(?P<name>[^/]+))?$"
+)
+_KINDS = {"pods": ("v1", "Pod"), "services": ("v1", "Service"), "events": ("v1", "Event"),
+          "networkpolicies": ("networking.k8s.io/v1", "NetworkPolicy")}
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _iso(seconds_ago: float) -> str:
+    t = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=seconds_ago)
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _matches_labels(obj: dict, selector: str | None) -> bool:
+    labels = obj["metadata"].get("labels") or {}
+    for term in filter(None, (selector or "").split(",")):
+        key, _, value = term.partition("=")
+        if labels.get(key) != value:
+            return False
+    return True
+
+
+def _matches_fields(obj: dict, selector: str | None) -> bool:
+    for term in filter(None, (selector or "").split(",")):
+        path, _, value = term.partition("=")
+        node: Any = obj
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if str(node) != value:
+            return False
+    return True
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, str]
+    verb: str
+    """The RBAC verb this request needs: get, list, watch, create, delete, ..."""
+    resource: str
+    """The RBAC resource: ``pods``, ``pods/log``, ``services``, ``networkpolicies`` ..."""
+    api_group: str
+    namespace: str
+    name: str | None
+    time: float = field(default_factory=time.monotonic)
+
+
+class KubeEmulator:
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._objects: dict[tuple[str, str, str], dict] = {}
+        self._history: list[tuple[int, str, str, dict]] = []  # (rv, resource, type, object)
+        self._rv = 100
+        self._compacted = 0
+        self._logs: dict[tuple[str, str], str] = {}
+        self.requests: list[Request] = []
+        self.fail_watches = 0
+        """How many upcoming watch requests to answer with 500 (to test the fallback)."""
+        self._stopping = False
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> "KubeEmulator":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+            "users": [{"name": "tester", "user": {"token": "emulator-token"}}],
+            "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester",
+                                                          "namespace": namespace}}],
+        }
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    # -- inspection -----------------------------------------------------------------------
+    def objects(self, resource: str, namespace: str | None = None, selector: str | None = None) -> list[dict]:
+        with self._lock:
+            return [copy.deepcopy(o) for (r, ns, _), o in sorted(self._objects.items())
+                    if r == resource and (namespace is None or ns == namespace) and _matches_labels(o, selector)]
+
+    def get(self, resource: str, namespace: str, name: str) -> dict | None:
+        with self._lock:
+            obj = self._objects.get((resource, namespace, name))
+            return copy.deepcopy(obj) if obj else None
+
+    def calls(self, verb: str | None = None, resource: str | None = None, since: float = 0.0) -> list[Request]:
+        return [r for r in list(self.requests)
+                if (verb is None or r.verb == verb) and (resource is None or r.resource == resource) and r.time >= since]
+
+    # -- what the kubelet and the scheduler would do --------------------------------------
+    def set_log(self, namespace: str, pod: str, text: str) -> None:
+        with self._lock:
+            self._logs[(namespace, pod)] = text
+
+    def set_pod_status(self, namespace: str, name: str, status: dict) -> None:
+        with self._lock:
+            obj = self._objects[("pods", namespace, name)]
+            obj["status"] = status
+            self._record("pods", "MODIFIED", obj)
+
+    def _container(self, namespace: str, name: str, state: dict, ready: bool = False) -> dict:
+        pod = self._objects[("pods", namespace, name)]
+        container = pod["spec"]["containers"][0]
+        return {"name": container["name"], "image": container["image"], "imageID": "", "ready": ready,
+                "restartCount": 0, "state": state}
+
+    def run(self, namespace: str, name: str) -> None:
+        with self._lock:
+            c = self._container(namespace, name, {"running": {"startedAt": _now()}}, ready=True)
+            self.set_pod_status(namespace, name, {"phase": "Running", "containerStatuses": [c], "podIP": "10.0.0.9"})
+
+    def _terminate(self, namespace: str, name: str, phase: str, exit_code: int, reason: str, **pod_fields: Any) -> None:
+        with self._lock:
+            c = self._container(namespace, name, {"terminated": {
+                "exitCode": exit_code, "reason": reason, "startedAt": _iso(5), "finishedAt": _now()}})
+            self.set_pod_status(namespace, name, {"phase": phase, "containerStatuses": [c], **pod_fields})
+
+    def succeed(self, namespace: str, name: str) -> None:
+        self._terminate(namespace, name, "Succeeded", 0, "Completed")
+
+    def fail(self, namespace: str, name: str, exit_code: int = 1, reason: str = "Error") -> None:
+        self._terminate(namespace, name, "Failed", exit_code, reason)
+
+    def oom_kill(self, namespace: str, name: str) -> None:
+        self._terminate(namespace, name, "Failed", 137, "OOMKilled")
+
+    def evict(self, namespace: str, name: str, message: str) -> None:
+        self.set_pod_status(namespace, name, {"phase": "Failed", "reason": "Evicted", "message": message})
+
+    def waiting(self, namespace: str, name: str, reason: str, message: str) -> None:
+        with self._lock:
+            c = self._container(namespace, name, {"waiting": {"reason": reason, "message": message}})
+            self.set_pod_status(namespace, name, {"phase": "Pending", "containerStatuses": [c]})
+
+    def unschedulable(self, namespace: str, name: str, message: str, seconds_ago: float) -> None:
+        """The scheduler's verdict: a PodScheduled=False condition and a FailedScheduling event."""
+        self.set_pod_status(namespace, name, {"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": message, "lastTransitionTime": _iso(seconds_ago)}]})
+        self.add_event(namespace, name, "FailedScheduling", message)
+
+    def add_event(self, namespace: str, pod: str, reason: str, message: str, type_: str = "Warning") -> None:
+        with self._lock:
+            name = f"{pod}.{uuid.uuid4().hex[:12]}"
+            event = {"apiVersion": "v1", "kind": "Event",
+                     "metadata": {"name": name, "namespace": namespace},
+                     "involvedObject": {"kind": "Pod", "name": pod, "namespace": namespace},
+                     "reason": reason, "message": message, "type": type_, "count": 1,
+                     "firstTimestamp": _now(), "lastTimestamp": _now()}
+            self._store("events", namespace, event)
+
+    def compact(self) -> None:
+        """Forget the watch history, as etcd compaction does: older versions answer 410."""
+        with self._lock:
+            self._compacted = self._rv
+            self._history.clear()
+
+    # -- storage --------------------------------------------------------------------------
+    def _next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    def _record(self, resource: str, type_: str, obj: dict) -> None:
+        obj["metadata"]["resourceVersion"] = self._next_rv()
+        self._history.append((self._rv, resource, type_, copy.deepcopy(obj)))
+        self._lock.notify_all()
+
+    def _store(self, resource: str, namespace: str, obj: dict) -> dict:
+        api_version, kind = _KINDS[resource]
+        obj.setdefault("apiVersion", api_version)
+        obj.setdefault("kind", kind)
+        meta = obj.setdefault("metadata", {})
+        meta.update(namespace=namespace, uid=str(uuid.uuid4()), creationTimestamp=_now())
+        if resource == "pods":
+            obj["status"] = {"phase": "Pending"}
+        self._objects[(resource, namespace, meta["name"])] = obj
+        self._record(resource, "ADDED", obj)
+        return obj
+
+    # -- HTTP -----------------------------------------------------------------------------
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        emulator = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # keep pytest output clean
+                pass
+
+            def do_GET(self) -> None:
+                emulator._serve(self, "GET")
+
+            def do_POST(self) -> None:
+                emulator._serve(self, "POST")
+
+            def do_DELETE(self) -> None:
+                emulator._serve(self, "DELETE")
+
+            def do_PUT(self) -> None:
+                emulator._serve(self, "PUT")
+
+            def do_PATCH(self) -> None:
+                emulator._serve(self, "PATCH")
+
+        return Handler
+
+    @staticmethod
+    def _send(handler: BaseHTTPRequestHandler, code: int, body: Any, content_type: str = "application/json") -> None:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        handler.send_response(code)
+        handler.send_header("Content-Type", content_type)
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    @staticmethod
+    def _status(code: int, reason: str, message: str) -> dict:
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": message, "reason": reason, "code": code}
+
+    def _serve(self, handler: BaseHTTPRequestHandler, method: str) -> None:
+        url = urlsplit(handler.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        length = int(handler.headers.get("Content-Length") or 0)
+        body = json.loads(handler.rfile.read(length) or b"null") if length else None
+        match = _CORE.match(url.path) or _GROUPED.match(url.path)
+        if not match or match["resource"] not in _KINDS:
+            self._send(handler, 404, self._status(404, "NotFound", f"the emulator does not serve {url.path}"))
+            return
+        ns, resource, name = match["ns"], match["resource"], match["name"]
+        sub = match.groupdict().get("sub")
+        group = match.groupdict().get("group") or ""
+        watching = query.get("watch", "").lower() in ("true", "1")
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method) or (
+            ("get" if method == "GET" else "delete") if name
+            else ("watch" if watching else "list") if method == "GET" else "deletecollection")
+        self.requests.append(Request(method, url.path, query, verb, f"{resource}/{sub}" if sub else resource,
+                                     group, ns, name))
+        if watching:
+            self._watch(handler, resource, ns, query)
+            return
+        with self._lock:
+            code, reply, content_type = self._handle(method, resource, ns, name, sub, query, body)
+        self._send(handler, code, reply, content_type)
+
+    def _handle(self, method: str, resource: str, ns: str, name: str | None, sub: str | None,
+                query: dict[str, str], body: Any) -> tuple[int, Any, str]:
+        key = (resource, ns, name or "")
+        json_type = "application/json"
+        if method == "POST" and not name:
+            new_name = body["metadata"]["name"]
+            if (resource, ns, new_name) in self._objects:
+                return 409, self._status(409, "AlreadyExists", f'{resource} "{new_name}" already exists'), json_type
+            return 201, self._store(resource, ns, copy.deepcopy(body)), json_type
+        if method == "GET" and not name:
+            api_version, kind = _KINDS[resource]
+            items = [o for (r, n, _), o in sorted(self._objects.items())
+                     if r == resource and n == ns and _matches_labels(o, query.get("labelSelector"))
+                     and _matches_fields(o, query.get("fieldSelector"))]
+            return 200, {"apiVersion": api_version, "kind": f"{kind}List",
+                         "metadata": {"resourceVersion": str(self._rv)}, "items": items}, json_type
+        obj = self._objects.get(key)
+        if obj is None:
+            return 404, self._status(404, "NotFound", f'{resource} "{name}" not found'), json_type
+        if method == "GET" and sub == "log":
+            text = self._logs.get((ns, name))
+            if text is None and obj["status"].get("phase") == "Pending":
+                return 400, self._status(400, "BadRequest",
+                                         f'container "{obj["spec"]["containers"][0]["name"]}" in pod "{name}" '
+                                         "is waiting to start: ContainerCreating"), json_type
+            lines = (text or "").splitlines(keepends=True)
+            if "tailLines" in query:
+                lines = lines[-int(query["tailLines"]):] if int(query["tailLines"]) else []
+            return 200, "".join(lines), "text/plain"
+        if method == "GET":
+            return 200, obj, json_type
+        if method == "DELETE":
+            uid = ((body or {}).get("preconditions") or {}).get("uid")
+            if uid and uid != obj["metadata"]["uid"]:
+                return 409, self._status(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, "
+                                         f"UID in object meta: {obj['metadata']['uid']}"), json_type
+            del self._objects[key]
+            obj["metadata"]["deletionTimestamp"] = _now()
+            self._record(resource, "DELETED", obj)
+            return 200, obj, json_type
+        return 405, self._status(405, "MethodNotAllowed", f"{method} is not served by the emulator"), json_type
+
+    def _watch(self, handler: BaseHTTPRequestHandler, resource: str, ns: str, query: dict[str, str]) -> None:
+        with self._lock:
+            if self.fail_watches > 0:
+                self.fail_watches -= 1
+                self._send(handler, 500, self._status(500, "InternalError", "watch failed (injected by the test)"))
+                return
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+
+        def send(event: dict) -> None:
+            data = (json.dumps(event) + "\n").encode()
+            handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            handler.wfile.flush()
+
+        selector = query.get("labelSelector")
+        deadline = time.monotonic() + float(query.get("timeoutSeconds") or 1800)
+        since = int(query.get("resourceVersion") or 0)
+        try:
+            with self._lock:
+                if since and since < self._compacted:
+                    send({"type": "ERROR", "object": self._status(410, "Expired", f"too old resource version: {since}")})
+                    pending: list[dict] = []
+                    deadline = 0.0
+                elif not since:  # no version: the current state first, as ADDED events
+                    pending = [{"type": "ADDED", "object": copy.deepcopy(o)} for (r, n, _), o in sorted(self._objects.items())
+                               if r == resource and n == ns and _matches_labels(o, selector)]
+                    since = self._rv
+                else:
+                    pending = []
+            while True:
+                for event in pending:
+                    send(event)
+                with self._lock:
+                    remaining = deadline - time.monotonic()
+                    if self._stopping or remaining <= 0:
+                        break
+                    if not any(rv > since for rv, *_ in self._history):
+                        self._lock.wait(remaining)
+                    pending = []
+                    for rv, r, type_, obj in self._history:
+                        if rv > since and r == resource and obj["metadata"]["namespace"] == ns \
+                                and _matches_labels(obj, selector):
+                            pending.append({"type": type_, "object": copy.deepcopy(obj)})
+                    since = max([since] + [rv for rv, *_ in self._history])
+            handler.wfile.write(b"0\r\n\r\n")
+            handler.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client went away (cancelled watch)
