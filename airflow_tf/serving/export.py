@@ -1,0 +1,233 @@
+"""SavedModel export in the TensorFlow Serving layout, only for a blessed model, atomically.
+
+The export is built in a hidden staging directory beside the versions, verified (loaded back,
+its ``serving_default`` signature run on eval examples and compared with the checkpoint's
+model), and only then renamed to the next integer version."""
+
+from __future__ import annotations
+
+import json
+import keyword
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from airflow_tf.cluster import TrainingConfig
+
+from .evaluate import checkpoint_step, from_logits, read_metrics, task_of, training_config
+from .files import local_path, write_json
+from .versions import METADATA_FILE, WARM_START_DIR, model_dir, publish, staging_dir
+
+SIGNATURE = "serving_default"
+VERIFY_EXAMPLES = 64
+METADATA_FORMAT = 1
+_INPUT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+
+
+class NotBlessedError(RuntimeError):
+    """The model was not blessed (or not evaluated); nothing was exported."""
+
+
+class ExportError(RuntimeError):
+    """The export could not be written or did not verify; no version was published."""
+
+
+def export_saved_model(run_dir: str | os.PathLike[str], dataset_uri: str, config: TrainingConfig | Mapping[str, Any],
+                       serving_base: str | os.PathLike[str], model_name: str,
+                       metrics: Mapping[str, Any] | str | None = None, force: bool = False,
+                       checkpoint: str | None = None, *, verify_examples: int = VERIFY_EXAMPLES) -> dict[str, Any]:
+    """Export the evaluated checkpoint to ``<serving_base>/<model_name>/<version>/``.
+
+    ``metrics``: the evaluation result (default: the run's ``metrics.json``). An unblessed or
+    unevaluated model raises :class:`NotBlessedError` before anything is written, unless
+    ``force``. The version is 1 + the highest existing one; an existing version is never
+    replaced. Returns ``{"path", "version", "model_name", ...}``."""
+    from airflow_tf.data import load_schema
+    from airflow_tf.runtime import models
+
+    run_path = local_path(run_dir)
+    config = training_config(config)
+    if isinstance(metrics, str):
+        metrics = json.loads(metrics)
+    if metrics is None:
+        metrics = read_metrics(run_path)
+    _check_blessed(metrics, run_path, checkpoint, force)
+
+    checkpoint = models.resolve_checkpoint(checkpoint or (metrics or {}).get("checkpoint") or run_path)
+    schema = load_schema(dataset_uri)
+    _check_input_names(schema)
+    model = models.restore_model(checkpoint, config, schema)
+    logits = from_logits(models.resolve_loss(config, schema))
+    features = _eval_batch(dataset_uri, verify_examples)
+    expected = model(features, training=False)
+    task = task_of(schema, expected)
+
+    directory = model_dir(serving_base, model_name)
+    metadata = {
+        "format_version": METADATA_FORMAT,
+        "model_name": model_name,
+        "run_dir": str(run_path),
+        "checkpoint": checkpoint,
+        "global_step": checkpoint_step(checkpoint),
+        "dataset": str(dataset_uri),
+        "schema": schema.to_dict(),
+        "task": task,
+        "signature": {"name": SIGNATURE, "inputs": schema.feature_names, "outputs": _output_names(task)},
+        "metrics": dict((metrics or {}).get("metrics", {})),
+        "blessed": bool((metrics or {}).get("blessed", False)),
+        "reasons": list((metrics or {}).get("reasons", [])),
+        "forced": bool(force and not (metrics or {}).get("blessed", False)),
+        "training_config": config.to_dict(),
+        "warm_start_checkpoint": str(WARM_START_DIR),
+        "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    with staging_dir(directory) as staged:
+        _write_saved_model(staged, model, schema, task, logits)
+        _copy_checkpoint(checkpoint, staged / WARM_START_DIR)
+        _write_metadata(staged, metadata)
+        _verify(staged, features, expected)
+        version, path = publish(staged, directory)
+    return {
+        "path": str(path),
+        "version": version,
+        "model_name": model_name,
+        "model_dir": str(directory),
+        "serving_base": str(local_path(serving_base)),
+        "checkpoint": checkpoint,
+        "global_step": metadata["global_step"],
+        "task": task,
+        "signature": metadata["signature"],
+        "metrics": metadata["metrics"],
+        "blessed": metadata["blessed"],
+        "forced": metadata["forced"],
+        "warm_start_from": str(path / WARM_START_DIR),
+    }
+
+
+def _check_blessed(metrics: Mapping[str, Any] | None, run_dir: Path, checkpoint: str | None, force: bool) -> None:
+    if force:
+        return
+    how = "pass force=True (ExportSavedModelOperator(force=True)) to export it anyway"
+    if not metrics:
+        raise NotBlessedError(
+            f"run {run_dir} was not evaluated (no metrics given and no {run_dir}/metrics.json): evaluate it "
+            f"first (evaluate_checkpoint / EvaluateModelOperator), or {how}; nothing was exported"
+        )
+    if not metrics.get("blessed"):
+        failed = [c["reason"] for c in metrics.get("checks", []) if not c.get("passed")]
+        reasons = "; ".join(failed or metrics.get("reasons") or ["no reason recorded"])
+        raise NotBlessedError(
+            f"the model of run {run_dir} (checkpoint {metrics.get('checkpoint')}) is not blessed: {reasons}. "
+            f"Nothing was exported; {how}"
+        )
+    evaluated = metrics.get("checkpoint")
+    if checkpoint and evaluated and checkpoint != evaluated:
+        raise NotBlessedError(
+            f"checkpoint {checkpoint} is not the one that was evaluated and blessed ({evaluated}); evaluate it "
+            f"first, export the blessed one (checkpoint=None), or {how}"
+        )
+
+
+def _check_input_names(schema: Any) -> None:
+    """Every feature must be usable as a signature input name (and stay distinct)."""
+    seen: dict[str, str] = {}
+    for name in schema.feature_names:
+        if not _INPUT_NAME.match(name) or keyword.iskeyword(name):
+            raise ExportError(
+                f"feature {name!r} cannot be a serving signature input: names must start with a letter or '_' "
+                "and hold only letters, digits, '_', '.', '-', and not be a Python keyword; rename the column "
+                "(or declare a schema) in the prepare step"
+            )
+        key = re.sub(r"[^A-Za-z0-9_]", "_", name)
+        if key in seen:
+            raise ExportError(f"features {seen[key]!r} and {name!r} collide as signature inputs; rename one")
+        seen[key] = name
+
+
+def _output_names(task: str) -> list[str]:
+    return ["predictions", "classes", "probabilities"] if task == "classification" else ["predictions"]
+
+
+def _eval_batch(dataset_uri: str, size: int) -> dict[str, Any]:
+    from airflow_tf.data import make_dataset
+
+    dataset = make_dataset(dataset_uri, split="eval", batch_size=size, shuffle=False, epochs=1)
+    for features, _ in dataset.take(1):
+        return features
+    raise ExportError(f"the eval split of {dataset_uri} is empty: there is nothing to verify the export with")
+
+
+def _write_saved_model(path: Path, model: Any, schema: Any, task: str, logits: bool) -> None:
+    """``tf.saved_model.save`` with a ``serving_default`` signature on the raw features."""
+    import tensorflow as tf
+
+    specs = {
+        name: tf.TensorSpec([None, *schema[name].shape], tf.as_dtype(schema[name].dtype), name=name)
+        for name in schema.feature_names
+    }
+    root = tf.Module()
+    root.model = model  # tracked, so its variables are saved with the signature
+
+    @tf.function(input_signature=[specs])
+    def serve(features: Mapping[str, Any]) -> dict[str, Any]:
+        predictions = root.model(features, training=False)
+        outputs = {"predictions": predictions}
+        if task == "classification":
+            outputs["probabilities"] = tf.nn.softmax(predictions) if logits else predictions
+            outputs["classes"] = tf.argmax(predictions, axis=-1, output_type=tf.int64)
+        return outputs
+
+    try:
+        tf.saved_model.save(root, str(path), signatures={SIGNATURE: serve})
+    except (ValueError, TypeError) as exc:
+        raise ExportError(f"cannot write the SavedModel for inputs {', '.join(specs)}: {exc}") from exc
+
+
+def _copy_checkpoint(checkpoint: str, target: Path) -> None:
+    """The checkpoint's variables, with a ``checkpoint`` state file, so the export alone is
+    enough to warm-start a new run (the original run directory may be gone by then)."""
+    target.mkdir(parents=True)
+    prefix = Path(checkpoint)
+    files = [prefix.with_name(prefix.name + ".index"), *prefix.parent.glob(prefix.name + ".data-*")]
+    for file in files:
+        shutil.copy2(file, target / file.name)
+    (target / "checkpoint").write_text(
+        f'model_checkpoint_path: "{prefix.name}"\nall_model_checkpoint_paths: "{prefix.name}"\n', encoding="utf-8"
+    )
+
+
+def _write_metadata(path: Path, metadata: Mapping[str, Any]) -> None:
+    write_json(path / METADATA_FILE, metadata)
+
+
+def _verify(path: Path, features: Mapping[str, Any], expected: Any, rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    """Load the export back and check its signature answers as the checkpoint's model did."""
+    import tensorflow as tf
+
+    try:
+        signature = tf.saved_model.load(str(path)).signatures[SIGNATURE]
+        outputs = signature(**dict(features))
+    except Exception as exc:  # any failure to load or call means the export is unusable
+        raise ExportError(f"verification failed: the export does not load or its {SIGNATURE} signature "
+                          f"cannot be called ({type(exc).__name__}: {exc}); nothing was published") from exc
+    verify_outputs(outputs, expected, rtol=rtol, atol=atol)
+
+
+def verify_outputs(outputs: Mapping[str, Any], expected: Any, rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    """Raise :class:`ExportError` unless ``outputs["predictions"]`` matches ``expected``."""
+    import numpy as np
+
+    if "predictions" not in outputs:
+        raise ExportError(f"verification failed: the {SIGNATURE} signature has no 'predictions' output "
+                          f"(it has {', '.join(outputs)}); nothing was published")
+    got, want = np.asarray(outputs["predictions"]), np.asarray(expected)
+    if got.shape != want.shape or not np.allclose(got, want, rtol=rtol, atol=atol):
+        worst = float(np.max(np.abs(got - want))) if got.shape == want.shape else float("nan")
+        raise ExportError(
+            f"verification failed: the exported model's predictions differ from the checkpoint's model on "
+            f"{want.shape[0]} eval examples (shapes {got.shape} vs {want.shape}, largest difference {worst:.3g}); "
+            "nothing was published"
+        )
