@@ -1,0 +1,243 @@
+"""The dataset schema (``schema.json``) and the ``_SUCCESS`` manifest of a dataset version.
+
+Pure Python: Airflow-side code calls :func:`load_schema` and :func:`count_examples` cheaply,
+without importing TensorFlow."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import DatasetNotReadyError, SchemaError
+
+FORMAT_VERSION = 1
+DTYPES = ("int64", "float32", "string")
+SCHEMA_FILE = "schema.json"
+SUCCESS_FILE = "_SUCCESS"
+SPLITS = ("train", "eval")
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """One column of the dataset: a fixed-length feature of ``prod(shape)`` values."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...] = ()
+    allow_nan: bool = False
+    """float32 only: NaN and +-inf are accepted instead of rejected."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        where = f"feature {self.name!r}"
+        if not isinstance(self.name, str) or not self.name:
+            raise SchemaError(f"feature name must be a non-empty string, got {self.name!r}")
+        if self.dtype not in DTYPES:
+            raise SchemaError(f"{where}: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if any(d < 1 for d in self.shape):
+            raise SchemaError(f"{where}: shape {list(self.shape)} must have positive dimensions")
+        if self.allow_nan and self.dtype != "float32":
+            raise SchemaError(f"{where}: allow_nan applies to float32 features only, not {self.dtype}")
+
+    @property
+    def size(self) -> int:
+        """Number of values per example."""
+        return math.prod(self.shape)
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        if self.dtype == "float32":
+            data["allow_nan"] = self.allow_nan
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "schema") -> "FeatureSpec":
+        if not isinstance(data, dict):
+            raise SchemaError(f"{where}: each feature must be an object with name, dtype, shape; got {data!r}")
+        unknown = set(data) - {"name", "dtype", "shape", "allow_nan"}
+        if unknown:
+            raise SchemaError(f"{where}: feature {data.get('name')!r} has unknown keys {sorted(unknown)}")
+        if "name" not in data or "dtype" not in data:
+            raise SchemaError(f"{where}: feature {data!r} needs at least 'name' and 'dtype'")
+        shape = data.get("shape", [])
+        if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) for d in shape):
+            raise SchemaError(f"{where}: feature {data['name']!r}: shape must be a list of integers, got {shape!r}")
+        try:
+            return cls(data["name"], data["dtype"], tuple(shape), bool(data.get("allow_nan", False)))
+        except SchemaError as exc:
+            raise SchemaError(f"{where}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Schema:
+    """Features in column order; ``label_name`` names the label feature (or None)."""
+
+    features: tuple[FeatureSpec, ...]
+    label_name: str | None = None
+    format_version: int = FORMAT_VERSION
+    _by_name: dict[str, FeatureSpec] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "features", tuple(self.features))
+        if not self.features:
+            raise SchemaError("a schema needs at least one feature")
+        by_name: dict[str, FeatureSpec] = {}
+        for spec in self.features:
+            if spec.name in by_name:
+                raise SchemaError(f"feature {spec.name!r} appears twice in the schema")
+            by_name[spec.name] = spec
+        object.__setattr__(self, "_by_name", by_name)
+        if self.label_name is not None and self.label_name not in by_name:
+            raise SchemaError(
+                f"label {self.label_name!r} is not a feature of the schema "
+                f"(features: {', '.join(by_name)})"
+            )
+        if self.format_version != FORMAT_VERSION:
+            raise SchemaError(
+                f"schema format_version {self.format_version} is not supported "
+                f"(this airflow-tf reads version {FORMAT_VERSION}); upgrade airflow-tf or re-prepare the dataset"
+            )
+
+    @property
+    def label(self) -> FeatureSpec | None:
+        return self._by_name[self.label_name] if self.label_name else None
+
+    @property
+    def feature_names(self) -> list[str]:
+        """Input feature names, label excluded, in column order."""
+        return [f.name for f in self.features if f.name != self.label_name]
+
+    @property
+    def names(self) -> list[str]:
+        return [f.name for f in self.features]
+
+    def __getitem__(self, name: str) -> FeatureSpec:
+        return self._by_name[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def with_label(self, label: str | None) -> "Schema":
+        return Schema(self.features, label, self.format_version)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version,
+            "features": [f.to_dict() for f in self.features],
+            "label": self.label_name,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "schema") -> "Schema":
+        if not isinstance(data, dict) or not isinstance(data.get("features"), list):
+            raise SchemaError(f"{where}: expected an object with a 'features' list")
+        unknown = set(data) - {"format_version", "features", "label"}
+        if unknown:
+            raise SchemaError(f"{where}: unknown keys {sorted(unknown)} (allowed: format_version, features, label)")
+        features = [FeatureSpec.from_dict(f, where) for f in data["features"]]
+        try:
+            return cls(tuple(features), data.get("label"), int(data.get("format_version", FORMAT_VERSION)))
+        except SchemaError as exc:
+            raise SchemaError(f"{where}: {exc}") from None
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> "Schema":
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise SchemaError(f"cannot read schema file {path}: {exc.strerror or exc}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SchemaError(f"schema file {path} is not valid JSON: {exc}") from None
+        return cls.from_dict(data, where=f"schema file {path}")
+
+    @classmethod
+    def coerce(cls, value: "Schema | dict | str | os.PathLike") -> "Schema":
+        """A Schema from a Schema, its dict, a JSON string or a path to a JSON file."""
+        if isinstance(value, Schema):
+            return value
+        if isinstance(value, dict):
+            return cls.from_dict(value)
+        if isinstance(value, str) and value.lstrip().startswith("{"):
+            try:
+                return cls.from_dict(json.loads(value))
+            except json.JSONDecodeError as exc:
+                raise SchemaError(f"schema JSON is not valid: {exc}") from None
+        return cls.from_file(value)
+
+
+def dataset_path(dataset_uri: str | os.PathLike) -> Path:
+    """The local directory of a dataset version (``file://`` accepted)."""
+    text = os.fspath(dataset_uri)
+    if text.startswith("file://"):
+        text = text[len("file://"):]
+    elif "://" in text:
+        raise DatasetNotReadyError(
+            f"dataset URI {text!r}: only local paths and file:// URIs are supported; "
+            "mount the storage and pass its local path"
+        )
+    return Path(text)
+
+
+def read_manifest(dataset_uri: str | os.PathLike) -> dict[str, Any]:
+    """The ``_SUCCESS`` manifest: counts per split and per shard. Refuses an unfinished dataset."""
+    root = dataset_path(dataset_uri)
+    marker = root / SUCCESS_FILE
+    if not root.is_dir():
+        raise DatasetNotReadyError(f"dataset directory {root} does not exist; run the prepare step first")
+    try:
+        text = marker.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DatasetNotReadyError(
+            f"dataset {root} has no {SUCCESS_FILE} marker: it was not completely written "
+            "(still being prepared, or the prepare step failed); re-run the prepare step"
+        ) from None
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DatasetNotReadyError(f"{marker} is not valid JSON ({exc}); re-run the prepare step") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("splits"), dict):
+        raise DatasetNotReadyError(f"{marker} has no 'splits'; re-run the prepare step")
+    return manifest
+
+
+def load_schema(dataset_uri: str | os.PathLike) -> Schema:
+    """The schema of a committed dataset version (refuses one without ``_SUCCESS``)."""
+    read_manifest(dataset_uri)
+    return Schema.from_file(dataset_path(dataset_uri) / SCHEMA_FILE)
+
+
+def split_info(dataset_uri: str | os.PathLike, split: str) -> dict[str, Any]:
+    """The manifest entry of one split: ``examples`` and ``shards`` (file, examples, bytes)."""
+    splits = read_manifest(dataset_uri)["splits"]
+    if split not in splits:
+        available = ", ".join(sorted(splits)) or "none"
+        raise DatasetNotReadyError(
+            f"dataset {dataset_path(dataset_uri)} has no {split!r} split (available: {available})"
+        )
+    return splits[split]
+
+
+def count_examples(dataset_uri: str | os.PathLike, split: str = "train") -> int:
+    """Number of examples in a split, from ``_SUCCESS`` (no file is scanned)."""
+    return int(split_info(dataset_uri, split)["examples"])
+
+
+def split_files(dataset_uri: str | os.PathLike, split: str) -> list[str]:
+    """The shard files of a split, in shard order."""
+    root = dataset_path(dataset_uri)
+    return [str(root / split / shard["file"]) for shard in split_info(dataset_uri, split)["shards"]]
+
+
+def compression_of(dataset_uri: str | os.PathLike) -> str | None:
+    return read_manifest(dataset_uri).get("compression")
+
+
