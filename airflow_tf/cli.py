@@ -17,12 +17,51 @@ def _print_json(data: Any) -> None:
 
 # -- prepare ------------------------------------------------------------------------------
 def _add_prepare(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("prepare", help="convert CSV/Parquet/NumPy files into a sharded TFRecord dataset")
+    p = sub.add_parser(
+        "prepare", help="convert CSV/Parquet/NumPy files into a sharded TFRecord dataset",
+        description="Convert CSV, Parquet or .npz files into <output>/<name>/<version>/{train,eval}/"
+        "part-NNNNN-of-MMMMM.tfrecord[.gz] with schema.json and a _SUCCESS marker, and print a JSON "
+        "summary (dataset URI, counts per split) on stdout.",
+    )
+    p.add_argument("--input", required=True, action="append",
+                   help="input file, directory or glob (quote it: 'data/*.csv'); may be repeated")
+    p.add_argument("--output", required=True, help="datasets directory (the dataset goes under <output>/<name>/)")
+    p.add_argument("--name", required=True, help="dataset name")
+    p.add_argument("--version", help="dataset version (default: the next integer after the existing ones)")
+    p.add_argument("--label", help="the label column")
+    p.add_argument("--eval-fraction", type=float, default=0.2, help="share of rows held out for evaluation (default 0.2)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the train/eval split and the row shuffle (default 0)")
+    p.add_argument("--split-key", metavar="COL", help="split by a hash of this column: equal keys share a split")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--shards", type=int, help="number of train files (eval gets a proportional number)")
+    size.add_argument("--target-shard-mb", type=float, help="target size of each file in MB (default 128)")
+    p.add_argument("--compression", choices=["gzip", "none"], default="none", help="compress the files (default none)")
+    p.add_argument("--schema", help="declared schema.json (features with name, dtype, shape; optional label)")
+    p.add_argument("--allow-nan", action="store_true", help="accept NaN and infinity in float columns")
+    p.add_argument("--overwrite", action="store_true", help="replace the version if it exists")
+    p.add_argument("--workers", type=int, help="encoding threads (default: one per core)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=_cmd_prepare)
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    raise SystemExit("airflow-tf prepare: not available yet")
+    from airflow_tf.data import DataError, prepare_dataset
+
+    def show(progress: Any) -> None:
+        print(progress.describe(), file=sys.stderr, flush=True)
+
+    try:
+        summary = prepare_dataset(
+            args.input, args.output, args.name, version=args.version, label=args.label,
+            eval_fraction=args.eval_fraction, shards=args.shards, target_shard_mb=args.target_shard_mb,
+            compression=args.compression, schema=args.schema, seed=args.seed, split_key=args.split_key,
+            overwrite=args.overwrite, allow_nan=args.allow_nan, workers=args.workers,
+            progress=None if args.quiet else show,
+        )
+    except DataError as err:
+        raise SystemExit(f"airflow-tf prepare: {err}")
+    _print_json(summary)
+    return 0
 
 
 # -- run ----------------------------------------------------------------------------------
