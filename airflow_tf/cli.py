@@ -189,12 +189,67 @@ def _read_json_file(path: str) -> Any:
 
 # -- render -------------------------------------------------------------------------------
 def _add_render(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("render", help="print the Kubernetes manifests of a group (for kubectl apply -f -)")
+    p = sub.add_parser(
+        "render", help="print the Kubernetes manifests of a group (for kubectl apply -f -)",
+        description="Print the pods, headless Services (and optionally the NetworkPolicy) of a "
+        "parameter-server/worker group as multi-document YAML, exactly as the Kubernetes backend "
+        "creates them: airflow-tf render --name demo --ps 1 --workers 2 --image IMAGE | kubectl apply -f -",
+    )
+    p.add_argument("--name", required=True, help="group name (made a valid DNS-1123 label if it is not one)")
+    p.add_argument("--ps", type=int, default=1, help="parameter-server tasks (default 1)")
+    p.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
+    p.add_argument("--image", required=True, help="training image (TensorFlow + the airflow_tf package)")
+    p.add_argument("--namespace", default="default", help="namespace of every object (default: default)")
+    p.add_argument("--dataset", default="/data", help="dataset directory inside the pods (default /data)")
+    p.add_argument("--run-dir", default=None, help="run directory inside the pods (default /runs/<name>)")
+    p.add_argument("--model", default="linear_regression",
+                   help="built-in model (linear_regression, mlp_classifier) or package.module:function")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--steps", type=int, default=None, help="target global step (default 1000)")
+    target.add_argument("--epochs", type=float, default=None, help="passes over the training split")
+    p.add_argument("--port", type=int, default=2222, help="gRPC port of every task (default 2222)")
+    p.add_argument("--network-policy", action="store_true",
+                   help="add a NetworkPolicy admitting gRPC only from the group's own pods")
+    p.add_argument("--cluster-domain", default=None, help="append this cluster domain to the tasks' DNS names")
+    p.add_argument("--data-claim", default=None, metavar="PVC",
+                   help="PersistentVolumeClaim holding the datasets, mounted read-only at --data-mount")
+    p.add_argument("--data-mount", default="/data", help="where --data-claim is mounted (default /data)")
+    p.add_argument("--runs-claim", default=None, metavar="PVC",
+                   help="PersistentVolumeClaim for checkpoints and event files, mounted at --runs-mount")
+    p.add_argument("--runs-mount", default="/runs", help="where --runs-claim is mounted (default /runs)")
+    p.add_argument("--worker-gpus", type=int, default=0, help="GPUs per worker (nvidia.com/gpu limit)")
+    p.add_argument("--service-account", default=None, help="service account of the training pods")
     p.set_defaults(func=_cmd_render)
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
-    raise SystemExit("airflow-tf render: not available yet")
+    from airflow_tf.backends.kubernetes_manifests import render_group, to_yaml
+    from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, dns1123_label
+
+    name = dns1123_label(args.name, max_length=46)
+    pod_defaults: dict[str, Any] = {}
+    volumes = [{"claim": args.data_claim, "mount_path": args.data_mount, "read_only": True}] if args.data_claim else []
+    volumes += [{"claim": args.runs_claim, "mount_path": args.runs_mount}] if args.runs_claim else []
+    if volumes:
+        pod_defaults["volumes"] = volumes
+    if args.service_account:
+        pod_defaults["service_account"] = args.service_account
+    worker: dict[str, Any] = {}
+    if args.worker_gpus:
+        worker["resources"] = {"limits": {"nvidia.com/gpu": str(args.worker_gpus)}}
+    try:
+        training = TrainingConfig(
+            dataset=args.dataset, run_dir=args.run_dir or f"{args.runs_mount}/{name}", model=args.model,
+            steps=args.steps if args.steps or args.epochs else 1000, epochs=args.epochs)
+        spec = GroupSpec.for_training(name, training, ps=args.ps, workers=args.workers, image=args.image,
+                                      port=args.port, role_options={"worker": worker} if worker else None)
+        objects = render_group(spec, args.namespace, cluster_domain=args.cluster_domain,
+                               network_policy=args.network_policy, pod_defaults=pod_defaults)
+    except (SpecError, ValueError) as e:
+        sys.stderr.write(f"airflow-tf render: {e}\n")
+        return 2
+    sys.stdout.write(to_yaml(objects))
+    return 0
 
 
 # -- demo ---------------------------------------------------------------------------------
