@@ -2,11 +2,13 @@
 
 from .evaluate import EvaluateModelOperator, ExportSavedModelOperator
 from .launch import LaunchTFClusterOperator
+from .prepare import PrepareTFRecordsOperator
 from .teardown import TeardownTFClusterOperator
 
 __all__ = [
     "EvaluateModelOperator",
     "ExportSavedModelOperator",
     "LaunchTFClusterOperator",
+    "PrepareTFRecordsOperator",
     "TeardownTFClusterOperator",
 ]
