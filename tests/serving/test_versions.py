@@ -75,3 +75,25 @@ def test_model_names_are_sanitised_into_one_path_component(tmp_path):
     assert model_dir(tmp_path, "linear").name == "linear"
     with pytest.raises(ValueError, match="model_name: a model name is required"):
         model_dir(tmp_path, " ")
+
+
+def test_concurrent_exports_each_get_their_own_version(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    directory = tmp_path / "model"
+    staged = [_staged_export(directory, f"export-{i}") for i in range(8)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(lambda path: publish(path, directory), staged))
+    assert sorted(version for version, _ in results) == list(range(1, 9))
+    contents = {(path / "saved_model.pb").read_text() for _, path in results}
+    assert contents == {f"export-{i}" for i in range(8)}, "no export replaced another"
+
+
+def test_importing_serving_loads_neither_tensorflow_nor_matplotlib():
+    # Airflow imports the operators (and so this package) whenever it parses a DAG file.
+    import subprocess
+    import sys
+
+    code = "import sys, airflow_tf.serving; print(sorted(m for m in ('tensorflow', 'keras', 'matplotlib') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
