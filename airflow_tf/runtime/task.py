@@ -1,0 +1,158 @@
+"""One task of a training group: read TF_CONFIG, start the TensorFlow server, do the role's work.
+
+``ps`` serves variables until it is killed (TensorFlow has no remote shutdown, so stopping it is
+the orchestrator's job). ``chief``/``worker`` train. ``evaluator`` has nothing to do here:
+evaluation is a separate step of the pipeline, so it logs that and exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from airflow_tf.cluster.training import TrainingConfig
+
+from .errors import ModelError, TaskConfigError
+
+TF_CONFIG = "TF_CONFIG"
+TASK_TYPES = ("chief", "worker", "ps", "evaluator")
+CONFIG_ERROR = 2
+"""Exit code of a task refused before it starts (bad options, TF_CONFIG, dataset or model):
+a program error, which the ``ExitCode`` restart policy does not retry."""
+
+
+def log(message: str) -> None:
+    """One line of the task's log, flushed at once (the log is read while the task runs)."""
+    stamp = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    print(f"{stamp} {message}", flush=True)
+
+
+@dataclass(frozen=True)
+class Task:
+    """This process's place in the cluster, from TF_CONFIG."""
+
+    type: str
+    index: int
+    cluster: dict[str, list[str]]
+
+    @property
+    def device(self) -> str:
+        return f"/job:{self.type}/task:{self.index}"
+
+    @property
+    def trainers(self) -> list[tuple[str, int]]:
+        """The tasks that compute gradients: the chief (if any), then the workers."""
+        return [(role, i) for role in ("chief", "worker") for i in range(len(self.cluster.get(role, [])))]
+
+    @property
+    def is_chief(self) -> bool:
+        """The chief initialises, restores and checkpoints: ``chief:0``, or ``worker:0`` without a chief."""
+        return self.trainers[:1] == [(self.type, self.index)]
+
+    @property
+    def trainer_index(self) -> int:
+        """This task's position among the trainers: its share of the training data."""
+        return self.trainers.index((self.type, self.index))
+
+    @property
+    def ps_count(self) -> int:
+        return len(self.cluster.get("ps", []))
+
+
+def task_from_env(environ: dict[str, str] | None = None) -> Task:
+    environ = os.environ if environ is None else environ
+    raw = environ.get(TF_CONFIG)
+    if not raw:
+        raise TaskConfigError(
+            f"{TF_CONFIG} is not set: it tells this task its role and the cluster, e.g. "
+            '{"cluster": {"ps": ["host:2222"], "worker": ["host:2223"]}, "task": {"type": "worker", "index": 0}}'
+        )
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise TaskConfigError(f"{TF_CONFIG} is not valid JSON ({exc})") from None
+    cluster = data.get("cluster") if isinstance(data, dict) else None
+    task = data.get("task") if isinstance(data, dict) else None
+    if not isinstance(cluster, dict) or not all(
+        isinstance(v, list) and all(isinstance(a, str) for a in v) for v in cluster.values()
+    ):
+        raise TaskConfigError(f'{TF_CONFIG}: "cluster" must map each job to a list of "host:port" addresses')
+    if not isinstance(task, dict):
+        raise TaskConfigError(f'{TF_CONFIG}: "task" must be an object {{"type": ..., "index": ...}}')
+    kind, index = task.get("type"), task.get("index", 0)
+    if kind not in TASK_TYPES:
+        hint = " (use 'chief')" if kind == "master" else ""
+        raise TaskConfigError(f"{TF_CONFIG}: task type {kind!r} is not one of {', '.join(TASK_TYPES)}{hint}")
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise TaskConfigError(f"{TF_CONFIG}: task index must be a whole number >= 0, got {index!r}")
+    result = Task(kind, index, {job: list(addresses) for job, addresses in cluster.items()})
+    if kind != "evaluator":
+        if index >= len(cluster.get(kind, [])):
+            raise TaskConfigError(f"{TF_CONFIG}: task {kind}:{index} is not in the cluster ({json.dumps(cluster)})")
+        if not result.ps_count:
+            raise TaskConfigError(f'{TF_CONFIG}: the cluster has no "ps" job; parameter-server training needs one')
+    return result
+
+
+def session_config(task: Task, config: TrainingConfig):
+    """Threads from the options; a trainer sees only the ps tasks and itself, so it neither
+    waits for the other workers to start nor hangs when they have already exited."""
+    import tensorflow as tf
+
+    proto = tf.compat.v1.ConfigProto(
+        intra_op_parallelism_threads=config.intra_op_threads,
+        inter_op_parallelism_threads=config.inter_op_threads,
+    )
+    if task.type != "ps":
+        proto.device_filters.extend(["/job:ps", task.device])
+    return proto
+
+
+def run(config: TrainingConfig, task: Task) -> int:
+    if task.type == "evaluator":
+        log("airflow-tf task evaluator: nothing to do here (the pipeline evaluates the final checkpoint); exiting")
+        return 0
+    schema = None
+    if task.type != "ps":
+        from airflow_tf.data import load_schema
+
+        schema = load_schema(config.dataset)  # refuses an unfinished dataset before TensorFlow starts
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("ERROR")  # the compat.v1 APIs warn on every use; this log says what happens
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec(task.cluster), job_name=task.type, task_index=task.index,
+        protocol="grpc", config=session_config(task, config), start=True,
+    )
+    if task.type == "ps":
+        log(f"airflow-tf task ps:{task.index} serving at {server.target}; it runs until it is stopped")
+        server.join()
+        return 0
+    from .training import train
+
+    result = train(config, task, server, schema)
+    log("airflow-tf task exit " + " ".join(f"{k}={v}" for k, v in result.items()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config = TrainingConfig.from_args(argv)
+        task = task_from_env()
+    except (ValueError, TaskConfigError) as exc:
+        print(f"airflow_tf.runtime: error: {exc}", file=sys.stderr, flush=True)
+        return CONFIG_ERROR
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ info and warnings drown the task log
+    log(f"airflow-tf task start role={task.type} index={task.index} pid={os.getpid()} "
+        f"cluster={json.dumps(task.cluster, sort_keys=True, separators=(',', ':'))}")
+    from airflow_tf.data.errors import DataError
+
+    try:
+        return run(config, task)
+    except (DataError, ModelError, TaskConfigError) as exc:
+        message = " ".join(str(exc).split())
+        print(f"airflow_tf.runtime: error: {message}", file=sys.stderr, flush=True)
+        log(f"airflow-tf task exit role={task.type} index={task.index} status=refused reason={message!r}")
+        return CONFIG_ERROR

@@ -1,0 +1,201 @@
+"""A trainer (the chief or a worker): between-graph replication in TF1-compat graph mode.
+
+Every trainer builds its own graph: the variables are placed on the ps tasks (round robin, by
+``replica_device_setter``), the input pipeline and the computation on this task. The chief
+initialises the variables or restores them from the newest checkpoint in the run directory,
+checkpoints every ``checkpoint_every_secs`` seconds and at the end, and reports progress."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import defaultdict
+
+import tensorflow as tf
+
+from airflow_tf.cluster.training import TrainingConfig
+from airflow_tf.data import count_examples, make_dataset
+
+from .errors import TaskConfigError
+from .hooks import ProgressHook, StopAtTarget, SyncReplicasHook
+from .models import (build_model, checkpoint_weights, compute_loss, latest_checkpoint,
+                     resolve_checkpoint, resolve_loss, weight_key)
+from .task import Task, log, session_config
+
+STOP_GRACE_SECS = 0.5
+"""How long the chief waits for its sync queue runner at exit. The runner is then blocked for
+good on gradients no worker will send, so TensorFlow's default (120 s) is pure idle time."""
+WORKER_POLL_SECS = 0.2
+"""How often a worker checks whether the chief has initialised the variables (TensorFlow's
+default, 30 s, makes a worker that starts before the chief idle half a minute)."""
+WORKER_MAX_WAIT_SECS = 30 * 60
+KEEP_CHECKPOINTS = 5
+
+OPTIMIZERS = {
+    "sgd": tf.compat.v1.train.GradientDescentOptimizer,
+    "adam": tf.compat.v1.train.AdamOptimizer,
+    "adagrad": tf.compat.v1.train.AdagradOptimizer,
+    "rmsprop": tf.compat.v1.train.RMSPropOptimizer,
+}
+
+
+def make_optimizer(config: TrainingConfig):
+    return OPTIMIZERS[config.optimizer](config.learning_rate)
+
+
+def replicas_to_aggregate(config: TrainingConfig, trainers: int) -> int:
+    """Gradients per global step: 1 in async mode; in sync mode the option, else every trainer."""
+    if not config.sync:
+        return 1
+    count = config.replicas_to_aggregate or trainers
+    if count > trainers:
+        raise TaskConfigError(
+            f"replicas_to_aggregate={count} is more than the {trainers} training task(s) in TF_CONFIG: "
+            "a synchronous step would never complete; lower it or add workers"
+        )
+    return count
+
+
+def target_step(config: TrainingConfig, examples_per_step: int) -> int:
+    """``steps``, or ``epochs`` passes over the training split (counted in ``_SUCCESS``)."""
+    if config.steps is not None:
+        return int(config.steps)
+    examples = count_examples(config.dataset, "train")
+    if examples <= 0:
+        raise TaskConfigError(f"dataset {config.dataset} has no training examples; epochs cannot be counted")
+    return max(1, math.ceil(config.epochs * examples / examples_per_step))
+
+
+def checkpoint_variables(model) -> dict[str, tf.Variable]:
+    """Every global variable under its checkpoint name: the model's weights by position (see
+    :mod:`.models`), the rest (global step, optimizer slots) by graph name."""
+    named = {weight_key(i, w): w.value for i, w in enumerate(model.weights)}
+    in_model = {v.name for v in named.values()}
+    for variable in tf.compat.v1.global_variables():
+        if variable.name not in in_model:
+            named[variable.op.name] = variable
+    return named
+
+
+def placement(variables: dict[str, tf.Variable]) -> str:
+    """``/job:ps/task:0=global_step,model/001_bias /job:ps/task:1=model/000_kernel``."""
+    by_device: dict[str, list[str]] = defaultdict(list)
+    for name, variable in sorted(variables.items()):
+        device = tf.DeviceSpec.from_string(variable.device)
+        by_device[f"/job:{device.job}/task:{device.task}"].append(name)
+    return " ".join(f"{device}={','.join(names)}" for device, names in sorted(by_device.items()))
+
+
+class WorkerSessionCreator(tf.compat.v1.train.SessionCreator):
+    """A non-chief session: waits for the chief to initialise the variables, polling every
+    ``poll_secs`` (``tf.compat.v1.train.WorkerSessionCreator`` polls every 30 s)."""
+
+    def __init__(self, scaffold, master: str, config, poll_secs: float, max_wait_secs: float):
+        self._scaffold = scaffold
+        self._master = master
+        self._config = config
+        self._poll_secs = poll_secs
+        self._max_wait_secs = max_wait_secs
+
+    def create_session(self):
+        self._scaffold.finalize()
+        manager = tf.compat.v1.train.SessionManager(
+            local_init_op=self._scaffold.local_init_op,
+            local_init_feed_dict=self._scaffold.local_init_feed_dict,
+            ready_op=self._scaffold.ready_op,
+            ready_for_local_init_op=self._scaffold.ready_for_local_init_op,
+            graph=tf.compat.v1.get_default_graph(),
+            recovery_wait_secs=self._poll_secs,
+        )
+        return manager.wait_for_session(self._master, config=self._config, max_wait_secs=self._max_wait_secs)
+
+
+def train(config: TrainingConfig, task: Task, server, schema) -> dict:
+    """Train until the global step reaches the target; returns the task's exit summary."""
+    trainers = len(task.trainers)
+    aggregate = replicas_to_aggregate(config, trainers)
+    examples_per_step = config.batch_size * aggregate
+    target = target_step(config, examples_per_step)
+    if task.is_chief:
+        os.makedirs(config.run_dir, exist_ok=True)
+    # Decided once, before the session restores anything: only the chief writes checkpoints.
+    resume_from = latest_checkpoint(config.run_dir) if os.path.isdir(config.run_dir) else None
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(config.seed)
+        setter = tf.compat.v1.train.replica_device_setter(
+            cluster=tf.train.ClusterSpec(task.cluster), worker_device=task.device
+        )
+        with tf.compat.v1.device(setter):
+            global_step = tf.compat.v1.train.get_or_create_global_step()
+            dataset = make_dataset(
+                config.dataset, "train", config.batch_size, num_shards=trainers,
+                shard_index=task.trainer_index, epochs=None, shuffle=True, seed=config.seed,
+            )
+            features, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+            model = build_model(config, schema)
+            loss = compute_loss(resolve_loss(config, schema), labels, model(features, training=True))
+            optimizer = make_optimizer(config)
+            if config.sync:
+                optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
+                    optimizer, replicas_to_aggregate=aggregate, total_num_replicas=trainers
+                )
+            train_op = optimizer.minimize(
+                loss, global_step=global_step, var_list=[w.value for w in model.trainable_weights]
+            )
+        # Saving and restoring run on this task, so only the chief needs the run directory.
+        with tf.device(task.device):
+            variables = checkpoint_variables(model)
+            saver = tf.compat.v1.train.Saver(
+                var_list=variables, max_to_keep=KEEP_CHECKPOINTS, save_relative_paths=True
+            )
+            init_fn, start = None, f"restoring {resume_from}" if resume_from else "new"
+            if task.is_chief and not resume_from and config.warm_start_from:
+                warm_from = resolve_checkpoint(config.warm_start_from)
+                checkpoint_weights(warm_from, model)  # refuse a checkpoint of another model, by name
+                weights = {key: v for key, v in variables.items() if key.startswith("model/")}
+                warm_saver = tf.compat.v1.train.Saver(var_list=weights)
+                init_fn = lambda scaffold, session: warm_saver.restore(session, warm_from)  # noqa: E731
+                start = f"weights from {warm_from}"
+        scaffold = tf.compat.v1.train.Scaffold(saver=saver, init_fn=init_fn)
+
+        if task.is_chief:
+            log(f"airflow-tf variables {placement(variables)}")
+        log(f"airflow-tf train role={task.type} index={task.index} chief={task.is_chief} "
+            f"mode={'sync' if config.sync else 'async'} replicas_to_aggregate={aggregate} "
+            f"trainers={trainers} shard={task.trainer_index}/{trainers} target_step={target} "
+            f"start={start if task.is_chief else 'from the chief'}")
+
+        stop = StopAtTarget(global_step, target)
+        hooks = [stop]
+        if config.sync:
+            hooks.append(SyncReplicasHook(optimizer, task.is_chief))
+        progress = None
+        tf_config = session_config(task, config)
+        if task.is_chief:
+            progress = ProgressHook(global_step, loss, target, examples_per_step, config.run_dir,
+                                    config.log_every_secs)
+            hooks += [
+                tf.compat.v1.train.CheckpointSaverHook(
+                    config.run_dir, save_secs=config.checkpoint_every_secs, saver=saver
+                ),
+                progress,  # after the saver: its end() reports the final checkpoint
+            ]
+            creator = tf.compat.v1.train.ChiefSessionCreator(
+                scaffold=scaffold, master=server.target, config=tf_config, checkpoint_dir=config.run_dir
+            )
+        else:
+            creator = WorkerSessionCreator(scaffold, server.target, tf_config, WORKER_POLL_SECS, WORKER_MAX_WAIT_SECS)
+
+        with tf.compat.v1.train.MonitoredSession(
+            session_creator=creator, hooks=hooks, stop_grace_period_secs=STOP_GRACE_SECS
+        ) as session:
+            while not session.should_stop():
+                session.run(train_op)
+
+    summary = {"role": task.type, "index": task.index, "status": "succeeded", "global_step": stop.last_step}
+    if progress is not None:
+        summary["loss"] = progress.last_loss
+        summary["checkpoint"] = latest_checkpoint(config.run_dir)
+    return summary
