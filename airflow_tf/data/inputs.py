@@ -401,7 +401,7 @@ def _convert(raw: _Raw, spec: FeatureSpec) -> np.ndarray:
             if bad.any():
                 row = _first_bad(bad)
                 raise InputDataError(
-                    f"{where(row)}: value {values.reshape(len(values), -1)[row][0]!r} is not an integer "
+                    f"{where(row)}: value {_first_value(values, bad, row)!r} is not an integer "
                     "but the schema declares int64; declare the column as float32 or fix the value"
                 )
         if kind == "u" and values.dtype.itemsize == 8 and (values > np.iinfo(np.int64).max).any():
@@ -415,14 +415,18 @@ def _convert(raw: _Raw, spec: FeatureSpec) -> np.ndarray:
     if too_big.any():
         row = _first_bad(too_big)
         raise InputDataError(
-            f"{where(row)}: value {wide.reshape(len(wide), -1)[row][too_big.reshape(len(wide), -1)[row]][0]!r} "
-            "is out of the float32 range (about 3.4e38); rescale the column"
+            f"{where(row)}: value {_first_value(wide, too_big, row)!r} is out of the float32 range "
+            "(about 3.4e38); rescale the column"
         )
     if not spec.allow_nan and not finite.all():
         row = _first_bad(~finite)
-        value = wide.reshape(len(wide), -1)[row][~finite.reshape(len(wide), -1)[row]][0]
-        raise InputDataError(f"{where(row)}: {value!r} is not allowed; {_NAN_HINT}")
+        raise InputDataError(f"{where(row)}: {_first_value(wide, ~finite, row)!r} is not allowed; {_NAN_HINT}")
     return values.astype(np.float32)
+
+
+def _first_value(values: np.ndarray, mask: np.ndarray, row: int) -> float:
+    """The first flagged value of ``row`` (rows may hold vectors), as a Python float."""
+    return float(values.reshape(len(values), -1)[row][mask.reshape(len(mask), -1)[row]][0])
 
 
 def _infer(raws: list[_Raw], allow_nan: bool) -> Schema:

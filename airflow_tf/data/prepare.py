@@ -65,14 +65,18 @@ class _Reporter:
 
     def __init__(self, callback: Callable[[Progress], None] | None, every: float) -> None:
         self.callback, self.every = callback, every
-        self.start = time.monotonic()
-        self.last = -math.inf
+        self.stage, self.start, self.last = "", 0.0, -math.inf
 
     def __call__(self, stage: str, done: int, total: int, rows: int, final: bool = False) -> None:
         now = time.monotonic()
+        if stage != self.stage:  # rows/s of each stage counts from the stage's start
+            self.stage, self.start, self.last = stage, now, now
         if self.callback and (final or now - self.last >= self.every):
             self.last = now
             self.callback(Progress(stage, done, total, now - self.start, rows))
+
+    def begin(self, stage: str) -> None:
+        self.stage, self.start, self.last = stage, time.monotonic(), time.monotonic()
 
 
 # -- train/eval split ----------------------------------------------------------------------
@@ -353,6 +357,7 @@ def prepare_dataset(
         )
     reporter = _Reporter(progress, progress_every)
 
+    reporter.begin("read")
     table = read_table(input, declared, allow_nan,
                        on_file=lambda done, total, rows: reporter("read", done, total, rows, done == total))
     if label is not None:
@@ -373,6 +378,7 @@ def prepare_dataset(
     _make_root(root)
     temporary = root / f".tmp-{version_name}-{uuid.uuid4().hex[:12]}"
     total = table.num_rows
+    reporter.begin("write")
     try:
         temporary.mkdir()
         manifest_splits = write_splits(

@@ -1,0 +1,201 @@
+"""Preparing datasets from CSV, Parquet and .npz, and reading them back with make_dataset."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_tf.data import (
+    DatasetNotReadyError, count_examples, load_schema, make_dataset, parse_spec, prepare_dataset,
+)
+from airflow_tf.data.samples import write_linear_regression_csv
+
+
+def _csv(path: Path, ids: range, with_text: bool = False) -> Path:
+    lines = ["id,a,b,label" + (",note" if with_text else "")]
+    for i in ids:
+        lines.append(f"{i},{i * 0.5},{-i},{i % 3}" + (f",\"n{i}, ü\"" if with_text else ""))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_csv_glob_becomes_a_committed_dataset_with_every_row_exactly_once(tmp_path, read_split):
+    _csv(tmp_path / "part1.csv", range(0, 150), with_text=True)
+    _csv(tmp_path / "part2.csv", range(150, 300), with_text=True)
+    summary = prepare_dataset(str(tmp_path / "part*.csv"), tmp_path / "out", "toy", label="label", shards=3)
+    uri = Path(summary["dataset_uri"])
+    assert uri == (tmp_path / "out" / "toy" / "1").resolve()
+    assert summary["counts"] == {"train": 240, "eval": 60}
+    assert sorted(p.name for p in (uri / "train").iterdir()) == [f"part-0000{i}-of-00003.tfrecord" for i in range(3)]
+    assert [p.name for p in (uri / "eval").iterdir()] == ["part-00000-of-00001.tfrecord"]
+
+    schema = load_schema(uri)
+    assert [(f.name, f.dtype, f.shape) for f in schema.features] == [
+        ("id", "int64", ()), ("a", "float32", ()), ("b", "int64", ()), ("label", "int64", ()), ("note", "string", ())]
+    assert schema.label.name == "label" and schema.feature_names == ["id", "a", "b", "note"]
+    assert json.loads((uri / "schema.json").read_text()) == summary["schema"]
+    manifest = json.loads((uri / "_SUCCESS").read_text())
+    assert sum(s["examples"] for s in manifest["splits"]["train"]["shards"]) == 240
+    assert all(s["bytes"] == (uri / "train" / s["file"]).stat().st_size for s in manifest["splits"]["train"]["shards"])
+    assert count_examples(f"file://{uri}", "eval") == 60
+
+    rows = {split: read_split(str(uri), split) for split in ("train", "eval")}
+    ids = np.concatenate([rows["train"]["id"], rows["eval"]["id"]])
+    assert sorted(ids.tolist()) == list(range(300))
+    for split in rows.values():
+        np.testing.assert_array_equal(split["a"], (split["id"] * 0.5).astype(np.float32))
+        np.testing.assert_array_equal(split["b"], -split["id"])
+        assert [n.decode() for n in split["note"]] == [f"n{i}, ü" for i in split["id"]]
+
+
+def test_parquet_and_npz_vectors_strings_and_declared_schema(tmp_path, read_split):
+    n = 40
+    vectors = np.arange(n * 3, dtype=np.float32).reshape(n, 3) / 7
+    table = pa.table({
+        "v": pa.array(list(vectors), type=pa.list_(pa.float32(), 3)),
+        "word": [f"w{i}" for i in range(n)],
+        "y": np.arange(n, dtype=np.int32),
+    })
+    pq.write_table(table, tmp_path / "in.parquet")
+    summary = prepare_dataset(tmp_path / "in.parquet", tmp_path / "out", "pq", label="y", eval_fraction=0)
+    rows = read_split(summary["dataset_uri"])
+    assert summary["counts"] == {"train": n} and rows["v"].shape == (n, 3)
+    order = np.argsort(rows["y"])
+    np.testing.assert_array_equal(rows["v"][order], vectors)
+    assert [w.decode() for w in rows["word"][order]] == [f"w{i}" for i in range(n)]
+
+    images = np.random.default_rng(0).random((n, 2, 2)).astype(np.float64)
+    np.savez(tmp_path / "in.npz", image=images, digit=np.arange(n) % 10, name=np.array([f"名{i}" for i in range(n)]))
+    declared = {"features": [{"name": "image", "dtype": "float32", "shape": [2, 2]},
+                             {"name": "digit", "dtype": "int64", "shape": []},
+                             {"name": "name", "dtype": "string", "shape": []}], "label": "digit"}
+    summary = prepare_dataset(tmp_path / "in.npz", tmp_path / "out", "npz", schema=declared, eval_fraction=0.25)
+    assert summary["schema"]["label"] == "digit" and summary["counts"] == {"train": 30, "eval": 10}
+    rows = read_split(summary["dataset_uri"], "eval")
+    index = np.array([int(s.decode()[1:]) for s in rows["name"]])
+    np.testing.assert_array_equal(rows["image"], images[index].astype(np.float32))
+    np.testing.assert_array_equal(rows["digit"], index % 10)
+
+
+def test_split_is_deterministic_and_a_split_key_keeps_each_key_in_one_split(tmp_path, read_split):
+    src = _csv(tmp_path / "in.csv", range(500))
+
+    def eval_ids(name, **kwargs):
+        summary = prepare_dataset(src, tmp_path / "out", name, label="label", **kwargs)
+        return set(read_split(summary["dataset_uri"], "eval")["id"].tolist())
+
+    first, again, other = eval_ids("s1", seed=3), eval_ids("s2", seed=3), eval_ids("s3", seed=4)
+    assert first == again and len(first) == 100
+    assert first != other
+
+    # Keyed by "b" (= -id): growing the input must not move any existing key to the other split.
+    keyed = eval_ids("k1", split_key="b", eval_fraction=0.3)
+    _csv(tmp_path / "in.csv", range(900))
+    grown = eval_ids("k2", split_key="b", eval_fraction=0.3)
+    assert keyed and keyed == {i for i in grown if i < 500}
+    assert 0.2 < len(grown) / 900 < 0.4
+
+
+def test_shard_size_compression_versions_and_overwrite(tmp_path, read_split):
+    src = write_linear_regression_csv(tmp_path / "lr.csv", rows=3000, seed=2)
+    small = prepare_dataset(src, tmp_path / "out", "lr", label="y", target_shard_mb=0.02, compression="gzip")
+    train_files = sorted((Path(small["dataset_uri"]) / "train").iterdir())
+    # 2400 train records of 48 bytes ~ 115 kB -> 6 files of at most ~20 kB uncompressed.
+    assert small["version"] == "1" and len(train_files) == 6
+    assert all(p.name.endswith(".tfrecord.gz") for p in train_files)
+    assert len(read_split(small["dataset_uri"])["x"]) == 2400
+
+    second = prepare_dataset(src, tmp_path / "out", "lr", label="y", shards=2)
+    assert second["version"] == "2" and second["shards"] == {"train": 2, "eval": 1}
+    replaced = prepare_dataset(src, tmp_path / "out", "lr", version=1, label="y", eval_fraction=0.5, overwrite=True)
+    assert replaced["dataset_uri"] == small["dataset_uri"] and count_examples(small["dataset_uri"], "eval") == 1500
+    assert sorted(p.name for p in (tmp_path / "out" / "lr").iterdir()) == ["1", "2"]
+
+
+def test_workers_get_disjoint_complete_shares_by_file_or_by_record(tmp_path, read_split):
+    src = _csv(tmp_path / "in.csv", range(240))
+    for shards, workers in ((4, 2), (1, 3)):  # by file, then by record
+        uri = prepare_dataset(src, tmp_path / "out", f"w{shards}", label="label", eval_fraction=0,
+                              shards=shards)["dataset_uri"]
+        shares = [set(read_split(uri, num_shards=workers, shard_index=i)["id"].tolist()) for i in range(workers)]
+        assert sum(len(s) for s in shares) == 240 and set().union(*shares) == set(range(240))
+
+
+def test_make_dataset_batches_shapes_epochs_and_unlabelled_data(tmp_path):
+    np.savez(tmp_path / "in.npz", x=np.zeros((50, 4), np.float32), y=np.ones(50, np.int64))
+    uri = prepare_dataset(tmp_path / "in.npz", tmp_path / "out", "b", label="y", eval_fraction=0)["dataset_uri"]
+    features, label = next(iter(make_dataset(uri, batch_size=8)))
+    assert list(features) == ["x"] and features["x"].shape == (8, 4) and label.shape == (8,)
+    batches = list(make_dataset(uri, batch_size=8, epochs=2, drop_remainder=True, seed=1))
+    assert len(batches) == 12  # 100 examples, 4 dropped
+    assert sorted(parse_spec(load_schema(uri))) == ["x", "y"]
+
+    unlabelled = prepare_dataset(tmp_path / "in.npz", tmp_path / "out", "u", eval_fraction=0)["dataset_uri"]
+    batch = next(iter(make_dataset(unlabelled, batch_size=50, epochs=1)))
+    assert isinstance(batch, dict) and sorted(batch) == ["x", "y"]
+
+
+def test_reader_refuses_an_unfinished_dataset_without_importing_tensorflow(tmp_path):
+    uri = prepare_dataset(_csv(tmp_path / "in.csv", range(20)), tmp_path / "out", "r", label="label")["dataset_uri"]
+    code = (
+        "import sys, airflow_tf.data as d\n"
+        f"print(d.load_schema({uri!r}).label_name, d.count_examples({uri!r}, 'train'))\n"
+        "print('tensorflow' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.split() == ["label", "16", "False"]
+
+    (Path(uri) / "_SUCCESS").unlink()
+    for call in (lambda: load_schema(uri), lambda: count_examples(uri), lambda: make_dataset(uri)):
+        with pytest.raises(DatasetNotReadyError, match=f"{uri} has no _SUCCESS"):
+            call()
+    with pytest.raises(DatasetNotReadyError, match="does not exist"):
+        load_schema(tmp_path / "nowhere")
+
+
+def test_progress_is_reported_with_rows_and_rate(tmp_path):
+    src = write_linear_regression_csv(tmp_path / "lr.csv", rows=20000)
+    seen = []
+    prepare_dataset(src, tmp_path / "out", "p", label="y", shards=4, progress=seen.append, progress_every=0)
+    writes = [p for p in seen if p.stage == "write"]
+    assert len(writes) >= 4 and writes[-1].done == 20000 and writes[-1].percent == 100.0
+    assert [p.done for p in writes] == sorted(p.done for p in writes) and writes[-1].rows_per_sec > 0
+    assert "20000/20000 rows (100.0%)" in writes[-1].describe()
+
+    quiet = []
+    prepare_dataset(src, tmp_path / "out", "q", label="y", progress=quiet.append, progress_every=3600)
+    assert [p.stage for p in quiet] == ["read", "write"]  # only the end of each stage
+
+
+def test_sample_is_the_seed_articles_line():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_linear_regression_csv(Path(tmp) / "lr.csv", rows=2000, seed=5)
+        data = np.loadtxt(path, delimiter=",", skiprows=1)
+        assert path.read_text().startswith("x,y\n") and data.shape == (2000, 2)
+        slope, intercept = np.polyfit(data[:, 0], data[:, 1], 1)
+        assert abs(slope - 2) < 0.1 and abs(intercept - 10) < 0.05
+        assert path.read_bytes() == write_linear_regression_csv(Path(tmp) / "again.csv", rows=2000, seed=5).read_bytes()
+
+
+def test_cli_prints_a_json_summary_and_fails_clearly(tmp_path):
+    src = _csv(tmp_path / "in.csv", range(30))
+    cli = [sys.executable, "-m", "airflow_tf.cli", "prepare", "--output", str(tmp_path / "out"), "--name", "c"]
+    done = subprocess.run(cli + ["--input", str(src), "--label", "label", "--shards", "2", "--compression", "gzip"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["counts"] == {"train": 24, "eval": 6} and summary["compression"] == "gzip"
+    assert Path(summary["dataset_uri"], "_SUCCESS").is_file() and "rows/s" in done.stderr
+
+    failed = subprocess.run(cli + ["--input", str(src), "--label", "nope"], capture_output=True, text=True)
+    assert failed.returncode != 0 and failed.stdout == ""
+    assert "label column 'nope' is not in the input" in failed.stderr
