@@ -76,9 +76,8 @@ def export_saved_model(run_dir: str | os.PathLike[str], dataset_uri: str, config
         "schema": schema.to_dict(),
         "task": task,
         "signature": {"name": SIGNATURE, "inputs": schema.feature_names, "outputs": _output_names(task)},
-        "metrics": dict((metrics or {}).get("metrics", {})),
+        "metrics": dict(metrics or {}),  # the evaluation: metric values, blessed and why
         "blessed": bool((metrics or {}).get("blessed", False)),
-        "reasons": list((metrics or {}).get("reasons", [])),
         "forced": bool(force and not (metrics or {}).get("blessed", False)),
         "training_config": config.to_dict(),
         "warm_start_checkpoint": str(WARM_START_DIR),

@@ -132,7 +132,7 @@ def test_forced_export_then_a_blessed_one_gets_the_next_version(run, linear_data
     assert served["version"] == 2
     metadata = served["metadata"]
     assert metadata["checkpoint"] == blessed["checkpoint"] and metadata["run_dir"] == str(run_dir)
-    assert metadata["metrics"] == blessed["metrics"] and metadata["blessed"] is True
+    assert metadata["metrics"] == blessed and metadata["blessed"] is True
     assert metadata["training_config"]["model"] == "linear_regression"
     assert metadata["dataset"] == linear_dataset
 
