@@ -80,4 +80,4 @@ def linear_dataset(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("linear")
     csv = write_linear_regression_csv(root / "linear.csv", rows=2000, seed=1)
     summary = prepare_dataset(csv, root / "datasets", name="linear", label="y", shards=4)
-    return summary["uri"]
+    return summary["dataset_uri"]

@@ -180,7 +180,7 @@ class Supervisor:
 
     def exited(self, task: Task, code: int) -> None:
         if code == 0:
-            task.phase, task.reason = Phase.SUCCEEDED, None
+            task.phase = Phase.SUCCEEDED  # a reason left from a restart still says why it restarted
             return
         why = describe_exit(code)
         line = last_line(self.group.log(task.role, task.index))

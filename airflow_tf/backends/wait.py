@@ -75,7 +75,7 @@ class RunResult:
 def run_group(backend: Backend, spec: GroupSpec, *, logs_dir: str | os.PathLike | None = None,
               on_launched: Callable[[GroupRef], None] | None = None,
               on_status: Callable[[GroupStatus], None] | None = None,
-              tail_lines: int = 20, **launch_options: Any) -> RunResult:
+              tail_lines: int = 20, interval: float = 0.2, **launch_options: Any) -> RunResult:
     """Launch ``spec``, wait for its workers, then tear everything down, on every path.
 
     The parameter servers (and any evaluator) are stopped as soon as training is done; the
@@ -85,7 +85,7 @@ def run_group(backend: Backend, spec: GroupSpec, *, logs_dir: str | os.PathLike 
     try:
         if on_launched is not None:
             on_launched(ref)
-        outcome, status = wait_for_group(backend, ref, on_status=on_status)
+        outcome, status = wait_for_group(backend, ref, interval=interval, on_status=on_status)
         report = None
         if outcome.succeeded:
             backend.teardown(ref, [role for role in spec.roles if role not in TRAINING_ROLES])

@@ -1,0 +1,133 @@
+"""Benchmarks of a training group on the local backend, each against a baseline measured in
+the same run:
+
+1. time from ``launch()`` to the chief's first training step, asynchronous and synchronous
+   (1 ps + 2 workers, the seed's linear regression); baseline: ``python -c "import tensorflow"``,
+   the floor every task pays (goals: under 5 s and 10 s);
+2. time from the chief's final report (after the last step and the final checkpoint) to every
+   process of the group gone, the way ``airflow-tf run`` ends a group (goal: under 2 s);
+3. examples/s of 2 asynchronous workers against 1 worker on a compute-bound MLP, one intra-op
+   thread per task (goal: at least 1.6x on 2 cores).
+
+Usage: ``.venv/bin/python bench/bench_group.py [--workdir DIR] [--seconds 10]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from airflow_tf.backends.local import LocalBackend
+from airflow_tf.backends.wait import run_group
+from airflow_tf.cluster import GroupSpec, TrainingConfig
+from airflow_tf.data import prepare_dataset
+from airflow_tf.data.samples import write_linear_regression_csv
+
+
+def tensorflow_import_seconds() -> float:
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import tensorflow"], check=True, capture_output=True)
+    return time.monotonic() - started
+
+
+def mlp_dataset(root: Path, rows: int = 40_000, features: int = 64, classes: int = 10) -> str:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, features)).astype(np.float32)
+    y = (x[:, :classes] + 0.5 * rng.normal(size=(rows, classes))).argmax(axis=1).astype(np.int64)
+    path = root / "mlp.npz"
+    np.savez(path, **{f"f{i}": x[:, i] for i in range(features)}, label=y)
+    return prepare_dataset(path, root / "datasets", name="mlp", label="label", shards=4)["dataset_uri"]
+
+
+def first_step_seconds(backend: LocalBackend, dataset: str, run_dir: Path, sync: bool) -> float:
+    config = TrainingConfig(dataset=dataset, run_dir=str(run_dir), steps=1_000_000, sync=sync, log_every_secs=1.0)
+    spec = GroupSpec.for_training(f"first-step-{'sync' if sync else 'async'}", config, ps=1, workers=2)
+    started = time.monotonic()
+    ref = backend.launch(spec)
+    try:
+        while not (backend.status(ref).progress or {}).get("global_step"):
+            if time.monotonic() - started > 120:
+                raise RuntimeError(f"no training step after 120 s; see {backend.log_path(ref, 'worker', 0)}")
+            time.sleep(0.02)
+        return time.monotonic() - started
+    finally:
+        backend.teardown(ref)
+
+
+def shutdown_seconds(backend: LocalBackend, dataset: str, run_dir: Path) -> float:
+    config = TrainingConfig(dataset=dataset, run_dir=str(run_dir), steps=300, log_every_secs=1.0)
+    spec = GroupSpec.for_training("shutdown", config, ps=1, workers=2)
+    result = run_group(backend, spec)
+    gone = time.time()
+    if not result.outcome.succeeded:
+        raise RuntimeError(result.report)
+    final = json.loads((run_dir / "progress.json").read_text())
+    assert final["done"], final
+    return gone - final["time"]
+
+
+def examples_per_second(backend: LocalBackend, dataset: str, run_dir: Path, workers: int, seconds: float) -> float:
+    config = TrainingConfig(dataset=dataset, run_dir=str(run_dir), model="mlp_classifier",
+                            model_kwargs={"num_classes": 10, "hidden_units": [512, 512]}, batch_size=256,
+                            steps=10_000_000, log_every_secs=1.0, intra_op_threads=1, checkpoint_every_secs=600)
+    spec = GroupSpec.for_training(f"mlp-{workers}w", config, ps=1, workers=workers)
+    ref = backend.launch(spec)
+    rates: dict[int, float] = {}
+    try:
+        deadline = None
+        while deadline is None or time.monotonic() < deadline:
+            progress = backend.status(ref).progress
+            if progress and progress["global_step"] not in rates:
+                rates[progress["global_step"]] = progress["examples_per_sec"]
+                if deadline is None and len(rates) == 3:  # past start-up and the first interval
+                    deadline = time.monotonic() + seconds
+            time.sleep(0.1)
+    finally:
+        backend.teardown(ref)
+    steady = [rate for _, rate in sorted(rates.items())[3:]]
+    return statistics.median(steady)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="steady-state seconds per throughput run")
+    args = parser.parse_args()
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="bench-group-"))
+    root.mkdir(parents=True, exist_ok=True)
+    backend = LocalBackend(root / "groups")
+    print(f"workdir {root}; {os.cpu_count()} CPU(s)", flush=True)
+
+    csv = write_linear_regression_csv(root / "linear.csv", rows=20_000, seed=0)
+    linear = prepare_dataset(csv, root / "datasets", name="linear", label="y", shards=4)["dataset_uri"]
+    mlp = mlp_dataset(root)
+
+    floor = tensorflow_import_seconds()
+    print(f"baseline: import tensorflow                 {floor:6.2f} s", flush=True)
+    for sync, goal in ((False, 5.0), (True, 10.0)):
+        took = first_step_seconds(backend, linear, root / f"first-{sync}", sync)
+        mode = "sync " if sync else "async"
+        print(f"launch -> first step, {mode}                {took:6.2f} s  "
+              f"({took / floor:.1f}x the import; goal < {goal:g} s: {'met' if took < goal else 'MISSED'})", flush=True)
+    gone = shutdown_seconds(backend, linear, root / "shutdown")
+    print(f"final report -> every process gone         {gone:6.2f} s  (goal < 2 s: {'met' if gone < 2 else 'MISSED'})",
+          flush=True)
+    one = examples_per_second(backend, mlp, root / "mlp-1", 1, args.seconds)
+    print(f"MLP async, 1 worker                         {one:8.0f} examples/s", flush=True)
+    two = examples_per_second(backend, mlp, root / "mlp-2", 2, args.seconds)
+    print(f"MLP async, 2 workers                        {two:8.0f} examples/s", flush=True)
+    ratio = two / one
+    print(f"2 workers / 1 worker                        {ratio:8.2f}x  (goal >= 1.6x: {'met' if ratio >= 1.6 else 'MISSED'})")
+
+
+if __name__ == "__main__":
+    main()
