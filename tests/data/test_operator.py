@@ -1,0 +1,67 @@
+"""PrepareTFRecordsOperator run by Airflow itself (``airflow dags test``, SQLite, temporary home)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from airflow_tf.data import count_examples, load_schema
+from airflow_tf.data.samples import write_linear_regression_csv
+from airflow_tf.demo import airflow_env, dags_test, init_airflow
+
+DAG_FILE = '''
+import json
+from datetime import datetime
+from pathlib import Path
+
+from airflow.sdk import DAG, task
+from airflow_tf.operators import PrepareTFRecordsOperator
+
+for dag_id, source in (("prepare_ok", {good!r}), ("prepare_bad", {bad!r})):
+    with DAG(dag_id, schedule=None, start_date=datetime(2024, 1, 1), catchup=False,
+             params={{"name": "templated", "fraction": 0.25}}) as dag:
+        prepare = PrepareTFRecordsOperator(
+            task_id="prepare", input=source, output={output!r}, name="{{{{ params.name }}}}", label="y",
+            eval_fraction="{{{{ params.fraction }}}}", shards="3", progress_every=0,
+        )
+
+        @task
+        def record(summary):
+            Path({result!r}).write_text(json.dumps(summary))
+
+        record(prepare.output)
+    globals()[dag_id] = dag
+'''
+
+
+@pytest.mark.slow
+def test_operator_runs_in_airflow_with_templates_progress_and_xcom(tmp_path):
+    good = write_linear_regression_csv(tmp_path / "raw" / "lr.csv", rows=20000, seed=3)
+    bad = tmp_path / "raw" / "ragged.csv"
+    bad.write_text("x,y\n1,2\n3\n")
+    output, result = tmp_path / "datasets", tmp_path / "xcom.json"
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "prepare_dags.py").write_text(textwrap.dedent(DAG_FILE.format(
+        good=str(good), bad=str(bad), output=str(output), result=str(result))))
+    env = airflow_env(tmp_path, dags)
+    init_airflow(env)
+
+    run = dags_test(env, "prepare_ok")
+    assert "state=success" in run.stdout, run.stdout[-4000:]
+    summary = json.loads(result.read_text())  # the XCom as the downstream task received it
+    uri = summary["dataset_uri"]
+    assert uri == str((output / "templated" / "1").resolve())
+    assert summary["counts"] == {"train": 15000, "eval": 5000} and summary["shards"]["train"] == 3
+    assert summary["schema"] == {"format_version": 1, "label": "y", "features": [
+        {"name": "x", "dtype": "float32", "shape": [], "allow_nan": False},
+        {"name": "y", "dtype": "float32", "shape": [], "allow_nan": False}]}
+    assert load_schema(uri).label_name == "y" and count_examples(uri, "eval") == 5000
+    assert "prepare write: 20000/20000 rows (100.0%)" in run.stdout and "rows/s" in run.stdout
+
+    failed = dags_test(env, "prepare_bad")
+    assert "state=failed" in failed.stdout
+    assert f"{bad} line 3: expected 2 fields (the header's), found 1" in failed.stdout
+    assert not (output / "templated" / "2").exists()
