@@ -4,6 +4,7 @@ processes, no TensorFlow, so each test takes about a second)."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -16,7 +17,8 @@ import pytest
 from airflow_tf.backends import GroupRef, backend_for
 from airflow_tf.backends.local import LocalBackend, process_start_time
 from airflow_tf.backends.wait import failure_report, wait_for_group
-from airflow_tf.cluster import GroupSpec, Phase, RoleSpec, SpecError
+from airflow_tf.cluster import GroupSpec, Phase, RoleSpec, SpecError, TrainingConfig
+from airflow_tf.data import DatasetNotReadyError
 
 
 def alive(pid: int) -> bool:
@@ -249,6 +251,18 @@ def test_bad_specs_are_refused_before_anything_starts(local_state_dir, group_pro
         LocalBackend().launch(spec)
     assert not os.path.exists(local_state_dir) or os.listdir(local_state_dir) == []
     assert not group_processes(local_state_dir)
+
+
+def test_a_dataset_without_success_marker_is_refused_before_anything_starts(local_state_dir, group_processes,
+                                                                           wait_until, tmp_path):
+    dataset = tmp_path / "datasets" / "half-written" / "3"
+    (dataset / "train").mkdir(parents=True)
+    config = TrainingConfig(dataset=str(dataset), run_dir=str(tmp_path / "run"), steps=10)
+    with pytest.raises(DatasetNotReadyError, match=re.escape(str(dataset)) + ".*_SUCCESS"):
+        LocalBackend().launch(GroupSpec.for_training("halfdata", config))
+    assert not group_processes(local_state_dir)
+    assert not local_state_dir.exists() or os.listdir(local_state_dir) == []
+    assert not (tmp_path / "run").exists()
 
 
 def test_status_of_an_unknown_group(local_state_dir, group_processes, wait_until):
