@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import time
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from airflow_tf.cluster import TrainingConfig

@@ -50,13 +50,17 @@ def export_saved_model(run_dir: str | os.PathLike[str], dataset_uri: str, config
 
     run_path = local_path(run_dir)
     config = training_config(config)
-    if isinstance(metrics, str):
-        metrics = json.loads(metrics)
+    if isinstance(metrics, str):  # a templated operator argument arrives as text
+        try:
+            metrics = json.loads(metrics)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"metrics: not valid JSON ({exc}); pass the evaluation result (a dict)") from exc
     if metrics is None:
         metrics = read_metrics(run_path)
     _check_blessed(metrics, run_path, checkpoint, force)
+    evaluation = dict(metrics or {})
 
-    checkpoint = models.resolve_checkpoint(checkpoint or (metrics or {}).get("checkpoint") or run_path)
+    checkpoint = models.resolve_checkpoint(checkpoint or evaluation.get("checkpoint") or run_path)
     schema = load_schema(dataset_uri)
     _check_input_names(schema)
     model = models.restore_model(checkpoint, config, schema)
@@ -76,9 +80,9 @@ def export_saved_model(run_dir: str | os.PathLike[str], dataset_uri: str, config
         "schema": schema.to_dict(),
         "task": task,
         "signature": {"name": SIGNATURE, "inputs": schema.feature_names, "outputs": _output_names(task)},
-        "metrics": dict(metrics or {}),  # the evaluation: metric values, blessed and why
-        "blessed": bool((metrics or {}).get("blessed", False)),
-        "forced": bool(force and not (metrics or {}).get("blessed", False)),
+        "metrics": evaluation,  # metric values, blessed and why
+        "blessed": bool(evaluation.get("blessed", False)),
+        "forced": bool(force and not evaluation.get("blessed", False)),
         "training_config": config.to_dict(),
         "warm_start_checkpoint": str(WARM_START_DIR),
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
