@@ -69,7 +69,7 @@ with DAG(
         served = latest_export(models_dir(), MODEL_NAME)
         if served is None:
             return None
-        return served["metadata"]["checkpoint"]
+        return served["metadata"]["warm_start_from"]
 
     prepare = PrepareTFRecordsOperator(
         task_id="prepare",
