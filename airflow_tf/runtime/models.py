@@ -143,7 +143,7 @@ def compute_loss(loss, labels, predictions):
 
     A scalar label per example against a ``[batch, 1]`` prediction is compared element-wise
     (not broadcast to ``[batch, batch]``, which a plain loss function would do silently)."""
-    labels = tf.convert_to_tensor(labels)
+    labels, predictions = tf.convert_to_tensor(labels), tf.convert_to_tensor(predictions)
     if predictions.shape.rank == labels.shape.rank + 1 and predictions.shape[-1] == 1:
         labels = tf.cast(tf.expand_dims(labels, -1), predictions.dtype)
     return tf.reduce_mean(loss(labels, predictions))

@@ -1,0 +1,98 @@
+"""``python -m airflow_tf.runtime`` as a task sees it: options, TF_CONFIG, and refusals that
+happen before TensorFlow starts (each one line, exit code 2, which is not retried)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from airflow_tf.cluster import TrainingConfig
+from airflow_tf.runtime.errors import TaskConfigError
+from airflow_tf.runtime.task import task_from_env
+
+CLUSTER = {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]}
+
+
+def runtime(*args: str, tf_config: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    if tf_config is not None:
+        env["TF_CONFIG"] = json.dumps(tf_config)
+    return subprocess.run([sys.executable, "-m", "airflow_tf.runtime", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def worker(index: int = 0, cluster: dict = CLUSTER) -> dict:
+    return {"cluster": cluster, "task": {"type": "worker", "index": index}}
+
+
+def test_help_works_without_tf_config():
+    result = runtime("--help")
+    assert result.returncode == 0, result.stderr
+    assert "TF_CONFIG" in result.stdout and "--dataset" in result.stdout and "--sync" in result.stdout
+
+
+def test_missing_tf_config_is_one_clear_line(tmp_path):
+    result = runtime("--dataset", str(tmp_path), "--run-dir", str(tmp_path), "--steps", "5")
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("airflow_tf.runtime: error: TF_CONFIG is not set")
+
+
+def test_bad_options_name_the_option(tmp_path):
+    result = runtime("--dataset", str(tmp_path), "--run-dir", str(tmp_path), "--steps", "0", tf_config=worker())
+    assert result.returncode == 2
+    assert "steps: must be positive, got 0" in result.stderr
+
+
+def test_dataset_without_success_marker_is_refused_before_training(tmp_path):
+    dataset = tmp_path / "datasets" / "linear" / "1"
+    (dataset / "train").mkdir(parents=True)
+    (dataset / "schema.json").write_text('{"features": [{"name": "x", "dtype": "float32"}], "label": null}')
+    result = runtime("--dataset", str(dataset), "--run-dir", str(tmp_path / "run"), "--steps", "5",
+                     tf_config=worker())
+    assert result.returncode == 2
+    (line,) = [line for line in result.stderr.splitlines() if "error" in line]
+    assert line.startswith("airflow_tf.runtime: error: dataset") and str(dataset) in line and "_SUCCESS" in line
+    assert "re-run the prepare step" in line
+    assert "status=refused" in result.stdout
+    assert not (tmp_path / "run").exists(), "nothing is written for a refused task"
+
+
+@pytest.mark.parametrize("tf_config, message", [
+    ("not json", "not valid JSON"),
+    ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "master", "index": 0}}', r"'master' is not one of .*\(use 'chief'\)"),
+    ('{"cluster": {"ps": ["a:1"], "worker": ["a:2"]}, "task": {"type": "worker", "index": 1}}', "worker:1 is not in the cluster"),
+    ('{"cluster": {"worker": ["a:2"]}, "task": {"type": "worker", "index": 0}}', 'no "ps" job'),
+    ('{"cluster": {"ps": "a:1"}, "task": {"type": "ps", "index": 0}}', "list of"),
+    ('{"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": "0"}}', "whole number"),
+])
+def test_malformed_tf_config_is_refused_saying_what_is_wrong(tf_config, message):
+    with pytest.raises(TaskConfigError, match=message):
+        task_from_env({"TF_CONFIG": tf_config})
+
+
+def test_the_chief_is_chief_0_or_else_worker_0_and_shards_follow_the_trainers():
+    plain = task_from_env({"TF_CONFIG": json.dumps(worker(1))})
+    assert not plain.is_chief and plain.trainer_index == 1 and plain.device == "/job:worker/task:1"
+    assert task_from_env({"TF_CONFIG": json.dumps(worker(0))}).is_chief
+
+    with_chief = dict(CLUSTER, chief=["127.0.0.1:4"])
+    chief = task_from_env({"TF_CONFIG": json.dumps({"cluster": with_chief, "task": {"type": "chief", "index": 0}})})
+    first_worker = task_from_env({"TF_CONFIG": json.dumps(worker(0, with_chief))})
+    assert chief.is_chief and chief.trainer_index == 0
+    assert not first_worker.is_chief and first_worker.trainer_index == 1 and len(first_worker.trainers) == 3
+
+    # TensorFlow leaves the evaluator out of the cluster it trains with.
+    evaluator = task_from_env({"TF_CONFIG": json.dumps({"cluster": CLUSTER, "task": {"type": "evaluator"}})})
+    assert evaluator.type == "evaluator" and not evaluator.is_chief
+
+
+def test_an_evaluator_exits_at_once(tmp_path):
+    config = TrainingConfig(dataset=str(tmp_path), run_dir=str(tmp_path), steps=1)
+    result = runtime(*config.to_args(), tf_config={"cluster": CLUSTER, "task": {"type": "evaluator", "index": 0}})
+    assert result.returncode == 0, result.stderr
+    assert "evaluator: nothing to do here" in result.stdout
