@@ -42,7 +42,8 @@ class TrainingConfig:
     inter_op_threads: int = 2
     seed: int = 0
     warm_start_from: str | None = None
-    """A checkpoint directory or SavedModel to initialise the weights from (first start only)."""
+    """A run directory or checkpoint prefix to initialise the model weights from (first start only;
+    an export keeps one in its metadata's ``warm_start_from``)."""
 
     def __post_init__(self) -> None:
         errors = self._coerce_types()
@@ -164,7 +165,7 @@ def _doc(name: str) -> str:
         "run_dir": "directory for checkpoints, event files and progress.json, shared by all tasks",
         "model": f"built-in model ({', '.join(BUILTIN_MODELS)}) or package.module:function",
         "steps": "target global step",
-        "warm_start_from": "checkpoint directory or SavedModel to initialise weights from",
+        "warm_start_from": "run directory or checkpoint prefix to initialise the model weights from (first start only)",
     }
     return docs[name]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -128,13 +129,27 @@ def run(config: TrainingConfig, task: Task) -> int:
     )
     if task.type == "ps":
         log(f"airflow-tf task ps:{task.index} serving at {server.target}; it runs until it is stopped")
-        server.join()
-        return 0
+        while True:  # the server runs on its own threads; this thread only waits for a signal
+            signal.pause()
     from .training import train
 
     result = train(config, task, server, schema)
     log("airflow-tf task exit " + " ".join(f"{k}={v}" for k, v in result.items()))
     return 0
+
+
+def log_exit_on_signal(task: Task) -> None:
+    """On SIGTERM/SIGINT, log the exit line, then die of the signal as before: the exit status
+    still says "killed by SIGTERM", so a restart policy treats it as the interruption it is."""
+
+    def handler(signum: int, frame) -> None:
+        log(f"airflow-tf task exit role={task.type} index={task.index} status=stopped "
+            f"signal={signal.Signals(signum).name}")
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ info and warnings drown the task log
     log(f"airflow-tf task start role={task.type} index={task.index} pid={os.getpid()} "
         f"cluster={json.dumps(task.cluster, sort_keys=True, separators=(',', ':'))}")
+    log_exit_on_signal(task)
     from airflow_tf.data.errors import DataError
 
     try:
@@ -156,3 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"airflow_tf.runtime: error: {message}", file=sys.stderr, flush=True)
         log(f"airflow-tf task exit role={task.type} index={task.index} status=refused reason={message!r}")
         return CONFIG_ERROR
+    except Exception as exc:
+        log(f"airflow-tf task exit role={task.type} index={task.index} status=failed "
+            f"error={type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+        raise

@@ -96,3 +96,33 @@ def test_an_evaluator_exits_at_once(tmp_path):
     result = runtime(*config.to_args(), tf_config={"cluster": CLUSTER, "task": {"type": "evaluator", "index": 0}})
     assert result.returncode == 0, result.stderr
     assert "evaluator: nothing to do here" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_ps_serves_until_sigterm_then_logs_its_exit_and_dies_of_the_signal(tmp_path):
+    import signal
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cluster = {"ps": [f"127.0.0.1:{port}"], "worker": ["127.0.0.1:1"]}
+    config = TrainingConfig(dataset=str(tmp_path), run_dir=str(tmp_path), steps=1)
+    env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "ps", "index": 0}}))
+    ps = subprocess.Popen([sys.executable, "-m", "airflow_tf.runtime", *config.to_args()], env=env,
+                          stdout=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        while not any("serving at" in line for line in lines):
+            line = ps.stdout.readline()
+            assert line, f"the ps exited before serving: {lines}"
+            lines.append(line)
+        assert "role=ps index=0" in lines[0], "the first line names the task"
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # the gRPC server accepts connections
+        ps.send_signal(signal.SIGTERM)
+        assert ps.wait(timeout=30) == -signal.SIGTERM
+        assert "airflow-tf task exit role=ps index=0 status=stopped signal=SIGTERM" in ps.stdout.read()
+    finally:
+        ps.kill()
+        ps.wait()
