@@ -38,7 +38,8 @@ def free_port() -> int:
 
 
 class AirflowStack:
-    """One Airflow deployment in ``home`` (AIRFLOW_HOME, logs, database, passwords).
+    """One Airflow deployment in ``home`` (AIRFLOW_HOME, logs, passwords, the SQLite file or by
+    default the PostgreSQL cluster in ``postgres_dir``).
 
     ``database`` is ``postgres``, ``sqlite`` or ``auto`` (PostgreSQL, else SQLite); after
     :meth:`start`, :attr:`database` says which one serves."""
@@ -50,6 +51,7 @@ class AirflowStack:
         *,
         port: int | None = None,
         database: str = "auto",
+        postgres_dir: Path | None = None,
         env: dict[str, str] | None = None,
         venv: Path = ROOT / ".venv",
     ) -> None:
@@ -66,6 +68,8 @@ class AirflowStack:
         self.url = f"http://127.0.0.1:{self.port}"
         self.password = ""
         self.processes: dict[str, subprocess.Popen] = {}
+        # As root, PostgreSQL runs as 'postgres', which must be able to enter this directory.
+        self.postgres_dir = Path(postgres_dir or self.home / "postgres").resolve()
         self._pg_dir: Path | None = None
 
     # -- settings -------------------------------------------------------------------------
@@ -102,6 +106,10 @@ class AirflowStack:
                 "AIRFLOW__API__WORKERS": "1",
                 "AIRFLOW__API__SECRET_KEY": keys["secret_key"],
                 "AIRFLOW__API_AUTH__JWT_SECRET": keys["jwt_secret"],
+                # The log servers of the scheduler and triggerer listen too: keep them off the
+                # defaults (8793, 8794) so that several stacks can run side by side.
+                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+                "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
                 # New and changed DAG files show up within seconds, not minutes.
                 "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
                 "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
@@ -192,7 +200,7 @@ class AirflowStack:
     # -- pieces ---------------------------------------------------------------------------
     def _database_url(self) -> str:
         if self.database in ("auto", "postgres"):
-            self._pg_dir = self.home / "postgres"
+            self._pg_dir = self.postgres_dir
             done = subprocess.run(
                 [str(ROOT / "scripts" / "postgres"), "start", str(self._pg_dir), str(free_port())],
                 capture_output=True,
