@@ -115,8 +115,18 @@ def test_sync_workers_learn_and_neither_start_nor_exit_idles(linear_dataset, tra
     assert (exit_line - last_step).total_seconds() < 10
 
 
+def test_sync_aggregating_fewer_gradients_than_workers_finishes_and_learns(linear_dataset, train, tmp_path):
+    # Each step takes the first gradient that arrives, so a slow worker stalls no one; the spare
+    # tokens must not leave a worker waiting at the end.
+    run = train("rt-sync-one", linear_dataset, tmp_path / "run", steps=400, sync=True, replicas_to_aggregate=1)
+    assert_learned_the_line(run)
+    assert "mode=sync replicas_to_aggregate=1" in run.lines("worker-1", "airflow-tf train ")[0]
+    for worker in ("worker-0", "worker-1"):
+        assert run.lines(worker, "status=succeeded"), f"{worker} did not exit by itself"
+
+
 def test_two_ps_tasks_each_hold_part_of_the_variables(linear_dataset, train, tmp_path):
-    run = train("rt-two-ps", linear_dataset, tmp_path / "run", ps=2, steps=STEPS)
+    run = train("rt-two-ps", linear_dataset, tmp_path / "run", ps=2, workers=1, steps=STEPS)
     assert_learned_the_line(run)
     (placement,) = run.lines("worker-0", "airflow-tf variables ")
     held = dict(pair.split("=") for pair in placement.split("airflow-tf variables ")[1].split())
