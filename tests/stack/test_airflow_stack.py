@@ -95,6 +95,7 @@ def test_a_user_triggers_the_dag_in_the_web_ui_and_sees_it_succeed(stack):
         DAG_ID=DAG_ID,
         SCREENSHOT=str(screenshot),
         RUN_TIMEOUT_SECONDS="420",
+        PARAMS=json.dumps(SMALL_RUN),
     )
     done = subprocess.run(["node", str(UI_SCRIPT)], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"the UI walk-through failed:\n{done.stdout}\n{done.stderr}"
@@ -104,5 +105,6 @@ def test_a_user_triggers_the_dag_in_the_web_ui_and_sees_it_succeed(stack):
     run = api.call("GET", f"/dags/{DAG_ID}/dagRuns/{seen_in_ui['run_id']}")
     assert run["state"] == "success" and run["run_type"] == "manual", run
     assert run["triggering_user_name"] == "admin"
+    assert run["conf"] == SMALL_RUN, "the values typed into the Run Parameters form reached the run"
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(exported_versions(stack)) == len(before) + 1, "the UI's run exported a new model version"

@@ -2,6 +2,7 @@
 // its state badge reads Success or Failed. Saves a screenshot of the finished run and prints
 // {"run_id": ..., "state": ...} as the last line. Settings come from the environment:
 // AIRFLOW_URL, AIRFLOW_USERNAME, AIRFLOW_PASSWORD, DAG_ID, SCREENSHOT, RUN_TIMEOUT_SECONDS,
+// PARAMS (JSON object: values typed into the dialog's Run Parameters form, by param name),
 // CHROMIUM (default /usr/bin/chromium, Debian's package).
 import { createRequire } from 'node:module';
 
@@ -17,6 +18,7 @@ const base = env('AIRFLOW_URL');
 const dagId = env('DAG_ID');
 const screenshot = env('SCREENSHOT');
 const runTimeout = Number(env('RUN_TIMEOUT_SECONDS', '300')) * 1000;
+const params = JSON.parse(env('PARAMS', '{}'));
 
 const browser = await chromium.launch({
   executablePath: env('CHROMIUM', '/usr/bin/chromium'),
@@ -33,9 +35,14 @@ try {
   await page.getByRole('button', { name: 'Sign in' }).click();
   await page.waitForURL((url) => url.pathname === `/dags/${dagId}`);
 
-  // Triggering: the DAG page's Trigger button, then the dialog's (one run, default params).
+  // Triggering: the DAG page's Trigger button, the dialog's Run Parameters form, then the
+  // dialog's own Trigger button (a single run).
   await page.getByRole('button', { name: 'Trigger Dag' }).click();
-  await page.getByRole('dialog').getByRole('button', { name: 'Trigger', exact: true }).click();
+  const dialog = page.getByRole('dialog');
+  for (const [name, value] of Object.entries(params)) {
+    await dialog.getByLabel(name, { exact: true }).fill(String(value));
+  }
+  await dialog.getByRole('button', { name: 'Trigger', exact: true }).click();
   await page.waitForURL((url) => url.pathname.startsWith(`/dags/${dagId}/runs/`));
   const runId = decodeURIComponent(new URL(page.url()).pathname.split('/runs/')[1]);
 
