@@ -3,6 +3,7 @@ home: SQLite, local processes, local disk. Used by ``airflow-tf demo`` and the D
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -48,6 +49,29 @@ def dags_test(env: dict[str, str], dag_id: str, conf: str | None = None) -> subp
     return _airflow(env, *args, check=False, capture=True)
 
 
+def dag_run_state(output: str) -> str:
+    """The final DagRun state (``success``/``failed``) from ``dags test`` output."""
+    return _finished_line(output).split("state=")[1].split(",")[0]
+
+
+def run_id_of(output: str) -> str:
+    return _finished_line(output).split("run_id=")[1].split(",")[0]
+
+
+def _finished_line(output: str) -> str:
+    for line in reversed(output.splitlines()):
+        if "DagRun Finished" in line:
+            return line
+    raise RuntimeError("the DAG run did not finish; last output:\n" + "\n".join(output.splitlines()[-40:]))
+
+
+def task_states(env: dict[str, str], dag_id: str, output: str) -> dict[str, str]:
+    """task_id -> final state of the run in ``output``, read back from Airflow's database."""
+    result = _airflow(env, "tasks", "states-for-dag-run", dag_id, run_id_of(output), "--output", "json", capture=True)
+    rows = json.loads(result.stdout[result.stdout.index("["):])
+    return {row["task_id"]: row["state"] for row in rows}
+
+
 def run_demo(workdir: str | os.PathLike, dags_folder: str | os.PathLike = REPO_DAGS) -> dict:
     """Run ``tf_linear_regression`` end to end and report where the model went and how good it is."""
     from airflow_tf.serving import latest_export
@@ -59,7 +83,7 @@ def run_demo(workdir: str | os.PathLike, dags_folder: str | os.PathLike = REPO_D
     result = dags_test(env, "tf_linear_regression")
     log_path = Path(workdir) / "tf_linear_regression.log"
     log_path.write_text(result.stdout)
-    if result.returncode != 0 or "state=success" not in result.stdout:
+    if result.returncode != 0 or dag_run_state(result.stdout) != "success":
         tail = "\n".join(result.stdout.splitlines()[-40:])
         raise SystemExit(f"airflow-tf demo: the DAG run failed (full log: {log_path}):\n{tail}")
     models = Path(env["AIRFLOW_TF_STORAGE"]) / "models"

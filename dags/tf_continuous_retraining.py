@@ -25,7 +25,7 @@ from airflow_tf.storage import datasets_dir, incoming_dir, models_dir
 
 MODEL_NAME = "linear_regression_retrained"
 INCOMING = os.path.join(incoming_dir(), "linear_regression_stream")
-new_linear_data = Asset(f"file://{INCOMING}", name="linear_regression_incoming")
+new_linear_data = Asset(name="linear_regression_incoming", uri=f"file://{INCOMING}")
 
 with DAG(
     dag_id="tf_ingest_linear_data",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,9 @@ class AirflowHome:
             shutil.copy(source, self.dags / source.name)
         self.env = airflow_env(root, self.dags)
         init_airflow(self.env)
+        errors = subprocess.run([str(Path(sys.executable).with_name("airflow")), "dags", "list-import-errors"],
+                                env=self.env, text=True, capture_output=True).stdout
+        assert "Traceback" not in errors and "Error" not in errors, f"a DAG failed to import:\n{errors}"
 
     def run(self, dag_id: str, storage: Path, conf: str | None = None):
         """One DAG run with its own storage and group-state directories."""
@@ -33,33 +38,3 @@ class AirflowHome:
 @pytest.fixture(scope="session")
 def airflow_home(tmp_path_factory) -> AirflowHome:
     return AirflowHome(tmp_path_factory.mktemp("airflow"))
-
-
-def run_state(output: str) -> str:
-    """The final DagRun state as Airflow logged it."""
-    for line in reversed(output.splitlines()):
-        if "DagRun Finished" in line:
-            return line.split("state=")[1].split(",")[0]
-    raise AssertionError("no 'DagRun Finished' line in the dags test output:\n" + output[-3000:])
-
-
-def run_id_of(output: str) -> str:
-    for line in reversed(output.splitlines()):
-        if "DagRun Finished" in line:
-            return line.split("run_id=")[1].split(",")[0]
-    raise AssertionError("no 'DagRun Finished' line in the dags test output:\n" + output[-3000:])
-
-
-def task_states(home: AirflowHome, dag_id: str, output: str) -> dict[str, str]:
-    """task_id -> final state, read back from Airflow's metadata database."""
-    import json
-    import subprocess
-    import sys
-
-    airflow = str(Path(sys.executable).with_name("airflow"))
-    result = subprocess.run(
-        [airflow, "tasks", "states-for-dag-run", dag_id, run_id_of(output), "--output", "json"],
-        env=home.env, check=True, text=True, capture_output=True,
-    )
-    rows = json.loads(result.stdout[result.stdout.index("["):])
-    return {row["task_id"]: row["state"] for row in rows}

@@ -8,11 +8,15 @@ from pathlib import Path
 import psutil
 import pytest
 
+from airflow_tf.demo import dag_run_state as run_state
 from airflow_tf.demo import predict
-
-from .conftest import run_state, task_states
+from airflow_tf.demo import task_states as _task_states
 
 pytestmark = pytest.mark.slow
+
+
+def task_states(home, dag_id: str, output: str) -> dict[str, str]:
+    return _task_states(home.env, dag_id, output)
 
 
 def group_processes(storage: Path) -> list[psutil.Process]:
@@ -69,7 +73,7 @@ def test_crashing_workers_fail_the_run_with_the_reason_and_teardown_still_runs(a
     assert run_state(result.stdout) == "failed"
     states = task_states(airflow_home, "tf_test_crashing_workers", result.stdout)
     assert states["wait_for_workers"] == "failed" and states["teardown"] == "success", states
-    assert "failed: task tf-" in result.stdout and "exit code 1" in result.stdout
+    assert "failed: task tf-" in result.stdout and "worker 0) failed: exit code" in result.stdout
     assert "no_such_package" in result.stdout, "the sensor quotes the worker's last log lines"
     assert not group_processes(tmp_path)
 
