@@ -202,7 +202,11 @@ class KubernetesBackend:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return self._core.read_namespaced_pod_log(pod, namespace, container=container, tail_lines=tail_lines)
+            # Raw bytes, decoded here: the generated client turns a 'str' body into the
+            # repr of bytes, or into a number when the log happens to parse as JSON.
+            response = self._core.read_namespaced_pod_log(pod, namespace, container=container, tail_lines=tail_lines,
+                                                          _preload_content=False)
+            return response.data.decode("utf-8", errors="replace")
         except ApiException as e:
             if e.status in (400, 404):  # not started yet, or gone
                 return ""
@@ -313,7 +317,8 @@ class KubernetesBackend:
                 if remaining is not None and remaining <= 0:
                     return
                 wait = min(x for x in (self.progress_interval, remaining, group.seconds_to_wakeup()) if x is not None)
-                if not watch_allowed:
+                if not watch_allowed or wait < 1:
+                    # No watch allowed, or less than the API's one-second watch timeout left.
                     await asyncio.sleep(min(self.poll_interval, wait))
                     await group.relist()
                     continue
@@ -398,8 +403,11 @@ class _WatchedGroup:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         try:
-            text = await self.core.read_namespaced_pod_log(_name(lead), self.namespace, container=role_index(lead)[0],
-                                                           tail_lines=PROGRESS_TAIL_LINES)
+            response = await self.core.read_namespaced_pod_log(
+                _name(lead), self.namespace, container=role_index(lead)[0], tail_lines=PROGRESS_TAIL_LINES,
+                _preload_content=False)
+            async with response:
+                text = await response.text(errors="replace")
         except ApiException:
             return
         self.progress = parse_progress(text) or self.progress

@@ -116,7 +116,8 @@ class KubeEmulator:
         with self._lock:
             self._stopping = True
             self._lock.notify_all()
-        self._server.shutdown()
+        if self._thread.is_alive():
+            self._server.shutdown()
         self._server.server_close()
 
     def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:

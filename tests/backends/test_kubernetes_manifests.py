@@ -39,6 +39,7 @@ def env_of(pod) -> dict:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
 
 
+@pytest.mark.slow
 def test_render_output_validates_against_the_kubernetes_schemas(capsys):
     code = main(["render", "--name", "demo", "--ps", "2", "--workers", "3", "--image", "tf:2.21",
                  "--namespace", "ml", "--dataset", "/data/linear/1", "--steps", "500", "--port", "2300",
