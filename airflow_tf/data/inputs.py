@@ -28,7 +28,7 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 NPZ_SUFFIXES = (".npz",)
 SUPPORTED = CSV_SUFFIXES + PARQUET_SUFFIXES + NPZ_SUFFIXES
 _F32_MAX = float(np.finfo(np.float32).max)
-_CSV_BLOCK = 16 << 20  # large blocks: pyarrow infers a CSV column's type from the first block
+_CSV_BLOCK = 1 << 20  # pyarrow infers types from the first block; a wrong guess is re-read with scanned types
 _NAN_HINT = ("pass allow_nan=True (CLI: --allow-nan), or set \"allow_nan\": true for this "
              "feature in the declared schema, if NaN/infinity are meaningful values")
 
@@ -408,20 +408,24 @@ def _convert(raw: _Raw, spec: FeatureSpec) -> np.ndarray:
             row = _first_bad(values > np.iinfo(np.int64).max)
             raise InputDataError(f"{where(row)}: value exceeds the int64 range")
         return values.astype(np.int64)
-    # float32
+    # float32. Values beyond its range become infinite in the cast, so one check finds both.
+    with np.errstate(over="ignore"):
+        narrow = values.astype(np.float32)
+    if np.isfinite(narrow).all():
+        return narrow
     wide = values.astype(np.float64, copy=False)
-    finite = np.isfinite(wide)
-    too_big = finite & (np.abs(wide) > _F32_MAX)
+    too_big = np.isfinite(wide) & ~np.isfinite(narrow)
     if too_big.any():
         row = _first_bad(too_big)
         raise InputDataError(
             f"{where(row)}: value {_first_value(wide, too_big, row)!r} is out of the float32 range "
             "(about 3.4e38); rescale the column"
         )
-    if not spec.allow_nan and not finite.all():
-        row = _first_bad(~finite)
-        raise InputDataError(f"{where(row)}: {_first_value(wide, ~finite, row)!r} is not allowed; {_NAN_HINT}")
-    return values.astype(np.float32)
+    if not spec.allow_nan:
+        bad = ~np.isfinite(wide)
+        row = _first_bad(bad)
+        raise InputDataError(f"{where(row)}: {_first_value(wide, bad, row)!r} is not allowed; {_NAN_HINT}")
+    return narrow
 
 
 def _first_value(values: np.ndarray, mask: np.ndarray, row: int) -> float:

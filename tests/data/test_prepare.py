@@ -199,3 +199,13 @@ def test_cli_prints_a_json_summary_and_fails_clearly(tmp_path):
     failed = subprocess.run(cli + ["--input", str(src), "--label", "nope"], capture_output=True, text=True)
     assert failed.returncode != 0 and failed.stdout == ""
     assert "label column 'nope' is not in the input" in failed.stderr
+
+
+def test_csv_column_that_turns_float_after_the_first_block_is_read_as_float(tmp_path, read_split):
+    # pyarrow guesses types from the first block (1 MB); a float far below must still be read.
+    rows = ["n,y"] + [f"{i},{i % 2}" for i in range(200_000)] + ["2.5,1"]
+    (tmp_path / "late.csv").write_text("\n".join(rows) + "\n")
+    summary = prepare_dataset(tmp_path / "late.csv", tmp_path / "out", "late", label="y", eval_fraction=0)
+    assert summary["schema"]["features"][0] == {"name": "n", "dtype": "float32", "shape": [], "allow_nan": False}
+    values = read_split(summary["dataset_uri"])["n"]
+    assert len(values) == 200_001 and 2.5 in values and values.max() == 199_999
