@@ -1,0 +1,165 @@
+"""The container images (no Docker engine here): every file the Dockerfiles copy exists, the
+base images match the versions the project pins, the training image runs the command the
+backends give their tasks, and the package installs and runs its runtime WITHOUT Airflow."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+from airflow_tf.backends.kubernetes_manifests import DEFAULT_USER
+from airflow_tf.cluster.spec import RUNTIME_COMMAND
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGES = {name: ROOT / "images" / name / "Dockerfile" for name in ("training", "training-gpu", "airflow")}
+TRAINING_IMAGES = ("training", "training-gpu")
+
+
+def instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
+    result = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            result.append((keyword.upper(), rest.strip()))
+    return result
+
+
+def copy_sources(dockerfile: Path) -> list[str]:
+    """Paths in the build context (the repository root) that COPY/ADD read."""
+    sources = []
+    for keyword, args in instructions(dockerfile):
+        if keyword not in ("COPY", "ADD"):
+            continue
+        words = json.loads(args) if args.startswith("[") else shlex.split(args)
+        words = [w for w in words if not w.startswith("--")]
+        sources += words[:-1]
+    return sources
+
+
+def base_image(dockerfile: Path) -> str:
+    """The FROM image with ARG defaults substituted."""
+    args = {}
+    for keyword, rest in instructions(dockerfile):
+        if keyword == "ARG" and "=" in rest:
+            name, value = rest.split("=", 1)
+            args[name] = value
+        if keyword == "FROM":
+            return re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], rest.split()[0])
+    raise AssertionError(f"{dockerfile}: no FROM")
+
+
+def pinned(name: str) -> str:
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.lower().startswith(f"{name}=="):
+            return line.split("==", 1)[1]
+    raise AssertionError(f"constraints.txt pins no {name}")
+
+
+@pytest.mark.parametrize("image", sorted(IMAGES))
+def test_every_file_a_dockerfile_copies_is_in_the_repository(image):
+    sources = copy_sources(IMAGES[image])
+    assert "airflow_tf" in sources and "constraints.txt" in sources and "pyproject.toml" in sources
+    missing = [s for s in sources if not (ROOT / s).exists()]
+    assert not missing, f"images/{image}/Dockerfile copies paths missing from the repository: {missing}"
+
+
+def test_base_images_carry_the_pinned_tensorflow_airflow_and_python():
+    assert base_image(IMAGES["training"]).startswith("python:3.11")
+    assert base_image(IMAGES["training-gpu"]) == f"tensorflow/tensorflow:{pinned('tensorflow')}-gpu"
+    assert base_image(IMAGES["airflow"]) == f"apache/airflow:{pinned('apache-airflow')}-python3.11"
+
+
+@pytest.mark.parametrize("image", TRAINING_IMAGES)
+def test_training_images_run_the_task_command_as_the_pod_user(image):
+    steps = dict(instructions(IMAGES[image]))
+    # Pods override the entrypoint with the same command; `docker run IMAGE --help` uses it.
+    assert json.loads(steps["ENTRYPOINT"]) == list(RUNTIME_COMMAND)
+    assert steps["USER"] == str(DEFAULT_USER), "the Kubernetes backend runs tasks as this uid"
+    installs = " ".join(a for k, a in instructions(IMAGES[image]) if k == "RUN")
+    assert "[airflow]" not in installs and "apache-airflow" not in installs
+
+
+def _core_distributions() -> set[str]:
+    """The project's core dependencies (no extras) and everything they need, as installed here."""
+    todo = [Requirement(r) for r in metadata.requires("airflow-tf") or []]
+    names: set[str] = set()
+    while todo:
+        req = todo.pop()
+        if req.marker and not req.marker.evaluate({"extra": ""}):
+            continue
+        name = metadata.distribution(req.name).metadata["Name"]
+        if name.lower() in names:
+            continue
+        names.add(name.lower())
+        todo += [Requirement(r) for r in metadata.requires(name) or []]
+    return names
+
+
+@pytest.mark.slow
+def test_the_training_image_install_needs_no_airflow(tmp_path):
+    """What `pip install .` in images/training does, in a fresh virtual environment: the core
+    dependencies are linked from this environment (same pinned versions; downloading
+    TensorFlow again would take minutes), the package is built from the files the Dockerfile
+    copies, and nothing of Airflow is there."""
+    core = _core_distributions()
+    assert "tensorflow" in core and not any(n.startswith("apache-airflow") for n in core)
+
+    context = tmp_path / "context"
+    for source in copy_sources(IMAGES["training"]):
+        target = context / source
+        if (ROOT / source).is_dir():
+            shutil.copytree(ROOT / source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / source, target)
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True).strip())
+    for name in core:
+        for top in {f.parts[0] for f in metadata.distribution(name).files or [] if f.parts[0] != ".."}:
+            source = Path(metadata.distribution(name).locate_file(top))
+            if source.exists() and not (site / top).exists():
+                (site / top).symlink_to(source)
+
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check"]
+    subprocess.run([*pip, "install", "--quiet", "--no-deps", str(context)], check=True)
+    check = subprocess.run([*pip, "check"], capture_output=True, text=True)
+    assert check.returncode == 0, f"the core dependencies do not cover the package's requirements:\n{check.stdout}"
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "AIRFLOW_HOME")}
+    cwd = tmp_path  # not the repository: imports must come from the installed package
+    runtime_help = subprocess.run([python, "-m", "airflow_tf.runtime", "--help"], cwd=cwd, env=env, capture_output=True, text=True)
+    assert runtime_help.returncode == 0, runtime_help.stderr
+    assert "TF_CONFIG" in runtime_help.stdout and "--dataset" in runtime_help.stdout
+
+    no_airflow = subprocess.run([python, "-c", "import airflow"], cwd=cwd, env=env, capture_output=True, text=True)
+    assert no_airflow.returncode != 0 and "No module named 'airflow'" in no_airflow.stderr
+
+    # Every module of the rooms the runtime is allowed to use imports without Airflow.
+    walk = (
+        "import importlib, pkgutil, airflow_tf\n"
+        "for room in ('runtime', 'cluster', 'data'):\n"
+        "    package = importlib.import_module('airflow_tf.' + room)\n"
+        "    for info in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
+        "        if info.name != 'airflow_tf.runtime.__main__':\n"
+        "            importlib.import_module(info.name)\n"
+        "print(airflow_tf.__file__)\n"
+    )
+    imported = subprocess.run([python, "-c", walk], cwd=cwd, env=env, capture_output=True, text=True)
+    assert imported.returncode == 0, imported.stderr[-3000:]
+    assert imported.stdout.strip().startswith(str(site)), "the package came from the fresh environment"
