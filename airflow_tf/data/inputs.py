@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import csv
 import glob as globlib
-import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +26,7 @@ PARQUET_SUFFIXES = (".parquet", ".pq")
 NPZ_SUFFIXES = (".npz",)
 SUPPORTED = CSV_SUFFIXES + PARQUET_SUFFIXES + NPZ_SUFFIXES
 _F32_MAX = float(np.finfo(np.float32).max)
-_CSV_BLOCK = 1 << 20  # pyarrow infers types from the first block; a wrong guess is re-read with scanned types
+_CSV_BLOCK = 1 << 20  # pyarrow widens a column's type when a later block needs it
 _NAN_HINT = ("pass allow_nan=True (CLI: --allow-nan), or set \"allow_nan\": true for this "
              "feature in the declared schema, if NaN/infinity are meaningful values")
 
@@ -163,20 +161,10 @@ def _read_csv(path: Path, declared: Schema | None) -> _Raw:
     column_types = {}
     if declared is not None:
         column_types = {f.name: _ARROW_FOR[f.dtype] for f in declared.features}
-    for _ in range(3):
-        try:
-            table = pacsv.read_csv(path, **_csv_options(path, column_types))
-            break
-        except pa.ArrowInvalid as exc:
-            problem = _diagnose_csv(path, column_types)
-            if problem is None:
-                raise InputDataError(f"cannot read CSV file {path}: {exc}") from None
-            if declared is not None or not isinstance(problem, dict):
-                raise InputDataError(problem) from None
-            # Inference from the first block guessed too narrow a type: use the full-file scan.
-            column_types = problem
-    else:  # pragma: no cover - the scan's types always parse
-        raise InputDataError(f"cannot read CSV file {path}")
+    try:
+        table = pacsv.read_csv(path, **_csv_options(path, column_types))
+    except pa.ArrowInvalid as exc:
+        raise InputDataError(_diagnose_csv(path, column_types) or f"cannot read CSV file {path}: {exc}") from None
     if table.num_rows == 0 and table.num_columns == 0:
         raise InputDataError(f"input file {path} is empty; remove it or fill it with data")
     names = table.column_names
@@ -203,17 +191,13 @@ def _parse_number(text: str, dtype: str) -> Any:
     return float(text)
 
 
-def _diagnose_csv(path: Path, column_types: dict[str, pa.DataType]) -> str | dict[str, pa.DataType] | None:
-    """Find why pyarrow refused a CSV file, with Python's csv module (slow, error path only).
-
-    Returns an error message naming the line and column, or (no declared types) the column
-    types that fit every line, or None when no problem is found."""
+def _diagnose_csv(path: Path, column_types: dict[str, pa.DataType]) -> str | None:
+    """Why pyarrow refused a CSV file, found again with Python's csv module (slow, error path
+    only) to name the line and column; None when no problem is found."""
     delimiter = "\t" if path.name.lower().endswith(".tsv") else ","
-    wanted = {n: ("int64" if pa.types.is_integer(t) else "float32" if pa.types.is_floating(t) else "string")
-              for n, t in column_types.items()}
-    seen: dict[str, str] = {}
-    opener = _open_text(path)
-    with opener as handle:
+    wanted = {n: "int64" if pa.types.is_integer(t) else "float32"
+              for n, t in column_types.items() if pa.types.is_integer(t) or pa.types.is_floating(t)}
+    with _open_text(path) as handle:
         reader = csv.reader(handle, delimiter=delimiter)
         header = next(reader, None)
         if header is None:
@@ -225,41 +209,23 @@ def _diagnose_csv(path: Path, column_types: dict[str, pa.DataType]) -> str | dic
                         f"found {len(row)}; fix or remove that row")
             for name, text in zip(header, row):
                 want = wanted.get(name)
-                if want in ("int64", "float32"):
-                    try:
-                        _parse_number(text, want)
-                    except ValueError:
-                        shown = "an empty value" if text == "" else f"value {text!r}"
-                        return (f"{path} line {line}, column {name!r}: {shown} does not parse as "
-                                f"{want}; fix the value or declare the column as "
-                                f"{'float32' if want == 'int64' else 'string'} in the schema")
-                elif not column_types:
-                    seen[name] = _widen(seen.get(name), _text_dtype(text))
-    if column_types:
-        return None
-    return {name: _ARROW_FOR[dtype or "string"] for name, dtype in seen.items()}
+                if want is None:
+                    continue
+                try:
+                    _parse_number(text, want)
+                except ValueError:
+                    shown = "an empty value" if text == "" else f"value {text!r}"
+                    return (f"{path} line {line}, column {name!r}: {shown} does not parse as {want}; "
+                            f"fix the value or declare the column as {'float32' if want == 'int64' else 'string'}"
+                            " in the schema")
+    return None
 
 
-def _text_dtype(text: str) -> str | None:
-    if text == "":
-        return None
-    for dtype in ("int64", "float32"):
-        try:
-            _parse_number(text, dtype)
-            return dtype
-        except ValueError:
-            pass
-    return "string"
-
-
-def _widen(a: str | None, b: str | None) -> str | None:
-    if a is None or b is None:
-        return a or b
+def _widen(a: str, b: str) -> str:
+    """The dtype holding values of both: int64 and float32 give float32; text wins otherwise."""
     if a == b:
         return a
-    if {a, b} == {"int64", "float32"}:
-        return "float32"
-    return "string"
+    return "float32" if {a, b} == {"int64", "float32"} else "string"
 
 
 def _open_text(path: Path):
