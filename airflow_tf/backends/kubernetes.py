@@ -215,6 +215,7 @@ class KubernetesBackend:
     # -- the protocol --------------------------------------------------------------------
     def launch(self, spec: GroupSpec) -> GroupRef:
         namespace = self.namespace
+        self._core  # connect before rendering: the group's deadline counts from here
         objects = render_group(spec, namespace, cluster_domain=self.cluster_domain,
                                network_policy=self.network_policy, pod_defaults=self.pod_defaults)
         kinds = ["pods", "services"] + (["networkpolicies"] if self.network_policy else [])

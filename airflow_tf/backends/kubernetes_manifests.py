@@ -298,7 +298,7 @@ def render_group(spec: GroupSpec, namespace: str, *, cluster_domain: str | None 
     deadline = None
     if spec.active_deadline_seconds:
         start = now or dt.datetime.now(dt.timezone.utc)
-        deadline = (start + dt.timedelta(seconds=spec.active_deadline_seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        deadline = (start + dt.timedelta(seconds=spec.active_deadline_seconds)).isoformat(timespec="milliseconds")
     replicas = json.dumps({role: spec.replicas(role) for role in spec.roles if spec.replicas(role)}, sort_keys=True)
 
     objects: list[dict] = []

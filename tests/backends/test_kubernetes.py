@@ -8,7 +8,9 @@ request a test makes is checked against the shipped RBAC Role when the test ends
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -369,3 +371,34 @@ def test_hostile_dag_id_launches_with_valid_labels_and_the_original_in_annotatio
         assert pod["metadata"]["annotations"]["airflow-tf/dag_id"] == dag_id
         assert ";" not in pod["metadata"]["labels"]["dag_id"] and " " not in pod["metadata"]["labels"]["dag_id"]
     assert backend.teardown(ref) and emulator.objects("pods", NS) == []
+
+
+@pytest.mark.slow
+def test_group_deadline_fails_the_group_and_reaches_the_pods(emulator, backend):
+    ref = backend.launch(make_spec(active_deadline_seconds=3))
+    pod = emulator.get("pods", NS, "tf-mnist-ps-0")
+    assert pod["spec"]["activeDeadlineSeconds"] == 3, "the cluster stops the pods even if Airflow is gone"
+    emulator.run(NS, "tf-mnist-worker-0")
+    assert not evaluate(backend.status(ref)).done
+    deadline = dt.datetime.fromisoformat(pod["metadata"]["annotations"]["airflow-tf/deadline"])
+    time.sleep(max(0.0, (deadline - dt.datetime.now(dt.timezone.utc)).total_seconds()) + 0.1)
+    outcome = evaluate(backend.status(ref))
+    assert outcome.done and not outcome.succeeded
+    assert "passed its active_deadline_seconds" in outcome.reason
+
+
+def test_rbac_role_grants_exactly_what_the_backend_uses(emulator, kubeconfig):
+    """A whole life cycle touches every rule of the Role, and nothing outside it (the
+    fixture checks the second half for every test)."""
+    backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=kubeconfig, namespace=NS,
+                          network_policy=True)
+    ref = backend.launch(make_spec(role_options={"worker": {"kubernetes": {"schedule_timeout_seconds": 1}}}))
+    emulator.run(NS, "tf-mnist-worker-0")
+    emulator.fail(NS, "tf-mnist-ps-0", exit_code=137)
+    _unschedulable(emulator, "tf-mnist-worker-1", 5)
+    assert evaluate(backend.status(ref)).done  # restarts the ps, reads events, reads worker 0's log
+    collect(backend, ref, timeout=2.0, until_done=False)
+    backend.logs(ref, "worker", 0)
+    backend.teardown(ref)
+    used = {(r.api_group, r.resource, r.verb) for r in emulator.requests}
+    assert used == _granted()
