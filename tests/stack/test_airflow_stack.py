@@ -79,6 +79,8 @@ def test_a_scheduled_dag_runs_by_itself_once_unpaused(stack):
 
 
 def test_a_user_triggers_the_dag_in_the_web_ui_and_sees_it_succeed(stack):
+    chromium = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+    assert Path(chromium).exists(), f"{chromium} is missing: ./scripts/test installs Debian's chromium (as root)"
     assert PLAYWRIGHT.is_dir(), (
         f"{PLAYWRIGHT} is missing: ./scripts/test installs it (or run: npm ci --prefix {PLAYWRIGHT.parents[1]})"
     )
