@@ -193,6 +193,7 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
         ) as session:
             while not session.should_stop():
                 session.run(train_op)
+        tf.compat.v1.summary.FileWriterCache.clear()  # closes the event files
 
     summary = {"role": task.type, "index": task.index, "status": "succeeded", "global_step": stop.last_step}
     if progress is not None:
