@@ -9,6 +9,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import psutil
@@ -135,6 +136,8 @@ def stack(tmp_path_factory) -> Stack:
     try:
         airflow.start()
         (artifacts / "stack-database.txt").write_text(airflow.database + "\n")
+        if airflow.database != "postgres":
+            warnings.warn(f"PostgreSQL could not serve: the Airflow stack runs on {airflow.database}")
         yield Stack(airflow, storage, state_dir, artifacts)
     finally:
         airflow.stop()
