@@ -34,6 +34,7 @@ DEFAULT_TARGET_SHARD_MB = 128.0
 COMPRESSIONS = ("gzip",)
 _CHUNK_BYTES = 4 << 20  # encoded bytes per task: large enough for NumPy, small enough to stream
 _GZIP_LEVEL = 6
+_STALE_AFTER = 24 * 3600.0  # seconds after which a temporary directory is taken as abandoned
 
 
 @dataclass(frozen=True)
@@ -285,6 +286,18 @@ def _make_root(root: Path) -> None:
         ) from None
 
 
+def _remove_stale_temporaries(root: Path, max_age: float = _STALE_AFTER) -> None:
+    """Delete temporary directories that a killed prepare run (SIGKILL, lost node) left behind.
+    Only old ones: a younger one may belong to a run still in progress."""
+    now = time.time()
+    for path in root.glob(".tmp-*"):
+        try:
+            if now - path.stat().st_mtime > max_age:
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
+
+
 def _commit(temporary: Path, final: Path, overwrite: bool) -> None:
     if final.exists():
         if not overwrite:
@@ -376,6 +389,7 @@ def prepare_dataset(
     counts = shard_counts(splits, record_bytes, shards, target_shard_mb)
 
     _make_root(root)
+    _remove_stale_temporaries(root)
     temporary = root / f".tmp-{version_name}-{uuid.uuid4().hex[:12]}"
     total = table.num_rows
     reporter.begin("write")

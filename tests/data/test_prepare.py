@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -209,3 +211,14 @@ def test_csv_column_that_turns_float_after_the_first_block_is_read_as_float(tmp_
     assert summary["schema"]["features"][0] == {"name": "n", "dtype": "float32", "shape": [], "allow_nan": False}
     values = read_split(summary["dataset_uri"])["n"]
     assert len(values) == 200_001 and 2.5 in values and values.max() == 199_999
+
+
+def test_temporary_directory_of_a_killed_run_is_cleaned_up_later(tmp_path):
+    src = _csv(tmp_path / "in.csv", range(10))
+    root = tmp_path / "out" / "k"
+    old, recent = root / ".tmp-1-0123456789ab", root / ".tmp-1-ba9876543210"
+    for path in (old, recent):
+        (path / "train").mkdir(parents=True)
+    os.utime(old, (time.time() - 2 * 86400,) * 2)
+    summary = prepare_dataset(src, tmp_path / "out", "k", label="label")
+    assert summary["version"] == "1" and not old.exists() and recent.exists()
