@@ -319,8 +319,7 @@ def _to_numpy(raw: _Raw, name: str) -> np.ndarray:
     column = raw.columns[name]
     if isinstance(column, np.ndarray):
         return column
-    nulls = column.null_count if not isinstance(column, pa.ChunkedArray) else column.null_count
-    if nulls:
+    if column.null_count:
         row = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
         raise InputDataError(
             f"{raw.where(row)}, column {name!r}: missing (empty) value; fill it in or drop the row"

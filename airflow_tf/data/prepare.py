@@ -15,6 +15,7 @@ import shutil
 import time
 import uuid
 import zlib
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -161,7 +162,8 @@ def shard_name(index: int, count: int, compression: str | None) -> str:
 
 
 # -- writing -------------------------------------------------------------------------------
-def _encode_chunk(table: Table, rows: np.ndarray, compression: str | None) -> bytes:
+def _encode_chunk(table: Table, rows: np.ndarray, compression: str | None) -> bytes | np.ndarray:
+    """The framed records of ``rows`` (bytes-like), compressed as one gzip member if asked."""
     columns = [table.columns[f.name][rows] for f in table.schema.features]
     data = encode_examples(table.schema.features, columns)
     if compression == "gzip":
@@ -171,15 +173,17 @@ def _encode_chunk(table: Table, rows: np.ndarray, compression: str | None) -> by
     return data
 
 
-def _ordered(pool: ThreadPoolExecutor, tasks: Iterator[tuple[Any, Callable[[], bytes]]], depth: int):
-    """Run tasks on the pool, yielding (key, result) in submission order, ``depth`` in flight."""
-    pending: list[tuple[Any, Future]] = []
+def _ordered(pool: ThreadPoolExecutor, tasks: Iterator[tuple[Any, Callable[[], Any]]], depth: int):
+    """Run tasks on the pool, yielding (key, result) in submission order, ``depth`` in flight
+    (so encoded data waiting to be written stays bounded)."""
+    pending: deque[tuple[Any, Future]] = deque()
     for key, task in tasks:
         pending.append((key, pool.submit(task)))
         if len(pending) >= depth:
-            first_key, future = pending.pop(0)
+            first_key, future = pending.popleft()
             yield first_key, future.result()
-    for key, future in pending:
+    while pending:
+        key, future = pending.popleft()
         yield key, future.result()
 
 
