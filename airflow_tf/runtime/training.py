@@ -66,6 +66,19 @@ def target_step(config: TrainingConfig, examples_per_step: int) -> int:
     return max(1, math.ceil(config.epochs * examples / examples_per_step))
 
 
+STATE_UPDATES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
+
+
+def training_forward(model, features):
+    """The model's predictions in training mode, and the variable writes the call made on the
+    side (BatchNormalization's moving statistics, Dropout's seed state). Keras runs those
+    eagerly; in a graph no output depends on them, so they must run with the train op."""
+    graph = tf.compat.v1.get_default_graph()
+    first = len(graph.get_operations())
+    predictions = model(features, training=True)
+    return predictions, [op for op in graph.get_operations()[first:] if op.type in STATE_UPDATES]
+
+
 def checkpoint_variables(model) -> dict[str, tf.Variable]:
     """Every global variable under its checkpoint name: the model's weights by position (see
     :mod:`.models`), the rest (global step, optimizer slots) by graph name."""
@@ -135,15 +148,16 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
             )
             features, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
             model = build_model(config, schema)
-            loss = compute_loss(resolve_loss(config, schema), labels, model(features, training=True))
+            predictions, state_updates = training_forward(model, features)
+            loss = compute_loss(resolve_loss(config, schema), labels, predictions)
             optimizer = make_optimizer(config)
             if config.sync:
                 optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
                     optimizer, replicas_to_aggregate=aggregate, total_num_replicas=trainers
                 )
-            train_op = optimizer.minimize(
+            train_op = tf.group(optimizer.minimize(
                 loss, global_step=global_step, var_list=[w.value for w in model.trainable_weights]
-            )
+            ), *state_updates)
         # Saving and restoring run on this task, so only the chief needs the run directory.
         with tf.device(task.device):
             variables = checkpoint_variables(model)

@@ -114,3 +114,17 @@ def test_sync_cannot_aggregate_more_gradients_than_there_are_trainers():
     assert training.replicas_to_aggregate(config(replicas_to_aggregate=2), trainers=3) == 1, "async: one per step"
     with pytest.raises(TaskConfigError, match="replicas_to_aggregate=4 is more than the 3 training task"):
         training.replicas_to_aggregate(config(sync=True, replicas_to_aggregate=4), trainers=3)
+
+
+def test_batch_normalization_statistics_are_updated_by_graph_training():
+    # Keras updates moving statistics on the side; in graph mode they must ride with the train op.
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        inputs = keras.Input(shape=(2,), name="x")
+        model = keras.Model({"x": inputs}, keras.layers.Dense(1)(keras.layers.BatchNormalization()(inputs)))
+        predictions, updates = training.training_forward(model, {"x": tf.random.normal([64, 2], mean=5.0)})
+        step = tf.group(predictions, *updates)
+        session.run(tf.compat.v1.global_variables_initializer())
+        for _ in range(20):
+            session.run(step)
+        moving_mean = next(w for w in model.weights if "moving_mean" in w.path)
+        assert session.run(moving_mean.value) == pytest.approx([5.0 * (1 - 0.99 ** 20)] * 2, rel=0.1)
