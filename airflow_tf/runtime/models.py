@@ -173,11 +173,11 @@ def resolve_checkpoint(run_dir_or_checkpoint: str | os.PathLike) -> str:
     raise ModelError(f"checkpoint {path!r} does not exist: pass a run directory or a checkpoint prefix (model.ckpt-N)")
 
 
-def checkpoint_weights(checkpoint: str, model: keras.Model) -> list:
-    """The values of ``model.weights`` stored in ``checkpoint`` (a prefix), checked one by one."""
+def check_checkpoint(checkpoint: str, model: keras.Model):
+    """Refuse a checkpoint that lacks one of ``model.weights`` or stores it in another shape
+    (written for another model); returns the checkpoint's reader."""
     reader = tf.train.load_checkpoint(checkpoint)
     stored = reader.get_variable_to_shape_map()
-    values = []
     for index, weight in enumerate(model.weights):
         key = weight_key(index, weight)
         if key not in stored:
@@ -190,8 +190,13 @@ def checkpoint_weights(checkpoint: str, model: keras.Model) -> list:
                 f"checkpoint {checkpoint}: weight {key!r} ({weight.path}) has shape {tuple(stored[key])}, "
                 f"the model expects {tuple(weight.shape)}; use the model_kwargs of the run that wrote it"
             )
-        values.append(reader.get_tensor(key))
-    return values
+    return reader
+
+
+def checkpoint_weights(checkpoint: str, model: keras.Model) -> list:
+    """The values of ``model.weights`` stored in ``checkpoint`` (a prefix), in order."""
+    reader = check_checkpoint(checkpoint, model)
+    return [reader.get_tensor(weight_key(index, weight)) for index, weight in enumerate(model.weights)]
 
 
 def restore_model(run_dir_or_checkpoint: str | os.PathLike, config: TrainingConfig, schema) -> keras.Model:
@@ -204,7 +209,7 @@ def restore_model(run_dir_or_checkpoint: str | os.PathLike, config: TrainingConf
 
 
 __all__: list[Any] = [
-    "ModelError", "build_model", "checkpoint_weights", "compute_loss", "latest_checkpoint",
+    "ModelError", "build_model", "check_checkpoint", "checkpoint_weights", "compute_loss", "latest_checkpoint",
     "linear_regression", "mlp_classifier", "model_function", "resolve_checkpoint", "resolve_loss",
     "restore_model", "weight_key",
 ]

@@ -16,10 +16,10 @@ import tensorflow as tf
 from airflow_tf.cluster.training import TrainingConfig
 from airflow_tf.data import count_examples, make_dataset
 
-from .errors import TaskConfigError
+from .errors import ModelError, TaskConfigError
 from .hooks import ProgressHook, StopAtTarget, SyncReplicasHook
-from .models import (build_model, checkpoint_weights, compute_loss, latest_checkpoint,
-                     resolve_checkpoint, resolve_loss, weight_key)
+from .models import (build_model, check_checkpoint, compute_loss, latest_checkpoint, resolve_checkpoint,
+                     resolve_loss, weight_key)
 from .task import Task, log, session_config
 
 STOP_GRACE_SECS = 0.5
@@ -165,9 +165,11 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
                 var_list=variables, max_to_keep=KEEP_CHECKPOINTS, save_relative_paths=True
             )
             init_fn, start = None, f"restoring {resume_from}" if resume_from else "new"
+            if task.is_chief and resume_from:
+                check_checkpoint(resume_from, model)
             if task.is_chief and not resume_from and config.warm_start_from:
                 warm_from = resolve_checkpoint(config.warm_start_from)
-                checkpoint_weights(warm_from, model)  # refuse a checkpoint of another model, by name
+                check_checkpoint(warm_from, model)
                 weights = {key: v for key, v in variables.items() if key.startswith("model/")}
                 warm_saver = tf.compat.v1.train.Saver(var_list=weights)
                 init_fn = lambda scaffold, session: warm_saver.restore(session, warm_from)  # noqa: E731
@@ -202,9 +204,18 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
         else:
             creator = WorkerSessionCreator(scaffold, server.target, tf_config, WORKER_POLL_SECS, WORKER_MAX_WAIT_SECS)
 
-        with tf.compat.v1.train.MonitoredSession(
-            session_creator=creator, hooks=hooks, stop_grace_period_secs=STOP_GRACE_SECS
-        ) as session:
+        try:
+            session = tf.compat.v1.train.MonitoredSession(
+                session_creator=creator, hooks=hooks, stop_grace_period_secs=STOP_GRACE_SECS
+            )
+        except tf.errors.NotFoundError as exc:
+            if not (task.is_chief and resume_from):
+                raise
+            raise ModelError(
+                f"cannot restore {resume_from}: {exc.message.splitlines()[0]}. It was written by a run with "
+                "other options (optimizer, sync mode or model); train into a new run_dir, or use that run's options"
+            ) from None
+        with session:
             while not session.should_stop():
                 session.run(train_op)
         tf.compat.v1.summary.FileWriterCache.clear()  # closes the event files

@@ -148,6 +148,18 @@ def test_a_new_run_on_the_same_run_dir_continues_from_its_checkpoint(async_run, 
     assert int(checkpoint_values(run_dir)["global_step"]) >= saved_step + 100
 
 
+def test_a_run_dir_written_with_other_options_is_refused_not_overwritten(async_run, linear_dataset, train, tmp_path):
+    run_dir = tmp_path / "adam-run"
+    shutil.copytree(async_run.run_dir, run_dir)
+    before = models.latest_checkpoint(run_dir)
+
+    run = train("rt-other-opts", linear_dataset, run_dir, workers=1, steps=STEPS + 100, optimizer="adam")
+    assert not run.succeeded
+    assert "exit code 2" in run.report, "a refusal is not retried"
+    assert "cannot restore" in run.report and "train into a new run_dir, or use that run's options" in run.report
+    assert models.latest_checkpoint(run_dir) == before
+
+
 def test_warm_start_takes_the_trained_weights_but_counts_steps_from_zero(async_run, linear_dataset, train,
                                                                           tmp_path):
     run = train("rt-warm", linear_dataset, tmp_path / "run", workers=1, steps=20,
