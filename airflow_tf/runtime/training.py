@@ -213,7 +213,7 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
                 raise
             raise ModelError(
                 f"cannot restore {resume_from}: {exc.message.splitlines()[0]}. It was written by a run with "
-                "other options (optimizer, sync mode or model); train into a new run_dir, or use that run's options"
+                "other options (optimizer or model); train into a new run_dir, or use that run's options"
             ) from None
         with session:
             while not session.should_stop():
