@@ -40,6 +40,10 @@ def init_airflow(env: dict[str, str]) -> None:
     """Create the metadata database and serialize the DAGs (``dags test`` needs both)."""
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
     _airflow(env, "db", "migrate", capture=True)
+    reserialize(env)
+
+
+def reserialize(env: dict[str, str]) -> None:
     _airflow(env, "dags", "reserialize", capture=True)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_tf.demo import REPO_DAGS, airflow_env, dags_test, init_airflow
+from airflow_tf.demo import REPO_DAGS, airflow_env, dags_test, init_airflow, reserialize
 
 TEST_DAGS = Path(__file__).parent / "dags"
 
@@ -30,6 +30,9 @@ class AirflowHome:
     def run(self, dag_id: str, storage: Path, conf: str | None = None):
         """One DAG run with its own storage and group-state directories."""
         env = dict(self.env, AIRFLOW_TF_STORAGE=str(storage / "storage"), AIRFLOW_TF_STATE_DIR=str(storage / "groups"))
+        # DAG files read the storage path at parse time (asset URIs, paths): serialize them
+        # again under this run's environment so the database agrees with what the run parses.
+        reserialize(env)
         result = dags_test(env, dag_id, conf)
         (storage / f"{dag_id}.log").write_text(result.stdout)
         return result
