@@ -148,11 +148,16 @@ class Supervisor:
             if task.restarts:
                 log.write(f"--- airflow-tf: restart {task.restarts} of {task.name} ---\n".encode())
                 log.flush()
-            task.proc = subprocess.Popen(
-                self.spec.command(task.role, python=sys.executable), env=env, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_die_with_parent(self.pid),
-            )
+            command = self.spec.command(task.role, python=sys.executable)
+            try:
+                task.proc = subprocess.Popen(
+                    command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True, preexec_fn=_die_with_parent(self.pid),
+                )
+            except OSError as err:  # a command that does not exist cannot be retried into existence
+                task.phase, task.proc = Phase.FAILED, None
+                task.reason = f"cannot start {command[0]!r}: {err.strerror}; check roles.{task.role}.command"
+                return
         task.start_time = process_start_time(task.proc.pid)
         task.phase, task.exit_code = Phase.RUNNING, None
 

@@ -149,6 +149,15 @@ def test_program_error_fails_at_once_with_reason_and_last_log_lines(local_state_
     backend.teardown(ref)
 
 
+def test_a_command_that_does_not_exist_fails_its_task(local_state_dir, group_processes, wait_until):
+    backend = LocalBackend()
+    ref = backend.launch(group("typo", ["/nonexistent/trainer", "--fast"], workers=1))
+    outcome, _ = wait_for_group(backend, ref, timeout=10)
+    assert not outcome.succeeded and outcome.failed_task.name == "typo-worker-0"
+    assert "cannot start '/nonexistent/trainer'" in outcome.reason and "roles.worker.command" in outcome.reason
+    backend.teardown(ref)
+
+
 def test_worker_that_keeps_failing_uses_up_the_backoff_limit(local_state_dir, group_processes, wait_until):
     worker = program("import sys\nprint('cannot reach the dataset')\nsys.exit(3)")
     backend = LocalBackend()
