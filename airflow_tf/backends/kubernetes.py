@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 import logging
 import math
 import time
 from functools import cached_property
 from typing import Any, AsyncIterator, Callable, Iterable, Iterator
 
-from airflow_tf.cluster import GroupSpec, GroupStatus
+from airflow_tf.cluster import GroupSpec, GroupStatus, task_name
 from airflow_tf.cluster.progress import parse_progress
 
 from .base import BackendError, GroupRef
@@ -169,7 +170,7 @@ class KubernetesBackend:
         ns, kind = obj["metadata"]["namespace"], obj["kind"]
         create: Callable[..., Any] = {
             "Pod": self._core.create_namespaced_pod, "Service": self._core.create_namespaced_service,
-            "NetworkPolicy": lambda ns, body: self._networking.create_namespaced_network_policy(ns, body),
+            "NetworkPolicy": self._networking.create_namespaced_network_policy,
         }[kind]
         try:
             with self._api(f"create {kind} {_name(obj)} in namespace {ns}"):
@@ -269,8 +270,6 @@ class KubernetesBackend:
                            "the old pod is still being deleted; the next status check retries")
 
     def logs(self, ref: GroupRef, role: str, index: int, tail_lines: int | None = None) -> str:
-        from airflow_tf.cluster import task_name
-
         return self._read_log(self._ns(ref), task_name(ref.name, role, index), role, tail_lines)
 
     def teardown(self, ref: GroupRef, roles: Iterable[str] | None = None) -> list[str]:
@@ -422,7 +421,7 @@ class _WatchedGroup:
             messages[pod] = scheduler_message([self.api.sanitize_for_serialization(e) for e in events.items])
         await self._read_progress()
         result = assess(self.ref.name, pods, now, scheduler_messages=messages, progress=self.progress)
-        if not confirmed and any(t.reason and t.reason.startswith("pod not found") for t in result.status.tasks):
+        if result.missing and not confirmed:
             # A DELETED event can arrive just before the ADDED of a replacement: judge a
             # missing pod from a fresh list, never from the event stream alone.
             await self.relist()
@@ -465,8 +464,6 @@ def _event_selector(pod: str) -> str:
 
 
 def _explain(action: str, status: int | None, reason: str | None, body: Any) -> str:
-    import json
-
     message = reason or ""
     try:
         message = json.loads(body).get("message") or message

@@ -116,6 +116,8 @@ class Assessment:
     status: GroupStatus
     restart: list[dict] = field(default_factory=list)
     """Failed pods to recreate now, under the group's restart policy and budget."""
+    missing: list[str] = field(default_factory=list)
+    """Trainer pods that should exist and do not (deleted by someone else)."""
 
 
 def assess(group: str, pods: list[dict], now: dt.datetime, *, scheduler_messages: dict[str, str] | None = None,
@@ -132,6 +134,8 @@ def assess(group: str, pods: list[dict], now: dt.datetime, *, scheduler_messages
     failure = None
 
     for pod in pods:
+        if _meta(pod).get("deletionTimestamp") and role_index(pod)[0] not in TRAINERS:
+            continue  # a parameter server being torn down: its exit is expected
         task = _task_status(pod, now, scheduler_messages)
         if task.phase is Phase.FAILED and task.exit_code is not None and task.reason is None:
             # A plain non-zero exit: the restart policy and the group's budget decide.
@@ -153,11 +157,11 @@ def assess(group: str, pods: list[dict], now: dt.datetime, *, scheduler_messages
     # cannot finish. (Parameter servers are missing after a ps-only teardown: fine.)
     expected = json.loads(_annotation(pods[0], REPLICAS, "{}"))
     present = {(t.role, t.index) for t in tasks}
-    for role in TRAINERS:
-        for index in range(int(expected.get(role, 0))):
-            if (role, index) not in present:
-                tasks.append(TaskStatus(role=role, index=index, name=f"{group}-{role}-{index}", phase=Phase.FAILED,
-                                        reason="pod not found: it was deleted outside airflow-tf; launch the group again"))
+    missing = [(role, index) for role in TRAINERS for index in range(int(expected.get(role, 0)))
+               if (role, index) not in present]
+    for role, index in missing:
+        tasks.append(TaskStatus(role=role, index=index, name=f"{group}-{role}-{index}", phase=Phase.FAILED,
+                                reason="pod not found: it was deleted outside airflow-tf; launch the group again"))
     deadline = parse_time(_annotation(pods[0], DEADLINE, ""))
     if deadline is not None and now >= deadline and not all(
             t.phase is Phase.SUCCEEDED for t in tasks if t.role in TRAINERS):
@@ -165,7 +169,8 @@ def assess(group: str, pods: list[dict], now: dt.datetime, *, scheduler_messages
                    f"{deadline.strftime('%Y-%m-%dT%H:%M:%SZ')} before the workers finished")
         to_restart = []
     tasks.sort(key=lambda t: (t.role, t.index))
-    return Assessment(GroupStatus(name=group, tasks=tasks, failure=failure, progress=progress), to_restart)
+    return Assessment(GroupStatus(name=group, tasks=tasks, failure=failure, progress=progress), to_restart,
+                      [f"{group}-{role}-{index}" for role, index in missing])
 
 
 def _task_status(pod: dict, now: dt.datetime, scheduler_messages: dict[str, str]) -> TaskStatus:

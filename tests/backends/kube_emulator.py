@@ -186,6 +186,18 @@ class KubeEmulator:
     def evict(self, namespace: str, name: str, message: str) -> None:
         self.set_pod_status(namespace, name, {"phase": "Failed", "reason": "Evicted", "message": message})
 
+    def terminating(self, namespace: str, name: str) -> None:
+        """A pod being deleted gracefully: marked for deletion, its container stopped by SIGTERM."""
+        with self._lock:
+            self._objects[("pods", namespace, name)]["metadata"]["deletionTimestamp"] = _now()
+            self._terminate(namespace, name, "Failed", 143, "Error")
+
+    def remove(self, resource: str, namespace: str, name: str) -> None:
+        """Delete an object behind the backend's back (a user's kubectl delete)."""
+        with self._lock:
+            obj = self._objects.pop((resource, namespace, name))
+            self._record(resource, "DELETED", obj)
+
     def waiting(self, namespace: str, name: str, reason: str, message: str) -> None:
         with self._lock:
             c = self._container(namespace, name, {"waiting": {"reason": reason, "message": message}})

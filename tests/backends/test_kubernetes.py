@@ -118,7 +118,7 @@ def test_retried_launch_reattaches_and_creates_nothing(emulator, backend):
     assert len(emulator.calls("create")) == before, "a retried launch must not create anything"
 
     # A launch interrupted half-way is completed, not duplicated.
-    emulator._objects.pop(("pods", NS, "tf-mnist-worker-1"))
+    emulator.remove("pods", NS, "tf-mnist-worker-1")
     backend.launch(make_spec())
     created = [r.name or "" for r in emulator.calls("create")][before:]
     assert len(created) == 1 and pod_names(emulator).count("tf-mnist-worker-1") == 1
@@ -174,6 +174,10 @@ SCENARIOS = {
             ["tf-mnist-worker-0", "OOMKilled", "limit 4Gi", "resources.limits.memory"]),
     "evicted": (lambda e: e.evict(NS, "tf-mnist-ps-0", "The node was low on resource: memory."), True, False,
                 ["tf-mnist-ps-0", "Evicted: The node was low on resource: memory."]),
+    "worker_deleted": (lambda e: e.remove("pods", NS, "tf-mnist-worker-0"), True, False,
+                       ["tf-mnist-worker-0", "pod not found: it was deleted outside airflow-tf"]),
+    "ps_being_torn_down": (lambda e: [e.succeed(NS, "tf-mnist-worker-0"), e.succeed(NS, "tf-mnist-worker-1"),
+                                      e.terminating(NS, "tf-mnist-ps-0")], True, True, ["all 2 training task(s) succeeded"]),
 }
 
 
@@ -349,7 +353,7 @@ def test_teardown_of_ps_leaves_finished_workers_then_all_leaves_nothing(emulator
     assert pod_names(emulator, f"{GROUP_LABEL}=tf-mnist") == ["tf-mnist-worker-0", "tf-mnist-worker-1"]
     assert evaluate(backend.status(ref)).succeeded, "finished workers still count after the ps are gone"
 
-    emulator._objects.pop(("services", NS, "tf-mnist-worker-1"))  # already gone: tolerated
+    emulator.remove("services", NS, "tf-mnist-worker-1")  # already gone: tolerated
     deleted = backend_for(ref).teardown(ref)
     assert sorted(deleted) == ["networkpolicy/tf-mnist-grpc", "pod/tf-mnist-worker-0", "pod/tf-mnist-worker-1",
                                "service/tf-mnist-worker-0"]
