@@ -76,6 +76,7 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         self.last_loss: float | None = None
         self._last_report: tuple[float, int] | None = None
         self._rate = 0.0
+        self._first = True
 
     def after_create_session(self, session, coord):
         self._last_report = (time.monotonic(), int(session.run(self._global_step)))
@@ -85,9 +86,7 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         return tf.compat.v1.train.SessionRunArgs({"step": self._global_step, "loss": self._loss})
 
     def after_run(self, run_context, run_values):
-        loss = float(run_values.results["loss"])
-        if math.isfinite(loss):
-            self._losses.append(loss)
+        self._losses.append(float(run_values.results["loss"]))
         now = time.monotonic()
         if self._first or now - self._last_report[0] >= self._every_secs:
             self._first = False
@@ -104,7 +103,7 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
             self._rate = (step - then_step) * self._examples_per_step / (now - then)
         self._last_report = (now, step)
         if self._losses:
-            self.last_loss = sum(self._losses) / len(self._losses)
+            self.last_loss = math.fsum(self._losses) / len(self._losses)  # NaN shows a diverged run
             self._losses = []
         steps_per_sec = self._rate / self._examples_per_step
         eta = max(0, self._target - step) / steps_per_sec if steps_per_sec > 0 else None
@@ -112,7 +111,8 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         report = {
             "global_step": step, "target_step": self._target,
             "percent": round(100.0 * min(step, self._target) / self._target, 2),
-            "examples_per_sec": round(self._rate, 2), "loss": self.last_loss, "eta_seconds": eta,
+            "examples_per_sec": round(self._rate, 2), "eta_seconds": eta,
+            "loss": self.last_loss if self.last_loss is not None and math.isfinite(self.last_loss) else None,
             "done": done, "time": time.time(), **extra,
         }
         write_json_atomic(os.path.join(self._run_dir, PROGRESS_FILE), report)

@@ -134,7 +134,8 @@ def run(config: TrainingConfig, task: Task) -> int:
     from .training import train
 
     result = train(config, task, server, schema)
-    log("airflow-tf task exit " + " ".join(f"{k}={v}" for k, v in result.items()))
+    log("airflow-tf task exit " + " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
+                                           for k, v in result.items()))
     return 0
 
 
