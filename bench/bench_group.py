@@ -10,7 +10,7 @@ the same run:
 3. examples/s of 2 asynchronous workers against 1 worker on a compute-bound MLP, one intra-op
    thread per task (goal: at least 1.6x on 2 cores).
 
-Usage: ``.venv/bin/python bench/bench_group.py [--workdir DIR] [--seconds 10]``
+Usage: ``.venv/bin/python bench/bench_group.py [--workdir DIR] [--seconds 10] [--repeat 2]``
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def shutdown_seconds(backend: LocalBackend, dataset: str, run_dir: Path) -> floa
 
 def examples_per_second(backend: LocalBackend, dataset: str, run_dir: Path, workers: int, seconds: float) -> float:
     config = TrainingConfig(dataset=dataset, run_dir=str(run_dir), model="mlp_classifier",
-                            model_kwargs={"num_classes": 10, "hidden_units": [512, 512]}, batch_size=256,
+                            model_kwargs={"num_classes": 10, "hidden_units": [512, 512]}, batch_size=1024,
                             steps=10_000_000, log_every_secs=1.0, intra_op_threads=1, checkpoint_every_secs=600)
     spec = GroupSpec.for_training(f"mlp-{workers}w", config, ps=1, workers=workers)
     ref = backend.launch(spec)
@@ -110,11 +110,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one)")
     parser.add_argument("--seconds", type=float, default=10.0, help="steady-state seconds per throughput run")
+    parser.add_argument("--repeat", type=int, default=2, help="throughput runs per worker count (best kept)")
     args = parser.parse_args()
     root = Path(args.workdir or tempfile.mkdtemp(prefix="bench-group-"))
     root.mkdir(parents=True, exist_ok=True)
     backend = LocalBackend(root / "groups")
-    print(f"workdir {root}; {os.cpu_count()} CPU(s)", flush=True)
+    print(f"workdir {root}; {os.cpu_count()} CPU(s); load average {os.getloadavg()[0]:.1f} "
+          "(figures are only meaningful on an otherwise idle machine)", flush=True)
 
     csv = write_linear_regression_csv(root / "linear.csv", rows=20_000, seed=0)
     linear = prepare_dataset(csv, root / "datasets", name="linear", label="y", shards=4)["dataset_uri"]
@@ -131,13 +133,17 @@ def main() -> None:
     gone = shutdown_seconds(backend, linear, root / "shutdown")
     print(f"final report -> every process gone         {gone:6.2f} s  "
           f"({gone / exit_floor:.1f}x a process exit; goal < 2 s: {'met' if gone < 2 else 'MISSED'})", flush=True)
-    one = examples_per_second(backend, mlp, root / "mlp-1", 1, args.seconds)
-    print(f"MLP async, 1 worker                         {one:8.0f} examples/s", flush=True)
-    two = examples_per_second(backend, mlp, root / "mlp-2", 2, args.seconds)
-    print(f"MLP async, 2 workers                        {two:8.0f} examples/s", flush=True)
-    ratio = two / one
+    # Alternate 1 and 2 workers and keep the best of each: other load on the machine only lowers figures.
+    best = {1: 0.0, 2: 0.0}
+    for attempt in range(args.repeat):
+        for workers in (1, 2):
+            rate = examples_per_second(backend, mlp, root / f"mlp-{workers}w-{attempt}", workers, args.seconds)
+            best[workers] = max(best[workers], rate)
+            print(f"MLP async, {workers} worker(s), run {attempt + 1}             {rate:8.0f} examples/s", flush=True)
+    ratio = best[2] / best[1]
+    print(f"MLP async, best of {args.repeat}: 1 worker {best[1]:.0f}, 2 workers {best[2]:.0f} examples/s")
     print(f"2 workers / 1 worker                        {ratio:8.2f}x  (goal >= 1.6x: {'met' if ratio >= 1.6 else 'MISSED'})")
-
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 if __name__ == "__main__":
     main()
