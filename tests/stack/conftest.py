@@ -138,7 +138,10 @@ def stack(tmp_path_factory) -> Stack:
         (artifacts / "stack-database.txt").write_text(airflow.database + "\n")
         if airflow.database != "postgres":
             warnings.warn(f"PostgreSQL could not serve: the Airflow stack runs on {airflow.database}")
-        yield Stack(airflow, storage, state_dir, artifacts)
+        running = Stack(airflow, storage, state_dir, artifacts)
+        yield running
+        # An open keep-alive connection would hold the API server's graceful shutdown.
+        running.api.session.close()
     finally:
         airflow.stop()
         for component in ("api-server", "scheduler", "dag-processor", "triggerer"):
