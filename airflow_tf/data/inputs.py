@@ -105,12 +105,6 @@ class Table:
     def num_rows(self) -> int:
         return len(next(iter(self.columns.values())))
 
-    def locate(self, row: int) -> str:
-        for source in self.sources:
-            if source.start <= row < source.start + source.rows:
-                return source.where(row - source.start)
-        return f"row {row}"
-
 
 # -- per-file raw columns ------------------------------------------------------------------
 @dataclass
