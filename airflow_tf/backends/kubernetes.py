@@ -305,7 +305,7 @@ class KubernetesBackend:
         hook = await self._async_hook()
         async with hook.get_conn() as api:
             group = _WatchedGroup(self, ref, async_client.CoreV1Api(api), api, namespace, selector)
-            await group.relist()
+            await self._relist_after_error(group, loop, end)
             last = None
             watch_allowed = True
             while True:
@@ -345,15 +345,34 @@ class KubernetesBackend:
                                     self.poll_interval)
                     else:
                         await self._pause_after_error(e, loop, end)
-                    await group.relist()
+                    await self._relist_after_error(group, loop, end)
                 except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
                     await self._pause_after_error(e, loop, end)
-                    await group.relist()
+                    await self._relist_after_error(group, loop, end)
 
     async def _pause_after_error(self, error: BaseException, loop: asyncio.AbstractEventLoop, end: float | None) -> None:
         pause = self.poll_interval if end is None else max(0.0, min(self.poll_interval, end - loop.time()))
         log.warning("watching pods failed (%s); listing them again in %.0fs", error, pause)
         await asyncio.sleep(pause)
+
+    async def _relist_after_error(self, group: "_WatchedGroup", loop: asyncio.AbstractEventLoop,
+                                  end: float | None) -> None:
+        """List the pods (again); while the API server is unavailable, keep trying every
+        ``poll_interval``: a trigger outlives an API server restart."""
+        import aiohttp
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        while True:
+            try:
+                await group.relist()
+                return
+            except (ApiException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                if isinstance(e, ApiException) and e.status in (401, 403, 404):
+                    raise BackendError(_explain(f"list the pods of group {group.ref.name}", e.status, e.reason,
+                                                e.body)) from e
+                if end is not None and loop.time() >= end:
+                    return
+                await self._pause_after_error(e, loop, end)
 
 
 class _WatchedGroup:

@@ -96,8 +96,7 @@ class KubeEmulator:
         self._compacted = 0
         self._logs: dict[tuple[str, str], str] = {}
         self.requests: list[Request] = []
-        self.fail_watches = 0
-        """How many upcoming watch requests to answer with 500 (to test the fallback)."""
+        self._failures: dict[str, int] = {}
         self._stopping = False
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
@@ -145,6 +144,12 @@ class KubeEmulator:
     def calls(self, verb: str | None = None, resource: str | None = None, since: float = 0.0) -> list[Request]:
         return [r for r in list(self.requests)
                 if (verb is None or r.verb == verb) and (resource is None or r.resource == resource) and r.time >= since]
+
+    def fail_next(self, verb: str, count: int = 1) -> None:
+        """Answer the next ``count`` requests of ``verb`` (list, watch, ...) with HTTP 500,
+        as an API server that is restarting does."""
+        with self._lock:
+            self._failures[verb] = self._failures.get(verb, 0) + count
 
     # -- what the kubelet and the scheduler would do --------------------------------------
     def set_log(self, namespace: str, pod: str, text: str) -> None:
@@ -307,6 +312,13 @@ class KubeEmulator:
             else ("watch" if watching else "list") if method == "GET" else "deletecollection")
         self.requests.append(Request(method, url.path, query, verb, f"{resource}/{sub}" if sub else resource,
                                      group, ns, name))
+        with self._lock:
+            failing = self._failures.get(verb, 0) > 0
+            if failing:
+                self._failures[verb] -= 1
+        if failing:
+            self._send(handler, 500, self._status(500, "InternalError", f"{verb} failed (injected by the test)"))
+            return
         if watching:
             self._watch(handler, resource, ns, query)
             return
@@ -357,11 +369,6 @@ class KubeEmulator:
         return 405, self._status(405, "MethodNotAllowed", f"{method} is not served by the emulator"), json_type
 
     def _watch(self, handler: BaseHTTPRequestHandler, resource: str, ns: str, query: dict[str, str]) -> None:
-        with self._lock:
-            if self.fail_watches > 0:
-                self.fail_watches -= 1
-                self._send(handler, 500, self._status(500, "InternalError", "watch failed (injected by the test)"))
-                return
         handler.send_response(200)
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Transfer-Encoding", "chunked")

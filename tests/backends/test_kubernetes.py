@@ -269,15 +269,16 @@ def test_watch_falls_back_to_listing_when_the_watch_fails(emulator, kubeconfig):
     backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=kubeconfig, namespace=NS,
                           poll_interval=0.2)
     ref = backend.launch(make_spec())
-    emulator.fail_watches = 2
-    steps = [(0.1, lambda: emulator.succeed(NS, "tf-mnist-worker-0")),
-             (1.0, lambda: emulator.succeed(NS, "tf-mnist-worker-1"))]
-    seen = collect(backend, ref, steps, timeout=5.0)
+    start = emulator.calls()[-1].time
+    emulator.fail_next("list", 1)  # the API server is restarting
+    emulator.fail_next("watch", 2)
+    steps = [(0.05, lambda: emulator.succeed(NS, "tf-mnist-worker-0")),
+             (1.5, lambda: emulator.succeed(NS, "tf-mnist-worker-1"))]
+    seen = collect(backend, ref, steps, timeout=6.0)
     assert [evaluate(s).reason for s in seen][-2:] == ["workers done 1/2", "all 2 training task(s) succeeded"]
-    watches = emulator.calls("watch", "pods")
-    assert len(watches) == 3, "after two failed watches, the third one follows the pods"
-    lists = [r for r in emulator.calls("list", "pods") if r.time > watches[0].time]
-    assert len(lists) == 2, "the pods are listed once after each failure, not polled"
+    assert len(emulator.calls("watch", "pods", since=start)) == 3, "after two failed watches, the third follows the pods"
+    assert len(emulator.calls("list", "pods", since=start)) == 4, \
+        "listed at the start (once failed, once again) and once after each failed watch, never polled"
 
 
 def test_watch_recovers_from_an_expired_resource_version(emulator, backend):
