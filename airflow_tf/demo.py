@@ -94,12 +94,15 @@ def run_demo(workdir: str | os.PathLike, dags_folder: str | os.PathLike = REPO_D
     served = latest_export(str(models), "linear_regression")
     if served is None:
         raise SystemExit(f"airflow-tf demo: the run succeeded but no model was exported under {models}")
+    evaluation = served["metadata"].get("metrics", {})
     predictions = predict(served["path"], {"x": [0.0, 1.0, 5.0]})
     summary = {
         "dag_id": "tf_linear_regression",
         "exported_model": served["path"],
         "version": served["version"],
-        "eval_metrics": served["metadata"].get("metrics", {}),
+        "eval_metrics": evaluation.get("metrics", {}),
+        "blessed": evaluation.get("blessed"),
+        "training_curve": evaluation.get("plot"),
         "predictions_for_x_0_1_5": predictions,
         "expected_for_x_0_1_5 (2x + 10)": [10.0, 12.0, 20.0],
         "dag_log": str(log_path),
