@@ -37,6 +37,7 @@ from .schema import FeatureSpec
 _POLY = np.uint32(0x82F63B78)
 _BLOCK = 512  # distance-table depth: bytes further than this from the end are folded in blocks
 _HEAD, _TAIL = 12, 4  # TFRecord framing around each record: length + its CRC, then the data's CRC
+_MAX_LAYOUTS = 32  # beyond this many distinct row layouts in a chunk, assemble rows byte by byte
 
 
 def _byte_table() -> np.ndarray:
@@ -368,19 +369,76 @@ def _length_header(lengths: np.ndarray) -> np.ndarray:
     return header
 
 
-def encode_examples(features: Sequence[FeatureSpec], columns: Sequence[np.ndarray]) -> np.ndarray:
+def encode_examples(features: Sequence[FeatureSpec], columns: Sequence[np.ndarray],
+                    keep_order: bool = True) -> np.ndarray:
     """TFRecord-framed serialized Examples of all rows of ``columns`` (one array per feature),
-    as one contiguous uint8 array (a bytes-like object: write it to a file as it is)."""
+    as one contiguous uint8 array (a bytes-like object: write it to a file as it is).
+
+    ``keep_order=False`` lets rows that share a byte layout be written next to each other
+    (each group in row order), which saves one copy when a column's values take different
+    numbers of bytes (int64 ids, for example)."""
     n = len(columns[0])
     if n == 0:
         return np.empty(0, dtype=np.uint8)
     pieces = _merge_runs(example_pieces(features, columns))
-    if not any(isinstance(p, Ragged) for p in pieces):
-        out, varying = _fixed_records(pieces, n)
-        width = len(varying)
-        out[:, :_HEAD] = _length_header(np.full(n, width, dtype=np.int64))
-        out[:, _HEAD + width:] = _crc_bytes(crc32c_matrix(out[:, _HEAD:_HEAD + width], varying))
-        return out.reshape(-1)
+    ragged = [p for p in pieces if isinstance(p, Ragged)]
+    if not ragged:
+        return _frame_fixed(pieces, n).reshape(-1)
+    # Rows whose variable-length pieces have the same lengths share one fixed layout. When
+    # there are few such layouts (an int64 column: at most 10), each group takes the fixed path.
+    lengths = np.stack([p.lengths for p in ragged], axis=1)
+    keys, first, group = np.unique(_row_keys(lengths), return_index=True, return_inverse=True)
+    if len(keys) > _MAX_LAYOUTS:
+        return _frame_ragged(pieces, n)
+    layouts, group = lengths[first], group.ravel()
+    starts = [_exclusive_cumsum(p.lengths) for p in ragged]
+    framed = []
+    for g, layout in enumerate(layouts):
+        rows = np.nonzero(group == g)[0]
+        sub: list[Piece] = []
+        i = 0  # index among the ragged pieces
+        for piece in pieces:
+            if isinstance(piece, bytes):
+                sub.append(piece)
+            elif isinstance(piece, Ragged):
+                sub.append(piece.data[starts[i][rows][:, None] + np.arange(int(layout[i]))])
+                i += 1
+            else:
+                sub.append(piece[rows])
+        framed.append((rows, _frame_fixed(sub, len(rows))))
+    if not keep_order:
+        return np.concatenate([matrix.reshape(-1) for _, matrix in framed])
+    sizes = np.empty(n, dtype=np.int64)
+    for rows, matrix in framed:
+        sizes[rows] = matrix.shape[1]
+    at = _exclusive_cumsum(sizes)
+    out = np.empty(int(sizes.sum()), dtype=np.uint8)
+    for rows, matrix in framed:
+        out[at[rows][:, None] + np.arange(matrix.shape[1])] = matrix
+    return out
+
+
+def _row_keys(lengths: np.ndarray) -> np.ndarray:
+    """One integer per row, equal for rows with equal length tuples (rows x pieces)."""
+    low = lengths.min(axis=0)
+    span = lengths.max(axis=0) - low + 1
+    if np.prod(span.astype(np.float64)) < 2.0**62:
+        return ((lengths - low) * np.concatenate([[1], np.cumprod(span[:-1])])).sum(axis=1)
+    # Too many combinations for one integer: number the distinct rows instead (slower).
+    return np.unique(lengths, axis=0, return_inverse=True)[1].ravel()
+
+
+def _frame_fixed(pieces: list[Piece], n: int) -> np.ndarray:
+    """Framed records of rows that all have the same layout: a (rows x framed size) matrix."""
+    out, varying = _fixed_records(pieces, n)
+    width = len(varying)
+    out[:, :_HEAD] = _length_header(np.full(n, width, dtype=np.int64))
+    out[:, _HEAD + width:] = _crc_bytes(crc32c_matrix(out[:, _HEAD:_HEAD + width], varying))
+    return out
+
+
+def _frame_ragged(pieces: list[Piece], n: int) -> np.ndarray:
+    """Framed records of rows of many different layouts (text columns), back to back."""
     records = _ragged_records(pieces, n)
     lengths = records.lengths
     out = np.empty(len(records.data) + (_HEAD + _TAIL) * n, dtype=np.uint8)

@@ -91,3 +91,25 @@ def test_tensorflow_rejects_a_corrupted_record_so_our_checksums_are_checked(tmp_
     path.write_bytes(bytes(data))
     with pytest.raises(tf.errors.DataLossError):
         list(tf.data.TFRecordDataset(str(path)))
+
+
+@pytest.mark.parametrize("keep_order", [True, False])
+def test_rows_of_different_byte_layouts_keep_their_values(tmp_path, keep_order):
+    # An int64 id takes 1 to 10 bytes: rows fall into a few layouts that are encoded apart.
+    rng = np.random.default_rng(3)
+    n = 3000
+    ids = rng.permutation(n).astype(np.int64) * 7919 - 5
+    ids[:3] = [2**63 - 1, -1, 0]
+    values = rng.standard_normal((n, 4)).astype(np.float32)
+    features = [FeatureSpec("id", "int64"), FeatureSpec("v", "float32", (4,))]
+    path = tmp_path / "mixed.tfrecord"
+    path.write_bytes(encode_examples(features, [ids, values], keep_order=keep_order))
+    count, parsed = _parse_all(path, features)
+    got_ids, got_values = parsed["id"].numpy(), parsed["v"].numpy()
+    assert count == n
+    if keep_order:
+        np.testing.assert_array_equal(got_ids, ids)
+    else:
+        assert sorted(got_ids.tolist()) == sorted(ids.tolist())
+    position = {value: i for i, value in enumerate(ids.tolist())}
+    np.testing.assert_array_equal(got_values, values[[position[i] for i in got_ids.tolist()]])
