@@ -4,8 +4,10 @@ Building one protobuf object per row costs microseconds of Python per value. Her
 chunk of rows is encoded at once: an Example is a nest of length-delimited fields, so each
 row's bytes are a fixed sequence of *pieces* (constant tag bytes, varint lengths, value
 bytes). The lengths are computed per row with array arithmetic and every piece is copied
-into place with one NumPy operation per feature. When all features are float32 every row
-has the same length and the chunk is a plain 2-D byte matrix.
+into place with one NumPy operation per feature. When every row has the same layout (all
+float32 features, small ints) the chunk is a plain 2-D byte matrix; rows of a few different
+layouts (an int64 id takes 1-10 bytes) are encoded one layout group at a time; text columns
+fall back to assembling rows of any length byte by byte.
 
 Wire format (field numbers from tensorflow/core/example/{example,feature}.proto)::
 
@@ -263,7 +265,7 @@ def _piece_width(piece: Piece) -> np.ndarray | int:
 
 
 # -- Example layout -----------------------------------------------------------------------
-def _values_piece(spec: FeatureSpec, values: np.ndarray) -> tuple[bytes, Piece]:
+def _values_piece(spec: FeatureSpec, values: np.ndarray) -> tuple[bytes, list[Piece]]:
     """(Feature kind tag, value list bytes) of one feature for every row."""
     n = len(values)
     if spec.dtype == "float32":
