@@ -150,7 +150,7 @@ class AirflowStack:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-            # Children (task processes, gunicorn/uvicorn workers) may outlive their leader.
+            # Children (LocalExecutor task processes, log servers) may outlive their leader.
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
         self.processes.clear()
