@@ -94,6 +94,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint-every-secs", type=float, default=10.0)
     p.add_argument("--log-every-secs", type=float, default=2.0)
     p.add_argument("--intra-op-threads", type=int, default=1, help="threads per op in each task")
+    p.add_argument("--inter-op-threads", type=int, default=2, help="ops run at once in each task")
     p.add_argument("--name", default=None, help="group name (default run-<date>-<time>-<pid>)")
     p.add_argument("--backoff-limit", type=int, default=3, help="task restarts allowed across the group")
     p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
@@ -123,7 +124,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             learning_rate=args.learning_rate, batch_size=args.batch_size, steps=args.steps, epochs=args.epochs,
             sync=args.sync, replicas_to_aggregate=args.replicas_to_aggregate,
             checkpoint_every_secs=args.checkpoint_every_secs, log_every_secs=args.log_every_secs,
-            intra_op_threads=args.intra_op_threads,
+            intra_op_threads=args.intra_op_threads, inter_op_threads=args.inter_op_threads,
         )
         spec = GroupSpec.for_training(name, training, ps=args.ps, workers=args.workers,
                                       backoff_limit=args.backoff_limit, active_deadline_seconds=args.deadline)
