@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
-from typing import Any, Callable
+from typing import Callable
 
 import keras
 import tensorflow as tf
@@ -208,7 +208,7 @@ def restore_model(run_dir_or_checkpoint: str | os.PathLike, config: TrainingConf
     return model
 
 
-__all__: list[Any] = [
+__all__ = [
     "ModelError", "build_model", "check_checkpoint", "checkpoint_weights", "compute_loss", "latest_checkpoint",
     "linear_regression", "mlp_classifier", "model_function", "resolve_checkpoint", "resolve_loss",
     "restore_model", "weight_key",
