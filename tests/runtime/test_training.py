@@ -126,6 +126,20 @@ def test_sync_aggregating_fewer_gradients_than_workers_finishes_and_learns(linea
         assert run.lines(worker, "status=succeeded"), f"{worker} did not exit by itself"
 
 
+def test_a_chief_task_is_the_chief_and_the_others_exit_as_their_roles_say(linear_dataset, train, tmp_path):
+    run = train("rt-chief", linear_dataset, tmp_path / "run", workers=1, chief=1, evaluator=1, steps=400,
+                sync=True)
+    assert_learned_the_line(run)
+    (chief,) = run.lines("chief-0", "airflow-tf train ")
+    (worker,) = run.lines("worker-0", "airflow-tf train ")
+    assert "chief=True" in chief and "shard=0/2" in chief
+    assert "chief=False" in worker and "shard=1/2" in worker
+    assert not run.lines("worker-0", "airflow-tf progress"), "only the chief reports progress"
+    assert run.lines("evaluator-0", "nothing to do here")
+    # the ps never finishes; the teardown stops it, and it says so
+    assert run.lines("ps-0", "airflow-tf task exit role=ps index=0 status=stopped signal=SIGTERM")
+
+
 def test_two_ps_tasks_each_hold_part_of_the_variables(linear_dataset, train, tmp_path):
     run = train("rt-two-ps", linear_dataset, tmp_path / "run", ps=2, workers=1, steps=STEPS)
     assert_learned_the_line(run)
