@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -129,8 +130,11 @@ def run(config: TrainingConfig, task: Task) -> int:
     )
     if task.type == "ps":
         log(f"airflow-tf task ps:{task.index} serving at {server.target}; it runs until it is stopped")
-        while True:  # the server runs on its own threads; this thread only waits for a signal
-            signal.pause()
+        # The server runs on its own threads. A SIGTERM may be delivered to any of them, and
+        # signal.pause() only wakes for the main thread's own signals: wake regularly instead,
+        # so Python runs the handler within a fraction of a second wherever the signal landed.
+        while True:
+            time.sleep(0.1)
     from .training import train
 
     result = train(config, task, server, schema)
