@@ -25,7 +25,8 @@ from airflow_tf.storage import datasets_dir, incoming_dir, models_dir
 
 MODEL_NAME = "linear_regression_retrained"
 INCOMING = os.path.join(incoming_dir(), "linear_regression_stream")
-new_linear_data = Asset(name="linear_regression_incoming", uri=f"file://{INCOMING}")
+# The asset is named, not tied to a path: the same DAGs serve any storage root.
+new_linear_data = Asset(name="linear_regression_incoming")
 
 with DAG(
     dag_id="tf_ingest_linear_data",

@@ -95,11 +95,7 @@ def test_continuous_retraining_warm_starts_and_exports_only_a_better_model(airfl
     assert sorted(p.name for p in models.iterdir()) == ["1"], "nothing served yet: the first good model is exported"
     served_metrics = json.loads((models / "1" / "assets.extra" / "airflow_tf.json").read_text())["metrics"]
 
-    # The second batch lands the way an external system would deliver it: a new file.
-    from airflow_tf.data.samples import write_linear_regression_csv
-
-    incoming = tmp_path / "storage" / "incoming" / "linear_regression_stream"
-    write_linear_regression_csv(str(incoming / "batch-external.csv"), rows=5000, seed=7)
+    assert run_state(airflow_home.run("tf_ingest_linear_data", tmp_path).stdout) == "success"
     second = airflow_home.run("tf_continuous_retraining", tmp_path, conf=conf)
     assert run_state(second.stdout) == "success", second.stdout[-4000:]
     assert "warm start" in second.stdout.lower(), "the second run continues from the served model's checkpoint"
