@@ -9,6 +9,8 @@ import json
 import sys
 from typing import Any, Callable
 
+from airflow_tf.cluster.training import add_training_arguments
+
 
 def _print_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2, sort_keys=True, default=str)
@@ -72,29 +74,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
         "the parameter servers when the workers are done and print a JSON summary. Ctrl-C or SIGTERM "
         "tears the whole group down.",
     )
-    p.add_argument("--dataset", required=True, help="dataset directory written by 'airflow-tf prepare'")
-    p.add_argument("--model", default="linear_regression",
-                   help="built-in model (linear_regression, mlp_classifier) or package.module:function")
-    p.add_argument("--model-kwargs", type=json.loads, default={}, metavar="JSON",
-                   help="keyword arguments of the model function, as a JSON object")
+    add_training_arguments(p, run_dir=None)
     p.add_argument("--ps", type=int, default=1, help="parameter-server tasks (default 1)")
     p.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
-    target = p.add_mutually_exclusive_group(required=True)
-    target.add_argument("--steps", type=int, help="target global step")
-    target.add_argument("--epochs", type=float, help="passes over the training split")
-    p.add_argument("--sync", action="store_true", help="synchronous updates (default: asynchronous)")
-    p.add_argument("--replicas-to-aggregate", type=int, default=None,
-                   help="sync mode: gradients per step (below the worker count, slow workers do not stall it)")
-    p.add_argument("--run-dir", default=None,
-                   help="checkpoints, event files and task logs (default ./airflow-tf-runs/<name>)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--learning-rate", type=float, default=0.01)
-    p.add_argument("--optimizer", default="sgd", help="sgd, adam, adagrad or rmsprop")
-    p.add_argument("--loss", default=None, help="Keras loss name (default: chosen from the label)")
-    p.add_argument("--checkpoint-every-secs", type=float, default=10.0)
-    p.add_argument("--log-every-secs", type=float, default=2.0)
-    p.add_argument("--intra-op-threads", type=int, default=1, help="threads per op in each task")
-    p.add_argument("--inter-op-threads", type=int, default=2, help="ops run at once in each task")
     p.add_argument("--name", default=None, help="group name (default run-<date>-<time>-<pid>)")
     p.add_argument("--backoff-limit", type=int, default=3, help="task restarts allowed across the group")
     p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
@@ -118,14 +100,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     run_dir = os.path.abspath(args.run_dir or os.path.join("airflow-tf-runs", name))
     started, started_at = time.monotonic(), time.time()
     try:
-        training = TrainingConfig(
-            dataset=os.path.abspath(args.dataset), run_dir=run_dir, model=args.model,
-            model_kwargs=args.model_kwargs, loss=args.loss, optimizer=args.optimizer,
-            learning_rate=args.learning_rate, batch_size=args.batch_size, steps=args.steps, epochs=args.epochs,
-            sync=args.sync, replicas_to_aggregate=args.replicas_to_aggregate,
-            checkpoint_every_secs=args.checkpoint_every_secs, log_every_secs=args.log_every_secs,
-            intra_op_threads=args.intra_op_threads, inter_op_threads=args.inter_op_threads,
-        )
+        training = TrainingConfig.from_namespace(args, dataset=os.path.abspath(args.dataset), run_dir=run_dir)
         spec = GroupSpec.for_training(name, training, ps=args.ps, workers=args.workers,
                                       backoff_limit=args.backoff_limit, active_deadline_seconds=args.deadline)
     except ValueError as err:  # SpecError and bad training options
@@ -201,13 +176,7 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
     p.add_argument("--image", required=True, help="training image (TensorFlow + the airflow_tf package)")
     p.add_argument("--namespace", default="default", help="namespace of every object (default: default)")
-    p.add_argument("--dataset", default="/data", help="dataset directory inside the pods (default /data)")
-    p.add_argument("--run-dir", default=None, help="run directory inside the pods (default /runs/<name>)")
-    p.add_argument("--model", default="linear_regression",
-                   help="built-in model (linear_regression, mlp_classifier) or package.module:function")
-    target = p.add_mutually_exclusive_group()
-    target.add_argument("--steps", type=int, default=None, help="target global step (default 1000)")
-    target.add_argument("--epochs", type=float, default=None, help="passes over the training split")
+    add_training_arguments(p, dataset="/data", run_dir=None, steps=1000)
     p.add_argument("--port", type=int, default=2222, help="gRPC port of every task (default 2222)")
     p.add_argument("--network-policy", action="store_true",
                    help="add a NetworkPolicy admitting gRPC only from the group's own pods")
@@ -239,9 +208,8 @@ def _cmd_render(args: argparse.Namespace) -> int:
     if args.worker_gpus:
         worker["resources"] = {"limits": {"nvidia.com/gpu": str(args.worker_gpus)}}
     try:
-        training = TrainingConfig(
-            dataset=args.dataset, run_dir=args.run_dir or f"{args.runs_mount}/{name}", model=args.model,
-            steps=args.steps if args.steps or args.epochs else 1000, epochs=args.epochs)
+        steps = None if args.epochs else args.steps  # --epochs replaces the default target step
+        training = TrainingConfig.from_namespace(args, run_dir=args.run_dir or f"{args.runs_mount}/{name}", steps=steps)
         spec = GroupSpec.for_training(name, training, ps=args.ps, workers=args.workers, image=args.image,
                                       port=args.port, role_options={"worker": worker} if worker else None)
         objects = render_group(spec, args.namespace, cluster_domain=args.cluster_domain,

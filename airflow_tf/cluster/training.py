@@ -126,8 +126,13 @@ class TrainingConfig:
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> "TrainingConfig":
-        ns = argument_parser().parse_args(argv)
-        return cls(**vars(ns))
+        return cls.from_namespace(argument_parser().parse_args(argv))
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace, **overrides: Any) -> "TrainingConfig":
+        """The training options among parsed arguments (other arguments are ignored)."""
+        values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)}
+        return cls(**{**values, **overrides})
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -136,38 +141,40 @@ def argument_parser() -> argparse.ArgumentParser:
         description="Run one task (ps, worker, chief or evaluator) of a TensorFlow training group. "
         "The task's role and the cluster come from the TF_CONFIG environment variable.",
     )
-    defaults = {f.name: f for f in dataclasses.fields(TrainingConfig)}
-    parser.add_argument("--dataset", required=True, help=_doc("dataset"))
-    parser.add_argument("--run-dir", dest="run_dir", required=True, help=_doc("run_dir"))
-    parser.add_argument("--model", default=defaults["model"].default, help=_doc("model"))
-    parser.add_argument("--model-kwargs", dest="model_kwargs", type=json.loads, default={},
-                        help="JSON object of keyword arguments for the model function")
-    parser.add_argument("--loss", default=None)
-    parser.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS)
-    parser.add_argument("--learning-rate", dest="learning_rate", type=float, default=0.01)
-    parser.add_argument("--batch-size", dest="batch_size", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=None, help=_doc("steps"))
-    parser.add_argument("--epochs", type=float, default=None)
-    parser.add_argument("--sync", action="store_true", help="synchronous updates (SyncReplicasOptimizer)")
-    parser.add_argument("--replicas-to-aggregate", dest="replicas_to_aggregate", type=int, default=None)
-    parser.add_argument("--checkpoint-every-secs", dest="checkpoint_every_secs", type=float, default=10.0)
-    parser.add_argument("--log-every-secs", dest="log_every_secs", type=float, default=2.0)
-    parser.add_argument("--intra-op-threads", dest="intra_op_threads", type=int, default=1)
-    parser.add_argument("--inter-op-threads", dest="inter_op_threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--warm-start-from", dest="warm_start_from", default=None, help=_doc("warm_start_from"))
+    add_training_arguments(parser)
     return parser
 
 
-def _doc(name: str) -> str:
-    docs = {
-        "dataset": "dataset directory written by PrepareTFRecords (must hold _SUCCESS)",
-        "run_dir": "directory for checkpoints, event files and progress.json, shared by all tasks",
-        "model": f"built-in model ({', '.join(BUILTIN_MODELS)}) or package.module:function",
-        "steps": "target global step",
-        "warm_start_from": "run directory or checkpoint prefix to initialise the model weights from (first start only)",
-    }
-    return docs[name]
+def add_training_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> None:
+    """Every training option as a command-line flag: the runtime's, ``airflow-tf run``'s and
+    ``airflow-tf render``'s. ``defaults`` overrides a default (and makes dataset or run_dir,
+    otherwise required, optional)."""
+    add = parser.add_argument
+    add("--dataset", required="dataset" not in defaults,
+        help="dataset directory written by PrepareTFRecords / airflow-tf prepare (must hold _SUCCESS)")
+    add("--run-dir", dest="run_dir", required="run_dir" not in defaults,
+        help="directory for checkpoints, event files and progress.json, shared by all tasks")
+    add("--model", default="linear_regression",
+        help=f"built-in model ({', '.join(BUILTIN_MODELS)}) or package.module:function")
+    add("--model-kwargs", dest="model_kwargs", type=json.loads, default={}, metavar="JSON",
+        help="keyword arguments of the model function, as a JSON object")
+    add("--loss", default=None, help="Keras loss name (default: chosen from the label)")
+    add("--optimizer", default="sgd", choices=OPTIMIZERS)
+    add("--learning-rate", dest="learning_rate", type=float, default=0.01)
+    add("--batch-size", dest="batch_size", type=int, default=64, help="examples per trainer per step")
+    add("--steps", type=int, default=None, help="target global step")
+    add("--epochs", type=float, default=None, help="passes over the training split (instead of --steps)")
+    add("--sync", action="store_true", help="synchronous updates (SyncReplicasOptimizer)")
+    add("--replicas-to-aggregate", dest="replicas_to_aggregate", type=int, default=None,
+        help="sync mode: gradients per step (below the worker count, a slow worker stalls no one)")
+    add("--checkpoint-every-secs", dest="checkpoint_every_secs", type=float, default=10.0)
+    add("--log-every-secs", dest="log_every_secs", type=float, default=2.0)
+    add("--intra-op-threads", dest="intra_op_threads", type=int, default=1, help="threads per op in each task")
+    add("--inter-op-threads", dest="inter_op_threads", type=int, default=2, help="ops run at once in each task")
+    add("--seed", type=int, default=0)
+    add("--warm-start-from", dest="warm_start_from", default=None,
+        help="run directory or checkpoint prefix to initialise the model weights from (first start only)")
+    parser.set_defaults(**defaults)
 
 
 def dataset_uri_of(value: Any) -> str:
