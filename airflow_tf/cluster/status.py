@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from .spec import GroupSpec
 
 
 class Phase(str, Enum):

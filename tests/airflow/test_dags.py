@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import psutil
 import pytest
 
 from airflow_tf.demo import dag_run_state as run_state
@@ -19,21 +17,7 @@ def task_states(home, dag_id: str, output: str) -> dict[str, str]:
     return _task_states(home.env, dag_id, output)
 
 
-def group_processes(storage: Path) -> list[psutil.Process]:
-    """Processes of training groups (runtime tasks and supervisors) started for this storage."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "environ"]):
-        try:
-            cmdline = " ".join(proc.info["cmdline"] or [])
-            env = proc.info["environ"] or {}
-        except (psutil.Error, TypeError):
-            continue
-        if "airflow_tf" in cmdline and (str(storage) in cmdline or str(storage) in env.get("AIRFLOW_TF_STATE_DIR", "")):
-            found.append(proc)
-    return found
-
-
-def test_linear_regression_dag_exports_a_model_close_to_2x_plus_10(airflow_home, tmp_path):
+def test_linear_regression_dag_exports_a_model_close_to_2x_plus_10(airflow_home, tmp_path, group_processes):
     result = airflow_home.run("tf_linear_regression", tmp_path, conf=json.dumps({"steps": 1500, "rows": 5000}))
     assert run_state(result.stdout) == "success", result.stdout[-4000:]
     states = task_states(airflow_home, "tf_linear_regression", result.stdout)
@@ -45,10 +29,10 @@ def test_linear_regression_dag_exports_a_model_close_to_2x_plus_10(airflow_home,
     run_dirs = list((tmp_path / "storage" / "runs").iterdir())
     assert len(run_dirs) == 1 and (run_dirs[0] / "metrics.json").exists()
     assert json.loads((run_dirs[0] / "metrics.json").read_text())["blessed"] is True
-    assert not group_processes(tmp_path)
+    assert not group_processes(tmp_path / "groups"), "no process of the group is left"
 
 
-def test_digits_classifier_reaches_090_accuracy(airflow_home, tmp_path):
+def test_digits_classifier_reaches_090_accuracy(airflow_home, tmp_path, group_processes):
     result = airflow_home.run("tf_digits_classifier", tmp_path)
     assert run_state(result.stdout) == "success", result.stdout[-4000:]
     run_dir = next((tmp_path / "storage" / "runs").iterdir())
@@ -65,28 +49,28 @@ def test_digits_classifier_reaches_090_accuracy(airflow_home, tmp_path):
     outputs = tf.saved_model.load(str(export)).signatures["serving_default"](pixels=tf.constant(pixels))
     classes = np.asarray(outputs["classes"]).reshape(-1)
     assert (classes == digits.target[:50]).mean() >= 0.9
-    assert not group_processes(tmp_path)
+    assert not group_processes(tmp_path / "groups"), "no process of the group is left"
 
 
-def test_crashing_workers_fail_the_run_with_the_reason_and_teardown_still_runs(airflow_home, tmp_path):
+def test_crashing_workers_fail_the_run_with_the_reason_and_teardown_still_runs(airflow_home, tmp_path, group_processes):
     result = airflow_home.run("tf_test_crashing_workers", tmp_path)
     assert run_state(result.stdout) == "failed"
     states = task_states(airflow_home, "tf_test_crashing_workers", result.stdout)
     assert states["wait_for_workers"] == "failed" and states["teardown"] == "success", states
     assert "failed: task tf-" in result.stdout and "worker 0) failed: exit code" in result.stdout
     assert "no_such_package" in result.stdout, "the sensor quotes the worker's last log lines"
-    assert not group_processes(tmp_path)
+    assert not group_processes(tmp_path / "groups"), "no process of the group is left"
 
 
-def test_retried_launch_reattaches_to_the_same_group(airflow_home, tmp_path):
+def test_retried_launch_reattaches_to_the_same_group(airflow_home, tmp_path, group_processes):
     result = airflow_home.run("tf_test_launch_retry", tmp_path)
     assert run_state(result.stdout) == "success", result.stdout[-4000:]
     assert result.stdout.count("launched training group") == 1
     assert "re-attaching to training group" in result.stdout
-    assert not group_processes(tmp_path)
+    assert not group_processes(tmp_path / "groups"), "no process of the group is left"
 
 
-def test_continuous_retraining_warm_starts_and_exports_only_a_better_model(airflow_home, tmp_path):
+def test_continuous_retraining_warm_starts_and_exports_only_a_better_model(airflow_home, tmp_path, group_processes):
     conf = json.dumps({"steps": 800})
     models = tmp_path / "storage" / "models" / "linear_regression_retrained"
     assert run_state(airflow_home.run("tf_ingest_linear_data", tmp_path).stdout) == "success"
@@ -109,4 +93,4 @@ def test_continuous_retraining_warm_starts_and_exports_only_a_better_model(airfl
         assert evaluation["metrics"]["mse"] <= evaluation["baseline"]["metrics"]["mse"]
     else:
         assert states["export"] == "skipped" and not (models / "2").exists()
-    assert not group_processes(tmp_path)
+    assert not group_processes(tmp_path / "groups"), "no process of the group is left"

@@ -17,7 +17,7 @@ import pytest
 
 from airflow_tf.backends.local import LocalBackend
 from airflow_tf.backends.wait import wait_for_group
-from airflow_tf.cluster import GroupSpec, Phase, TrainingConfig
+from airflow_tf.cluster import GroupSpec, TrainingConfig
 
 pytestmark = pytest.mark.slow
 
