@@ -54,6 +54,24 @@ class ProcessWatcher(threading.Thread):
         return max(ps) - max(workers) if workers and ps else None
 
 
+def task_durations(output: str) -> dict[str, float]:
+    """Seconds each task took, from the ``[DAG TEST] starting/end task`` lines of the run."""
+    from datetime import datetime
+
+    started: dict[str, datetime] = {}
+    durations: dict[str, float] = {}
+    for line in output.splitlines():
+        for marker in ("[DAG TEST] starting task_id=", "[DAG TEST] end task task_id="):
+            if marker in line:
+                task_id = line.split(marker)[1].split()[0]
+                at = datetime.fromisoformat(line.split()[0].replace("Z", "+00:00"))
+                if "starting" in marker:
+                    started[task_id] = at
+                else:
+                    durations[task_id] = (at - started[task_id]).total_seconds()
+    return durations
+
+
 def timed(cmd: list[str], env: dict[str, str]) -> float:
     start = time.monotonic()
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -94,6 +112,9 @@ def main() -> None:
         raise SystemExit(f"the DAG run ended {state}; see {work}")
     latency = watcher.ps_gone_after_last_worker()
 
+    durations = task_durations(result.stdout)
+    print("DAG tasks: " + ", ".join(f"{task} {seconds:.1f} s" for task, seconds in durations.items()))
+    print(f"  outside the tasks (airflow CLI start, DAG parsing, run bookkeeping): {dag_seconds - sum(durations.values()):.1f} s")
     print(f"prepare + train via airflow-tf CLI : {cli_seconds:7.1f} s")
     print(f"tf_linear_regression DAG (Airflow) : {dag_seconds:7.1f} s  (adds evaluation and export)")
     print(f"ratio DAG / CLI                    : {dag_seconds / cli_seconds:7.2f}x  (goal <= 1.5x)")
