@@ -85,11 +85,12 @@ class LaunchTFClusterOperator(BaseOperator):
         spec = self.build_spec(context)
         backend = get_backend(self.backend, **self.backend_options)
         existing = backend.find(spec.name)
+        # launch() is idempotent: on a retry it re-attaches, creating only what an interrupted
+        # first try left missing.
+        ref = backend.launch(spec)
         if existing is not None:
             self.log.info("re-attaching to training group %s launched by an earlier try", spec.name)
-            ref = existing
         else:
-            ref = backend.launch(spec)
             self.log.info("launched training group %s on %s: %s", spec.name, self.backend,
                           ", ".join(f"{spec.replicas(r)} {r}" for r in spec.roles if spec.replicas(r)))
         self._launched = ref
