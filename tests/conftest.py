@@ -3,32 +3,10 @@ them outlives the test, and a small committed linear-regression dataset."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
-from pathlib import Path
 
 import pytest
-
-
-def _group_processes(state_dir: Path) -> list[int]:
-    """Pids of live processes started for groups in ``state_dir`` (supervisors and tasks;
-    the local backend gives them ``AIRFLOW_TF_STATE_DIR`` in their environment)."""
-    marker = f"AIRFLOW_TF_STATE_DIR={Path(state_dir).resolve()}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
-            with open(f"/proc/{entry}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in environ and state not in ("Z", "X"):
-            found.append(int(entry))
-    return found
+from processes import group_processes_of, kill_leftovers
 
 
 def _wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
@@ -45,7 +23,7 @@ def _wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, what: 
 @pytest.fixture
 def group_processes():
     """``group_processes(state_dir)``: pids of the live processes of the groups in ``state_dir``."""
-    return _group_processes
+    return group_processes_of
 
 
 @pytest.fixture
@@ -60,14 +38,7 @@ def local_state_dir(tmp_path, monkeypatch):
     state_dir = (tmp_path / "groups").resolve()
     monkeypatch.setenv("AIRFLOW_TF_STATE_DIR", str(state_dir))
     yield state_dir
-    deadline = time.monotonic() + 3.0
-    while (left := _group_processes(state_dir)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    left = kill_leftovers(state_dir)
     assert not left, f"processes left running after the test: {left}"
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from processes import kill_leftovers
 
 from airflow_tf.backends.local import LocalBackend
 from airflow_tf.backends.wait import run_group
@@ -15,25 +15,6 @@ from airflow_tf.cluster import GroupSpec, TrainingConfig
 
 GROUP_TIMEOUT = 240.0
 """Seconds a test group may take; generous, because other work may share the two cores."""
-
-
-def runtime_processes(run_dir: Path) -> list[int]:
-    """Pids of live ``airflow_tf.runtime`` processes training into ``run_dir``."""
-    needle = str(run_dir).encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-            with open(f"/proc/{entry}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if b"airflow_tf.runtime" in argv and needle in argv and state not in ("Z", "X"):
-            found.append(int(entry))
-    return found
 
 
 @dataclass
@@ -67,7 +48,7 @@ def train_group(name: str, dataset: str, run_dir: Path, state_dir: Path, *, ps: 
     logs = {
         re.sub(rf"^{re.escape(name)}-", "", path.stem): path.read_text() for path in logs_dir.glob("*.log")
     }
-    assert runtime_processes(run_dir) == [], "a training process outlived its group"
+    assert kill_leftovers(state_dir) == [], "a process of the group outlived it"
     return Run(config, result.outcome.succeeded, result.report, logs)
 
 
