@@ -69,3 +69,33 @@ def test_one_failure_event_naming_the_task_and_quoting_its_log(launch_group):
     assert "bad input row 7" in payload["log_tail"]
     again = asyncio.run(_events(WorkerCompletionTrigger(**trigger.serialize()[1])))
     assert [e.payload["status"] for e in again] == ["failed"], "running the trigger twice is harmless"
+
+
+def _poke_until_done(sensor, timeout: float = 60):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = sensor.poke(context={})
+        if result:
+            return result
+        time.sleep(0.2)
+    raise AssertionError("the sensor never finished")
+
+
+def test_poke_mode_succeeds_with_the_per_role_counts(launch_group):
+    from airflow_tf.sensors import WorkerCompletionSensor
+
+    ref = launch_group("poke-ok", "print('trained')")
+    sensor = WorkerCompletionSensor(task_id="wait", group={"group": ref.to_dict()})
+    result = _poke_until_done(sensor)
+    assert result.is_done and result.xcom_value["counts"]["worker"]["Succeeded"] == 2
+
+
+def test_poke_mode_fails_fast_naming_the_task_and_quoting_its_log(launch_group):
+    from airflow_tf.sensors import TrainingGroupFailed, WorkerCompletionSensor
+
+    ref = launch_group("poke-bad", "import sys; print('cannot read shard 3'); sys.exit(4)")
+    sensor = WorkerCompletionSensor(task_id="wait", group=ref.to_dict())
+    with pytest.raises(TrainingGroupFailed, match=r"(?s)poke-bad-worker-\d.*exit code 4.*cannot read shard 3"):
+        _poke_until_done(sensor)
