@@ -78,6 +78,7 @@ def test_continuous_retraining_warm_starts_and_exports_only_a_better_model(airfl
     assert run_state(first.stdout) == "success", first.stdout[-4000:]
     assert sorted(p.name for p in models.iterdir()) == ["1"], "nothing served yet: the first good model is exported"
     served_metrics = json.loads((models / "1" / "assets.extra" / "airflow_tf.json").read_text())["metrics"]
+    assert predict(str(models / "1"), {"x": [0.0, 5.0]}) == pytest.approx([10.0, 20.0], abs=0.5)
 
     assert run_state(airflow_home.run("tf_ingest_linear_data", tmp_path).stdout) == "success"
     second = airflow_home.run("tf_continuous_retraining", tmp_path, conf=conf)
