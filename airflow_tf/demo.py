@@ -16,7 +16,8 @@ def airflow_env(workdir: str | os.PathLike, dags_folder: str | os.PathLike = REP
     """Environment for an isolated Airflow home under ``workdir`` with the project's DAGs."""
     workdir = Path(workdir).resolve()
     home = workdir / "airflow"
-    env = dict(os.environ)
+    # The user's own Airflow settings must not leak into this self-contained home.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__")}
     env.update({
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(Path(dags_folder).resolve()),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from airflow_tf.cluster import GroupSpec, GroupStatus, Outcome, evaluate
+from airflow_tf.cluster.progress import describe as describe_progress
 
 from .base import Backend, GroupRef
 
@@ -36,17 +37,46 @@ def wait_for_group(backend: Backend, ref: GroupRef, *, timeout: float | None = N
         time.sleep(interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic())))
 
 
+def describe_failure(group: str, reason: str, failed_task: str | None = None, log_tail: str = "",
+                     tail_lines: int = 20) -> str:
+    """``training group G failed: <reason>`` and, when one task is to blame, its last log lines."""
+    text = f"training group {group} failed: {reason}"
+    lines = log_tail.rstrip().splitlines()[-tail_lines:]
+    if failed_task and lines:
+        text += f"\nlast {len(lines)} log lines of {failed_task}:\n" + "\n".join(f"    {line}" for line in lines)
+    return text
+
+
 def failure_report(backend: Backend, ref: GroupRef, outcome: Outcome, tail_lines: int = 20) -> str:
     """The reason a group failed and, when one task is to blame, its last log lines."""
-    text = f"training group {ref.name} failed: {outcome.reason}"
     failed = outcome.failed_task
-    if failed is not None:
-        tail = backend.logs(ref, failed.role, failed.index, tail_lines).rstrip()
-        if tail:
-            text += f"\nlast {tail_lines} log lines of {failed.name}:\n" + "\n".join(
-                f"    {line}" for line in tail.splitlines()
-            )
-    return text
+    tail = backend.logs(ref, failed.role, failed.index, tail_lines) if failed is not None else ""
+    return describe_failure(ref.name, outcome.reason, failed.name if failed is not None else None, tail, tail_lines)
+
+
+def completion_event(backend: Backend, ref: GroupRef, status: GroupStatus, success_policy: str,
+                     tail_lines: int = 30) -> dict[str, Any] | None:
+    """Once the group is done, what the sensor needs to finish (JSON, fit for a trigger
+    event): success or failure, the reason, per-role counts, progress, and the failed task's
+    last log lines. None while it is still running. Poke mode and the trigger share it."""
+    outcome = evaluate(status, success_policy)
+    if not outcome.done:
+        return None
+    failed = outcome.failed_task
+    return {
+        "status": "success" if outcome.succeeded else "failed",
+        "reason": outcome.reason,
+        "group": ref.to_dict(),
+        "counts": status.counts(),
+        "progress": status.progress,
+        "failed_task": None if failed is None else {"role": failed.role, "index": failed.index, "name": failed.name},
+        "log_tail": "" if failed is None else backend.logs(ref, failed.role, failed.index, tail_lines),
+    }
+
+
+def waiting_message(status: GroupStatus, success_policy: str) -> str:
+    """``workers done 1/2; global step 120/1000 (12.0%), 5300 examples/s, ETA 8s``."""
+    return f"{evaluate(status, success_policy).reason}; {describe_progress(status.progress)}"
 
 
 def save_logs(backend: Backend, ref: GroupRef, spec: GroupSpec, directory: str | os.PathLike) -> Path:

@@ -9,7 +9,8 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_tf.backends import GroupRef, backend_for
-from airflow_tf.triggers.worker_completion import WorkerCompletionTrigger, completion_event, waiting_message
+from airflow_tf.backends.wait import completion_event, describe_failure, waiting_message
+from airflow_tf.triggers.worker_completion import WorkerCompletionTrigger
 
 
 class TrainingGroupFailed(AirflowException):
@@ -48,13 +49,9 @@ class WorkerCompletionSensor(BaseSensorOperator):
         ref = self._ref()
         backend = backend_for(ref)
         status = backend.status(ref)
-        event = completion_event(ref, status, self._policy(ref))
+        event = completion_event(backend, ref, status, self._policy(ref), self.log_tail_lines)
         if event is None:
             self.log.info("group %s: %s", ref.name, waiting_message(status, self._policy(ref)))
-            return None
-        if event["failed_task"]:
-            failed = event["failed_task"]
-            event["log_tail"] = backend.logs(ref, failed["role"], failed["index"], self.log_tail_lines)
         return event
 
     def poke(self, context: Any) -> PokeReturnValue | bool:
@@ -82,12 +79,11 @@ class WorkerCompletionSensor(BaseSensorOperator):
 
     def _finish(self, event: dict[str, Any]) -> dict[str, Any]:
         if event["status"] != "success":
-            tail = event.get("log_tail") or ""
-            quoted = "\n".join(f"    {line}" for line in tail.rstrip().splitlines()[-self.log_tail_lines:])
-            raise TrainingGroupFailed(
-                f"training group {event['group']['name']} failed: {event['reason']}"
-                + (f"\nlast log lines of {event['failed_task']['name']}:\n{quoted}" if quoted else "")
-            )
+            failed = event["failed_task"]
+            raise TrainingGroupFailed(describe_failure(
+                event["group"]["name"], event["reason"], failed and failed["name"], event["log_tail"],
+                self.log_tail_lines,
+            ))
         self.log.info("group %s done: %s; per role: %s", event["group"]["name"], event["reason"], event["counts"])
         return {k: event[k] for k in ("reason", "counts", "progress")}
 

@@ -8,31 +8,7 @@ from typing import Any, AsyncIterator
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_tf.backends import GroupRef, backend_for
-from airflow_tf.cluster import evaluate
-from airflow_tf.cluster.progress import describe
-
-
-def completion_event(ref: GroupRef, status, success_policy: str, log_tail: str = "") -> dict[str, Any] | None:
-    """The event payload once the group is done, else None. Shared by poke mode and the
-    trigger so both decide and report the same way."""
-    outcome = evaluate(status, success_policy)
-    if not outcome.done:
-        return None
-    failed = outcome.failed_task
-    return {
-        "status": "success" if outcome.succeeded else "failed",
-        "reason": outcome.reason,
-        "group": ref.to_dict(),
-        "counts": status.counts(),
-        "progress": status.progress,
-        "failed_task": None if failed is None else {"role": failed.role, "index": failed.index, "name": failed.name},
-        "log_tail": log_tail,
-    }
-
-
-def waiting_message(status, success_policy: str) -> str:
-    """``workers done 1/2; global step 120/1000 (12.0%), 5300 examples/s, ETA 8s``."""
-    return f"{evaluate(status, success_policy).reason}; {describe(status.progress)}"
+from airflow_tf.backends.wait import completion_event, waiting_message
 
 
 class WorkerCompletionTrigger(BaseTrigger):
@@ -66,13 +42,10 @@ class WorkerCompletionTrigger(BaseTrigger):
         loop = asyncio.get_running_loop()
         last_log = 0.0
         async for status in backend.watch(ref):
-            outcome = evaluate(status, self.success_policy)
-            if outcome.done:
-                tail = ""
-                if outcome.failed_task is not None:
-                    failed = outcome.failed_task
-                    tail = await asyncio.to_thread(backend.logs, ref, failed.role, failed.index, self.log_tail_lines)
-                yield TriggerEvent(completion_event(ref, status, self.success_policy, tail))
+            event = await asyncio.to_thread(completion_event, backend, ref, status, self.success_policy,
+                                            self.log_tail_lines)
+            if event is not None:
+                yield TriggerEvent(event)
                 return
             if loop.time() - last_log >= self.log_every_seconds:
                 last_log = loop.time()
