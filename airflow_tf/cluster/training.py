@@ -9,11 +9,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 OPTIMIZERS = ("sgd", "adam", "adagrad", "rmsprop")
 BUILTIN_MODELS = ("linear_regression", "mlp_classifier")
+MODES = ("between_graph", "coordinator")
+"""``between_graph``: every worker builds its own graph (TF1-compat replication, async or sync).
+``coordinator``: one chief drives the group with ``ParameterServerStrategy`` (async only)."""
+ON_NAN = ("fail", "stop")
+"""What a loss that becomes NaN/inf does: fail the run, or stop and keep the last finite checkpoint."""
 
 
 @dataclass
@@ -44,6 +50,18 @@ class TrainingConfig:
     warm_start_from: str | None = None
     """A run directory or checkpoint prefix to initialise the model weights from (first start only;
     an export keeps one in its metadata's ``warm_start_from``)."""
+    mode: str = "between_graph"
+    """One of :data:`MODES`."""
+    devices_per_worker: int | None = None
+    """Towers per worker (gradients averaged before the update); None: the worker's GPUs, else 1."""
+    on_nan: str = "fail"
+    """One of :data:`ON_NAN`."""
+    operation_timeout_secs: float = 300.0
+    """Bound on one session step: a step stuck longer errors and the session recovers."""
+    summary_every_steps: int = 100
+    """Summaries (loss, examples/s, learning rate) every N global steps, besides every log_every_secs."""
+    code_dir: str | None = None
+    """Snapshot of the model's code (written by the launch into the run directory); imported first."""
 
     def __post_init__(self) -> None:
         errors = self._coerce_types()
@@ -55,14 +73,15 @@ class TrainingConfig:
             errors.append("run_dir: a run directory is required")
         if self.steps is None and self.epochs is None:
             errors.append("steps/epochs: set a target global step (steps) or a number of epochs")
-        if self.steps is not None and int(self.steps) <= 0:
-            errors.append(f"steps: must be positive, got {self.steps}")
-        if self.epochs is not None and float(self.epochs) <= 0:
-            errors.append(f"epochs: must be positive, got {self.epochs}")
-        if int(self.batch_size) <= 0:
-            errors.append(f"batch_size: must be positive, got {self.batch_size}")
-        if float(self.learning_rate) <= 0:
-            errors.append(f"learning_rate: must be positive, got {self.learning_rate}")
+        # Every number is checked for type, finiteness and range: a NaN learning rate would
+        # otherwise train a NaN model and report success.
+        for name, low, high, whole, optional in _NUMERIC_OPTIONS:
+            value = getattr(self, name)
+            if value is None and optional:
+                continue
+            problem = _number_problem(value, low, high, whole)
+            if problem:
+                errors.append(f"{name}: {problem}, got {value!r}")
         if self.optimizer not in OPTIMIZERS:
             errors.append(f"optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
         if self.model not in BUILTIN_MODELS and ":" not in self.model:
@@ -70,8 +89,13 @@ class TrainingConfig:
                 f"model: {self.model!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) "
                 "nor an import path 'package.module:function'"
             )
-        if self.replicas_to_aggregate is not None and int(self.replicas_to_aggregate) <= 0:
-            errors.append(f"replicas_to_aggregate: must be positive, got {self.replicas_to_aggregate}")
+        if self.mode not in MODES:
+            errors.append(f"mode: {self.mode!r} is not one of {', '.join(MODES)}")
+        elif self.mode == "coordinator" and self.sync:
+            errors.append("sync: coordinator mode updates the parameters asynchronously only; "
+                          "drop sync=True or use mode='between_graph'")
+        if self.on_nan not in ON_NAN:
+            errors.append(f"on_nan: {self.on_nan!r} is not one of {', '.join(ON_NAN)}")
         if errors:
             raise ValueError("invalid training options:\n  " + "\n  ".join(errors))
 
@@ -135,6 +159,39 @@ class TrainingConfig:
         return cls(**{**values, **overrides})
 
 
+# (option, lowest, highest, whole number, may be None)
+_NUMERIC_OPTIONS = (
+    ("learning_rate", 1e-12, 1e3, False, False),
+    ("batch_size", 1, 1 << 20, True, False),
+    ("steps", 1, 10**12, True, True),
+    ("epochs", 1e-6, 1e6, False, True),
+    ("replicas_to_aggregate", 1, 10**4, True, True),
+    ("checkpoint_every_secs", 0.1, 86400.0, False, False),
+    ("log_every_secs", 0.05, 3600.0, False, False),
+    ("intra_op_threads", 0, 1024, True, False),
+    ("inter_op_threads", 0, 1024, True, False),
+    ("seed", 0, 2**31 - 1, True, False),
+    ("devices_per_worker", 1, 64, True, True),
+    ("operation_timeout_secs", 1.0, 86400.0, False, False),
+    ("summary_every_steps", 1, 10**9, True, False),
+)
+
+
+def _number_problem(value: Any, low: float, high: float, whole: bool) -> str | None:
+    """Why ``value`` is not a usable option in [low, high], or None."""
+    kind = "a whole number" if whole else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"must be {kind}"
+    if not math.isfinite(value):
+        return "must be finite"
+    if whole and value != int(value):
+        return "must be a whole number"
+    if not low <= value <= high:
+        shown = (f"{int(low):,}", f"{int(high):,}") if whole else (f"{low:g}", f"{high:g}")
+        return f"must be between {shown[0]} and {shown[1]}"
+    return None
+
+
 def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m airflow_tf.runtime",
@@ -174,6 +231,19 @@ def add_training_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> 
     add("--seed", type=int, default=0)
     add("--warm-start-from", dest="warm_start_from", default=None,
         help="run directory or checkpoint prefix to initialise the model weights from (first start only)")
+    add("--mode", default="between_graph", choices=MODES,
+        help="between_graph: each worker drives itself (async or sync); coordinator: the chief drives "
+        "the group with ParameterServerStrategy (async only)")
+    add("--devices-per-worker", dest="devices_per_worker", type=int, default=None,
+        help="towers per worker, gradients averaged before the update (default: the worker's GPUs, else 1)")
+    add("--on-nan", dest="on_nan", default="fail", choices=ON_NAN,
+        help="a loss that becomes NaN/inf fails the run (fail) or stops it keeping the last finite checkpoint (stop)")
+    add("--operation-timeout-secs", dest="operation_timeout_secs", type=float, default=300.0,
+        help="a session step stuck longer than this errors and the session recovers")
+    add("--summary-every-steps", dest="summary_every_steps", type=int, default=100,
+        help="write summaries every N global steps (and every --log-every-secs)")
+    add("--code-dir", dest="code_dir", default=None,
+        help="snapshot of the model's code to import first (the launch writes it into the run directory)")
     parser.set_defaults(**defaults)
 
 
