@@ -83,7 +83,12 @@ def task_from_env(environ: dict[str, str] | None = None) -> Task:
         raise TaskConfigError(f'{TF_CONFIG}: "cluster" must map each job to a list of "host:port" addresses')
     if not isinstance(task, dict):
         raise TaskConfigError(f'{TF_CONFIG}: "task" must be an object {{"type": ..., "index": ...}}')
-    kind, index = task.get("type"), task.get("index", 0)
+    kind, index = task.get("type"), task.get("index")
+    if index is None:
+        # A pod of an Indexed Job (Kubernetes backend): one TF_CONFIG for the whole Job,
+        # the index set by the Job controller. Written back so TensorFlow reads it too.
+        index = int(environ["JOB_COMPLETION_INDEX"]) if environ.get("JOB_COMPLETION_INDEX", "").isdigit() else 0
+        environ[TF_CONFIG] = json.dumps({**data, "task": {**task, "index": index}})
     if kind not in TASK_TYPES:
         hint = " (use 'chief')" if kind == "master" else ""
         raise TaskConfigError(f"{TF_CONFIG}: task type {kind!r} is not one of {', '.join(TASK_TYPES)}{hint}")
