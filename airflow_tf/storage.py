@@ -1,15 +1,36 @@
 """The shared-storage layout every task agrees on (datasets, runs, exported models).
 
-``$AIRFLOW_TF_STORAGE`` is the root; it must be the same path on every Airflow worker and
-training task (a shared volume or PVC). Without it, ``~/airflow-tf`` serves one machine."""
+The root comes from the provider's configuration, read when a task runs (never when a DAG
+file is parsed): ``[airflow_tf] storage`` (``AIRFLOW__AIRFLOW_TF__STORAGE``), else
+``$AIRFLOW_TF_STORAGE``, else ``~/airflow-tf`` (one machine). It must be the same path on
+every Airflow worker and training task (a shared volume or PVC). The local backend's state
+directory comes from ``[airflow_tf] state_dir``, else ``$AIRFLOW_TF_STATE_DIR``."""
 
 from __future__ import annotations
 
 import os
 
+SECTION = "airflow_tf"
+
+
+def _setting(option: str, env: str) -> str | None:
+    """``[airflow_tf] <option>`` when Airflow is installed and it is set, else ``$<env>``."""
+    try:
+        from airflow.configuration import conf
+    except ImportError:  # outside Airflow (the airflow-tf CLI in a training image)
+        value = None
+    else:
+        value = conf.get(SECTION, option, fallback=None)
+    return value or os.environ.get(env) or None
+
 
 def storage_root() -> str:
-    return os.environ.get("AIRFLOW_TF_STORAGE") or os.path.join(os.path.expanduser("~"), "airflow-tf")
+    return _setting("storage", "AIRFLOW_TF_STORAGE") or os.path.join(os.path.expanduser("~"), "airflow-tf")
+
+
+def state_dir() -> str | None:
+    """Where the local backend keeps its groups' state; None: the backend's own default."""
+    return _setting("state_dir", "AIRFLOW_TF_STATE_DIR")
 
 
 def datasets_dir() -> str:

@@ -56,13 +56,15 @@ def path_component(value: str) -> str:
     return cleaned
 
 
-def group_name(dag_id: str, task_id: str, run_id: str) -> str:
-    """Deterministic group name for one Airflow task in one DAG run.
+def group_name(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> str:
+    """Deterministic group name for one Airflow task instance in one DAG run.
 
     A retry (or second try) of the same task gets the same name, so it finds the group it
-    launched; the name leaves room for ``-<role>-<index>`` suffixes within 63 characters."""
-    readable = dns1123_label(f"{dag_id}-{task_id}", max_length=30)
-    identity = "\x00".join((dag_id, task_id, run_id))
+    launched; each mapped instance (``map_index`` >= 0) gets its own. The name leaves room for
+    ``-<role>-<index>`` suffixes within 63 characters."""
+    mapped = map_index is not None and int(map_index) >= 0
+    readable = dns1123_label(f"{dag_id}-{task_id}" + (f"-{int(map_index)}" if mapped else ""), max_length=30)
+    identity = "\x00".join((dag_id, task_id, run_id) + ((str(int(map_index)),) if mapped else ()))
     return f"tf-{readable}-{_digest(identity, 10)}"
 
 
