@@ -7,17 +7,23 @@ the group's state to a file. This module launches that supervisor, reads its sta
 the tasks' logs, and hands it teardown requests. Everything about a group lives in one
 directory, ``<state_dir>/<group name>/``::
 
-    spec.json         the GroupSpec and launch options (written before anything starts)
-    state.json        written atomically by the supervisor: GroupStatus, pids, ports
+    spec.json         the GroupSpec, its attempt number and logs directory (written before anything starts)
+    owner.json        the process the group is tied to until it is handed over (null after)
+    state.json        written atomically by the supervisor: GroupStatus, pids, ports, isolation
     logs/<role>-<index>.log
     supervisor.log
     requests/<id>.json, requests/<id>.done   teardown requests and their answers
+
+The supervisor and its tasks run in a private network namespace with only loopback up, and
+with a minimal environment (:func:`task_environment`). Each launch of a name is an attempt;
+its logs are copied to ``<run_dir>/logs/attempt-<N>/`` when the group ends or is deleted.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import shutil
 import signal
@@ -41,6 +47,16 @@ TEARDOWN_TIMEOUT = 15.0
 STOP_GRACE = 1.0
 """Seconds between SIGTERM and SIGKILL when stopping a task."""
 NEVER_STARTED_AFTER = 60.0
+TASK_MEMORY_MB = 512
+"""Expected resident memory of one TensorFlow task (ps or worker): 485-500 MiB measured here
+(TF 2.21, 1 ps + 2 workers training the linear model); override per role with
+``resources.requests.memory``."""
+PASSED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH",
+              "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "KERAS_HOME", "KERAS_BACKEND")
+PASSED_ENV_PREFIXES = ("LC_", "TF_")
+"""What every task gets from the launcher's environment: what TensorFlow and the runtime need."""
+
+log = logging.getLogger(__name__)
 
 
 def default_state_dir() -> Path:
@@ -116,12 +132,78 @@ def tail_text(path: Path, lines: int | None) -> str:
     return "".join(kept)
 
 
+def task_environment(pass_env: Iterable[str] = (), environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a group's supervisor and tasks: ``PASSED_ENV``, ``LC_*`` and ``TF_*``
+    (TensorFlow's settings), the names in ``pass_env``, and a ``PYTHONPATH`` that finds this
+    package. Never the rest: the launcher's ``AIRFLOW__*`` settings, connections, variables,
+    database URLs and secrets stay with the launcher."""
+    environ = os.environ if environ is None else environ
+    env = {k: v for k, v in environ.items()
+           if (k in PASSED_ENV or k.startswith(PASSED_ENV_PREFIXES)) and k != "TF_CONFIG"}
+    env.update({k: environ[k] for k in pass_env if k in environ})
+    root = str(Path(__file__).resolve().parents[2])
+    if not root.startswith(sys.prefix) and root not in env.get("PYTHONPATH", "").split(os.pathsep):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), root) if p)
+    return env
+
+
+def memory_mb(quantity: str) -> float:
+    """A Kubernetes memory quantity (``512Mi``, ``2Gi``, ``1G``, ``1000000``) in MiB."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "": 1}
+    text = str(quantity).strip()
+    number = text.rstrip("KMGTi")
+    try:
+        return float(number) * units[text[len(number):]] / 2**20
+    except (KeyError, ValueError):
+        raise BackendError(f"{quantity!r} is not a memory quantity (e.g. 512Mi, 2Gi)") from None
+
+
+def mem_available_mb() -> float | None:
+    """``MemAvailable`` of /proc/meminfo in MiB (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_capacity(spec: GroupSpec) -> None:
+    """Refuse a group whose tasks would not fit in the memory available now; warn when its
+    training tasks outnumber the CPU cores (they would share them, each slower)."""
+    per_role = {}
+    for role, role_spec in spec.roles.items():
+        requested = role_spec.resources.get("requests", {}).get("memory")
+        if requested is not None:
+            per_role[role] = memory_mb(requested)
+        elif role_spec.command is None and role != "evaluator":  # the runtime's evaluator exits at once
+            per_role[role] = TASK_MEMORY_MB
+    needed = sum(per_role.get(role, 0) for role, _ in spec.tasks())
+    available = mem_available_mb()
+    if available is not None and needed > available:
+        parts = ", ".join(f"{spec.replicas(r)} {r} x {mb:.0f} MiB" for r, mb in per_role.items() if spec.replicas(r))
+        raise BackendError(
+            f"training group {spec.name!r} needs about {needed:.0f} MiB ({parts}) but this machine has only "
+            f"{available:.0f} MiB available (MemAvailable in /proc/meminfo); launch fewer tasks, free memory, "
+            "or use the kubernetes backend"
+        )
+    trainers = spec.replicas("worker") + spec.replicas("chief")
+    cores = len(os.sched_getaffinity(0))
+    if trainers > cores:
+        log.warning("training group %r has %d training tasks for %d CPU core(s): they share the cores, so each "
+                    "trains slower and the group may be no faster than %d worker(s) would be", spec.name,
+                    trainers, cores, cores)
+
+
 class GroupDir:
     """Paths of one group's directory."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.spec = self.path / "spec.json"
+        self.owner = self.path / "owner.json"
         self.state = self.path / "state.json"
         self.logs = self.path / "logs"
         self.requests = self.path / "requests"
@@ -132,6 +214,33 @@ class GroupDir:
 
     def exists(self) -> bool:
         return self.spec.exists()
+
+
+def archive_logs(path: Path) -> Path | None:
+    """Copy the group's task and supervisor logs into its attempt's logs directory
+    (``<run_dir>/logs/attempt-<N>/<group>-<role>-<index>.log``); each file is replaced whole."""
+    group = GroupDir(path)
+    saved = read_json(group.spec) or {}
+    target = saved.get("logs_dir")
+    if not target:
+        return None
+    target = Path(target)
+    target.mkdir(parents=True, exist_ok=True)
+    name = group.path.name if not group.path.name.startswith(".") else saved["spec"]["name"]
+    for source in [*sorted(group.logs.glob("*.log")), group.supervisor_log]:
+        if source.exists():
+            copy = target / f"{name}-{source.name}"
+            tmp = copy.with_name(f".{copy.name}.tmp")
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, copy)
+    return target
+
+
+def _local_path(uri: str) -> Path | None:
+    """A local directory from a path or ``file://`` URI; None for remote storage."""
+    if uri.startswith("file://"):
+        return Path(uri[len("file://"):])
+    return None if "://" in uri else Path(uri)
 
 
 def _signal_process(pid: int, start_time: int | None, signum: int, group: bool = False) -> None:
@@ -192,29 +301,35 @@ class LocalBackend:
     def launch(self, spec: GroupSpec, owner_pid: int | None = None) -> GroupRef:
         """Start the group's supervisor, which starts every task.
 
-        Idempotent: an existing group of this name is returned as it is. ``owner_pid`` ties
-        the group to a process: when it exits (even by SIGKILL) the group is torn down
-        (``airflow-tf run`` passes its own pid; Airflow leaves it None, so the group outlives
-        the launching task)."""
+        Idempotent: a live group of this name is returned as it is. A group whose supervisor
+        has ended (its launcher was killed, it failed, it finished) is stale: its logs are
+        kept and it is replaced by a fresh attempt at once.
+
+        The group is tied to ``owner_pid`` (default: this process) until :meth:`hand_over`:
+        when that process exits, even by SIGKILL, the group is torn down."""
         spec.validate()
-        existing = self.find(spec.name)
-        if existing is not None:
-            return existing
+        group = self._dir(spec.name)
+        saved = read_json(group.spec)
+        if saved is not None and self._is_live(group, saved):
+            return self._ref(spec.name, saved["spec"].get("success_policy", "AllWorkers"))
         _check_inputs(spec)
+        check_capacity(spec)
+        owner_pid = os.getpid() if owner_pid is None else owner_pid
+        owner = {"pid": owner_pid, "start_time": process_start_time(owner_pid)}
+        if owner["start_time"] is None:
+            raise BackendError(f"owner process {owner_pid} is not running")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".launching-{spec.name}-", dir=self.state_dir))
-        owner = None
-        if owner_pid is not None:
-            owner = {"pid": owner_pid, "start_time": process_start_time(owner_pid)}
-            if owner["start_time"] is None:
-                raise BackendError(f"owner process {owner_pid} is not running")
         try:
             for sub in ("logs", "requests"):
                 (staging / sub).mkdir()
-            write_json_atomic(staging / "spec.json", {"spec": spec.to_dict(), "owner": owner,
-                                                       "launched_at": time.time()})
+            previous = self._retire(group, staging) if saved is not None else 0
+            attempt, logs_dir = _reserve_attempt(spec, previous + 1)
+            write_json_atomic(staging / "owner.json", owner)
+            write_json_atomic(staging / "spec.json", {"spec": spec.to_dict(), "launched_at": time.time(),
+                                                       "attempt": attempt, "logs_dir": logs_dir})
             try:
-                os.rename(staging, self.state_dir / spec.name)
+                os.rename(staging, group.path)
             except OSError as err:
                 if err.errno in (errno.EEXIST, errno.ENOTEMPTY):
                     # Another launcher won the race: attach to its group.
@@ -222,29 +337,84 @@ class LocalBackend:
                 raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        group = self._dir(spec.name)
-        self._start_supervisor(group)
+        self._start_supervisor(group, spec)
         return self._ref(spec.name, spec.success_policy)
 
-    def _start_supervisor(self, group: GroupDir) -> None:
-        env = dict(os.environ, **{STATE_DIR_ENV: str(self.state_dir), "PYTHONUNBUFFERED": "1"})
-        with open(group.supervisor_log, "ab") as log:
+    def hand_over(self, ref: GroupRef) -> None:
+        """Untie the group from the process that launched it: from now on it runs until it
+        ends or is torn down, whatever happens to that process."""
+        group = self._dir(ref.name)
+        if group.exists():
+            write_json_atomic(group.owner, None)
+
+    def _is_live(self, group: GroupDir, saved: dict[str, Any]) -> bool:
+        """Whether a group of this name is running (or still starting): re-attach to it."""
+        state = read_json(group.state)
+        if state is None:
+            return time.time() - saved["launched_at"] <= NEVER_STARTED_AFTER
+        sup = state["supervisor"]
+        if sup["state"] != "running" or not is_running(sup["pid"], sup["start_time"]):
+            return False
+        owner = read_json(group.owner)
+        if owner and not is_running(owner["pid"], owner["start_time"]):
+            # Its launcher died before handing it over: the supervisor is stopping it now.
+            self._wait_gone(sup["pid"], sup["start_time"], TEARDOWN_TIMEOUT)
+            return False
+        return True
+
+    def _retire(self, group: GroupDir, staging: Path) -> int:
+        """Remove a stale group, keeping its logs (in its run directory, else in the new
+        attempt's ``attempts/<N>/``); returns its attempt number."""
+        trash = self.state_dir / f".stale-{group.path.name}-{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(group.path, trash)
+        except FileNotFoundError:
+            return 0
+        old = GroupDir(trash)
+        saved = read_json(old.spec) or {}
+        attempt = int(saved.get("attempt", 1))
+        state = read_json(old.state) or {}
+        stop_processes((p["pid"], p["start_time"]) for p in state.get("processes", {}).values())
+        if archive_logs(trash) is None:
+            kept = staging / "attempts" / str(attempt)
+            kept.mkdir(parents=True)
+            for source in [*old.logs.glob("*.log"), old.supervisor_log]:
+                if source.exists():
+                    os.rename(source, kept / source.name)
+        shutil.rmtree(trash, ignore_errors=True)
+        log.info("training group %r: attempt %d had ended (%s); starting attempt %d", group.path.name, attempt,
+                 GroupStatus.from_dict(state["status"]).failure or "finished" if state else "never started",
+                 attempt + 1)
+        return attempt
+
+    def _start_supervisor(self, group: GroupDir, spec: GroupSpec) -> None:
+        env = dict(task_environment(spec.pass_env), **{STATE_DIR_ENV: str(self.state_dir), "PYTHONUNBUFFERED": "1"})
+        with open(group.supervisor_log, "ab") as out:
             # The supervisor forks once more and its first process exits at once, so the
             # daemon is nobody's child here: no zombie in a long-lived launcher, and the
             # group survives the launcher.
             started = subprocess.run(
                 [sys.executable, "-m", SUPERVISOR_MODULE, str(group.path)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
                 start_new_session=True, timeout=LAUNCH_TIMEOUT, check=False,
             )
         deadline = time.monotonic() + LAUNCH_TIMEOUT
         while started.returncode == 0 and not group.state.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
-        if not group.state.exists():
+        state = read_json(group.state)
+        if state is None:
             raise BackendError(
                 f"the supervisor of group {group.path.name!r} did not start; its log "
                 f"{group.supervisor_log} ends with:\n{tail_text(group.supervisor_log, 20)}"
             )
+        isolation = state.get("isolation") or {}
+        if isolation.get("warning"):
+            log.warning("%s", isolation["warning"])
+
+    def logs_dir(self, ref: GroupRef) -> Path | None:
+        """Where this attempt's logs are copied: ``<run_dir>/logs/attempt-<N>/`` (None without a run directory)."""
+        saved = read_json(self._dir(ref.name).spec) or {}
+        return Path(saved["logs_dir"]) if saved.get("logs_dir") else None
 
     # -- status -----------------------------------------------------------------------------
     def status(self, ref: GroupRef) -> GroupStatus:
@@ -313,6 +483,7 @@ class LocalBackend:
         if deleted is None:
             deleted = self._stop_without_supervisor(group, roles)
         if roles is None:
+            archive_logs(group.path)
             self._remove(group)
         return deleted
 
@@ -384,11 +555,34 @@ class LocalBackend:
         shutil.rmtree(trash, ignore_errors=True)
 
 
+def _reserve_attempt(spec: GroupSpec, attempt: int) -> tuple[int, str | None]:
+    """The first attempt number from ``attempt`` on whose ``<run_dir>/logs/attempt-<N>/`` does not
+    exist yet, and that directory, created here so no later attempt overwrites its logs."""
+    run_dir = _local_path(spec.training.run_dir) if spec.training is not None else None
+    if run_dir is None:
+        return attempt, None
+    while True:
+        target = run_dir.resolve() / "logs" / f"attempt-{attempt}"
+        try:
+            target.mkdir(parents=True)
+            return attempt, str(target)
+        except FileExistsError:
+            attempt += 1
+
+
 def _check_inputs(spec: GroupSpec) -> None:
-    """Refuse, before anything starts, a dataset that is not committed and a run directory
-    that cannot be created."""
+    """Refuse, before anything starts, a dataset that is not committed, a run directory that
+    cannot be created, and remote storage that a network-isolated group could not reach."""
     if spec.training is None:
         return
+    if spec.isolate_network:
+        for what, uri in (("dataset", spec.training.dataset), ("run directory", spec.training.run_dir)):
+            if _local_path(uri) is None:
+                raise BackendError(
+                    f"{what} {uri!r} is on remote storage, which a local group cannot reach from its private "
+                    "network namespace; use a local path, or set isolate_network=False (its unauthenticated "
+                    "gRPC ports then listen on every interface: firewall them)"
+                )
     from airflow_tf.data import load_schema
 
     load_schema(spec.training.dataset)

@@ -13,9 +13,12 @@ threaded) process, so if the supervisor dies, even by SIGKILL, the kernel kills 
 from __future__ import annotations
 
 import ctypes
+import errno
+import fcntl
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -30,7 +33,8 @@ from airflow_tf.cluster import (
 from airflow_tf.cluster.progress import describe, parse_progress
 
 from .local import (
-    STATE_DIR_ENV, STOP_GRACE, GroupDir, is_running, process_start_time, read_json, tail_text, write_json_atomic,
+    STATE_DIR_ENV, STOP_GRACE, GroupDir, archive_logs, is_running, process_start_time, read_json, tail_text,
+    write_json_atomic,
 )
 
 TICK = 0.25
@@ -38,8 +42,61 @@ TICK = 0.25
 WAKE_SIGNALS = {signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 PR_SET_PDEATHSIG = 1
 PROGRESS_TAIL_BYTES = 64 * 1024
+TRAINING_ROLES = ("chief", "worker")
+CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+def isolate_network(unshare=None) -> str | None:
+    """Move this single-threaded process (and every child it starts later) into a new network
+    namespace with only loopback, up. As root a network namespace suffices; otherwise a user
+    namespace owning it maps this user to itself. Returns None, or why it was refused."""
+    unshare = unshare or _libc.unshare
+    refused = []
+    if os.geteuid() == 0:
+        if unshare(CLONE_NEWNET) == 0:
+            _loopback_up()
+            return None
+        refused.append(f"unshare(CLONE_NEWNET): {os.strerror(ctypes.get_errno() or errno.EPERM)}")
+    uid, gid = os.geteuid(), os.getegid()
+    if unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+        refused.append(f"unshare(CLONE_NEWUSER|CLONE_NEWNET): {os.strerror(ctypes.get_errno() or errno.EPERM)}")
+        return "; ".join(refused)
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+    _loopback_up()
+    return None
+
+
+def _loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+def isolation_warning(group: str, refused: str) -> str:
+    return (
+        f"training group {group!r} is NOT network-isolated: this system refused a private network namespace "
+        f"({refused}). Its TensorFlow gRPC ports listen on every interface without authentication, so anyone "
+        "who can reach this machine can run operations in its tasks (read and write their files, read their "
+        "environment). Remedy: allow user namespaces (sysctl user.max_user_namespaces > 0, "
+        "kernel.unprivileged_userns_clone=1) or give the launcher CAP_SYS_ADMIN; until then firewall this "
+        "machine's ports, or set isolate_network=False to accept the risk explicitly."
+    )
+
+
+def cpu_ticks(pid: int) -> int | None:
+    """User + system CPU time of ``pid`` in clock ticks (None when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[11]) + int(fields[12])
 
 
 def free_ports(count: int) -> list[int]:
@@ -75,6 +132,11 @@ class Task:
     proc: subprocess.Popen | None = None
     start_time: int | None = None
     deleted: bool = False
+    last_progress: float = 0.0
+    """Monotonic time of the task's last sign of progress (its start, a new global step, CPU time)."""
+    progress_mark: Any = None
+    """What progress is measured against: the chief's global step, another trainer's CPU time."""
+    stalled: bool = False
 
     def status(self) -> TaskStatus:
         return TaskStatus(self.role, self.index, self.name, self.phase, self.restarts, self.exit_code, self.reason)
@@ -89,7 +151,8 @@ class Supervisor:
         self.group = group
         saved = read_json(group.spec)
         self.spec = GroupSpec.from_dict(saved["spec"])
-        self.owner = saved.get("owner")
+        self.isolation: dict[str, Any] = {"network": "shared", "warning": None}
+        self.workers_done_at: float | None = None
         self.tasks = [
             Task(role, index, task_name(self.spec.name, role, index), self.spec.roles[role].restart_policy)
             for role, index in self.spec.tasks()
@@ -108,6 +171,11 @@ class Supervisor:
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, WAKE_SIGNALS)
+        if self.spec.isolate_network:
+            refused = isolate_network()
+            self.isolation = {"network": "shared" if refused else "private",
+                              "warning": isolation_warning(self.spec.name, refused) if refused else None}
+            print(self.isolation["warning"] or "network: private namespace, loopback only", flush=True)
         self.write_state()
         self.start(self.tasks, new_ports=True)
         self.write_state()
@@ -121,10 +189,13 @@ class Supervisor:
             self.check_deadline()
             self.check_owner()
             self.read_progress()
+            self.check_progress()
+            self.stop_idle_ps()
             if all(t.terminal or t.deleted for t in self.tasks):
                 self.running = False
             self.write_state()
         self.write_state()
+        archive_logs(self.group.path)
 
     # -- tasks ------------------------------------------------------------------------------
     def start(self, tasks: list[Task], new_ports: bool = False) -> None:
@@ -160,12 +231,14 @@ class Supervisor:
                 return
         task.start_time = process_start_time(task.proc.pid)
         task.phase, task.exit_code = Phase.RUNNING, None
+        task.last_progress, task.progress_mark, task.stalled = time.monotonic(), None, False
 
     def stop(self, tasks: list[Task]) -> None:
         """SIGTERM, then SIGKILL after a short grace; returns when every one is reaped."""
         live = [t for t in tasks if t.proc is not None]
         for t in live:
             _kill_group(t.proc, signal.SIGTERM)
+            _kill_group(t.proc, signal.SIGCONT)  # a stopped process handles SIGTERM only once continued
         deadline = time.monotonic() + STOP_GRACE
         while any(t.proc.poll() is None for t in live) and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -187,10 +260,13 @@ class Supervisor:
         if code == 0:
             task.phase = Phase.SUCCEEDED  # a reason left from a restart still says why it restarted
             return
-        why = describe_exit(code)
-        line = last_line(self.group.log(task.role, task.index))
-        if line:
-            why += f"; last log line: {line}"
+        if task.stalled:
+            why = f"no progress for {self.spec.progress_timeout:g} s (stopped by the watchdog)"
+        else:
+            why = describe_exit(code)
+            line = last_line(self.group.log(task.role, task.index))
+            if line:
+                why += f"; last log line: {line}"
         if task.role == "ps" and self.succeeded():
             # Nothing needs a parameter server once training is done.
             task.phase, task.reason = Phase.SUCCEEDED, f"stopped after training finished ({why})"
@@ -242,8 +318,51 @@ class Supervisor:
                           "raise active_deadline_seconds or train for fewer steps")
 
     def check_owner(self) -> None:
-        if self.owner and self.running and not is_running(self.owner["pid"], self.owner["start_time"]):
-            self.shutdown(f"the launching process (pid {self.owner['pid']}) exited, so its group was stopped")
+        """Until the group is handed over (``owner.json`` null), it ends with its launcher."""
+        owner = read_json(self.group.owner)
+        if not owner or not self.running or is_running(owner["pid"], owner["start_time"]):
+            return
+        if read_json(self.group.owner) == owner:  # not handed over just before the owner exited
+            self.shutdown(f"the launching process (pid {owner['pid']}) exited before handing the group over, "
+                          "so its group was stopped")
+
+    def check_progress(self) -> None:
+        """Restart (under its restart policy) a training task with no progress for
+        ``progress_timeout`` seconds: the chief's global step must change; the other trainers,
+        which report no steps of their own, must use CPU time (a stopped or hung process uses none)."""
+        timeout = self.spec.progress_timeout
+        if timeout is None or not self.running:
+            return
+        now = time.monotonic()
+        trainers = [t for t in self.tasks if t.role in TRAINING_ROLES and t.proc is not None]
+        for task in trainers:
+            mark = (self.progress or {}).get("global_step") if task is self.chief else cpu_ticks(task.proc.pid)
+            if mark is not None and mark != task.progress_mark:
+                task.progress_mark, task.last_progress = mark, now
+        # Others first: a stalled worker also stalls the chief's global step in sync mode.
+        stalled = [t for t in trainers if t is not self.chief and now - t.last_progress >= timeout]
+        if not stalled and self.chief in trainers and now - self.chief.last_progress >= timeout:
+            stalled = [self.chief]
+        if stalled and self.chief not in stalled:
+            self.chief.last_progress = now
+        for task in stalled:
+            task.stalled = True
+            self.stop([task])
+            self.exited(task, task.exit_code)
+
+    def stop_idle_ps(self) -> None:
+        """Once no training task runs any more, stop the parameter servers (and an evaluator)
+        after ``ps_grace_seconds``: nothing needs them, and nobody else may come to stop them."""
+        if not self.running or any(t.role in TRAINING_ROLES and not t.terminal and not t.deleted for t in self.tasks):
+            return
+        now = time.monotonic()
+        self.workers_done_at = self.workers_done_at or now
+        idle = [t for t in self.tasks if t.proc is not None and t.role not in TRAINING_ROLES]
+        if idle and now - self.workers_done_at >= self.spec.ps_grace_seconds:
+            self.stop(idle)
+            for t in idle:
+                t.phase = Phase.SUCCEEDED
+                t.reason = f"stopped by the supervisor {self.spec.ps_grace_seconds:g} s after the workers finished"
 
     def serve_requests(self) -> None:
         pending = sorted(self.group.requests.glob("*.json"), key=lambda p: p.stat().st_mtime)
@@ -291,6 +410,7 @@ class Supervisor:
                 for t in self.tasks if t.proc is not None
             },
             "restarts": self.restarts,
+            "isolation": self.isolation,
         }
         if state != self.last_written:
             write_json_atomic(self.group.state, state)

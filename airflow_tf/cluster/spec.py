@@ -6,6 +6,8 @@ and the tests share one definition and one validation."""
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -21,6 +23,9 @@ RESTART_POLICIES = ("Never", "OnFailure", "ExitCode")
 SUCCESS_POLICIES = ("AllWorkers", "ChiefOrWorker0")
 DEFAULT_PORT = 2222
 RUNTIME_COMMAND = ("python", "-m", "airflow_tf.runtime")
+DEFAULT_PROGRESS_TIMEOUT = 300.0
+DEFAULT_PS_GRACE_SECONDS = 5.0
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class SpecError(ValueError):
@@ -38,6 +43,13 @@ def is_retryable_exit(policy: str, exit_code: int) -> bool:
     if policy == "OnFailure":
         return True
     return exit_code < 0 or exit_code > 128
+
+
+def _positive(value: Any, zero: bool = False) -> bool:
+    """A finite number > 0 (>= 0 with ``zero``); booleans are not numbers here."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return value >= 0 if zero else value > 0
 
 
 def describe_exit(exit_code: int) -> str:
@@ -84,6 +96,19 @@ class GroupSpec:
     port: int = DEFAULT_PORT
     labels: dict[str, str] = field(default_factory=dict)
     """Extra labels (Airflow dag/task/run ids) stamped on every task of the group."""
+    pass_env: list[str] = field(default_factory=list)
+    """Names of the launcher's environment variables passed on to every task (local backend).
+    Tasks otherwise get only what TensorFlow and the runtime need, never the launcher's
+    Airflow settings, connections or secrets."""
+    progress_timeout: float | None = DEFAULT_PROGRESS_TIMEOUT
+    """Seconds a training task may go without progress before it is restarted under its
+    restart policy (None: never)."""
+    ps_grace_seconds: float = DEFAULT_PS_GRACE_SECONDS
+    """Seconds the parameter servers run on after the last worker finished, before the
+    group itself stops them (local backend)."""
+    isolate_network: bool = True
+    """Run a local group in a private network namespace (loopback only), so nothing off this
+    machine reaches its unauthenticated gRPC ports."""
 
     def __post_init__(self) -> None:
         self.roles = {
@@ -98,6 +123,8 @@ class GroupSpec:
     @classmethod
     def for_training(cls, name: str, training: TrainingConfig, *, ps: int = 1, workers: int = 2,
                      chief: int = 0, evaluator: int = 0, **options: Any) -> "GroupSpec":
+        if training.mode == "coordinator":  # the chief drives the workers (which never exit): its exit decides
+            chief, options["success_policy"] = max(chief, 1), "ChiefOrWorker0"
         roles = {"ps": RoleSpec(replicas=ps, restart_policy="OnFailure"), "worker": RoleSpec(replicas=workers)}
         if chief:
             roles["chief"] = RoleSpec(replicas=chief)
@@ -144,6 +171,11 @@ class GroupSpec:
             errors.append(f"roles.chief.replicas: at most one chief, got {self.replicas('chief')}")
         if self.replicas("evaluator") > 1:
             errors.append(f"roles.evaluator.replicas: at most one evaluator, got {self.replicas('evaluator')}")
+        if self.training is not None and self.training.mode == "coordinator" and (
+            self.replicas("chief") != 1 or self.success_policy != "ChiefOrWorker0"
+        ):
+            errors.append("training.mode: coordinator mode needs one chief (it drives the workers, which never "
+                          "exit by themselves) and success_policy 'ChiefOrWorker0'; GroupSpec.for_training sets both")
         if self.training is not None and self.replicas("ps") < 1:
             errors.append("roles.ps.replicas: parameter-server training needs at least one ps task")
         if self.training is not None and self.training.replicas_to_aggregate is not None:
@@ -159,6 +191,22 @@ class GroupSpec:
             errors.append(f"active_deadline_seconds: must be positive, got {self.active_deadline_seconds}")
         if self.success_policy not in SUCCESS_POLICIES:
             errors.append(f"success_policy: {self.success_policy!r} is not one of {', '.join(SUCCESS_POLICIES)}")
+        if not isinstance(self.pass_env, (list, tuple)) or not all(
+            isinstance(n, str) and _ENV_NAME.fullmatch(n) for n in self.pass_env
+        ):
+            errors.append(f"pass_env: must be a list of environment variable names, got {self.pass_env!r}")
+        if self.progress_timeout is not None:
+            if not _positive(self.progress_timeout):
+                errors.append(f"progress_timeout: must be a positive number of seconds or None, got {self.progress_timeout!r}")
+            elif self.training is not None and self.progress_timeout <= 2 * self.training.log_every_secs:
+                errors.append(
+                    f"progress_timeout: {self.progress_timeout:g} s must exceed twice training.log_every_secs "
+                    f"({self.training.log_every_secs:g} s): the chief reports its progress that often"
+                )
+        if not _positive(self.ps_grace_seconds, zero=True):
+            errors.append(f"ps_grace_seconds: must be a number of seconds >= 0, got {self.ps_grace_seconds!r}")
+        if not isinstance(self.isolate_network, bool):
+            errors.append(f"isolate_network: must be true or false, got {self.isolate_network!r}")
         if not isinstance(self.port, int) or not 1 <= self.port <= 65535:
             errors.append(f"port: must be a TCP port 1-65535, got {self.port!r}")
         if self.training is None and any(s.command is None for r, s in self.roles.items() if s.replicas):
