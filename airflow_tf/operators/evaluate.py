@@ -1,21 +1,24 @@
-"""EvaluateModelOperator and ExportSavedModelOperator: thin adapters over ``airflow_tf.serving``."""
+"""EvaluateModelOperator and ExportSavedModelOperator: thin adapters over ``airflow_tf.serving``
+(imported inside ``execute``: importing these operators imports no TensorFlow)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from airflow_tf.cluster import TrainingConfig
+from airflow_tf.cluster.results import EvaluationResult, ExportResult, LaunchResult
 from airflow_tf.storage import models_dir
 
+from .common import is_template, model_asset, no_retry_for
 
-def _launch_result(value: Any) -> tuple[str, str, TrainingConfig]:
-    """(run_dir, dataset, training config) from the launch task's XCom."""
-    if not isinstance(value, dict) or not {"run_dir", "dataset", "training"} <= set(value):
-        raise ValueError(f"launch: expected the launch task's XCom (launch.output), got {value!r}")
-    return value["run_dir"], value["dataset"], TrainingConfig.from_dict(value["training"])
+
+def _launch_result(value: Any) -> LaunchResult:
+    """The launch task's XCom (``launch.output``) as a LaunchResult; a wrong value fails at once."""
+    with no_retry_for(ValueError, what="launch"):
+        return LaunchResult.from_dict(value)
 
 
 def _serving_base(value: str | None) -> str:
@@ -24,12 +27,20 @@ def _serving_base(value: str | None) -> str:
 
 class EvaluateModelOperator(BaseOperator):
     """Evaluates the final checkpoint on the eval split; writes ``metrics.json`` and a
-    training-curve PNG in the run directory; returns the metrics with ``blessed``.
+    training-curve PNG in the run directory; returns (XCom) an
+    :class:`~airflow_tf.cluster.results.EvaluationResult` as a dict: the metrics and ``blessed``.
+
+    Options that cannot work (bad thresholds, a model that cannot be rebuilt) fail the task
+    without retries.
 
     :param launch: the launch task's XCom (``launch.output``).
     :param thresholds: e.g. ``{"accuracy": {"min": 0.9}}`` or ``{"mse": {"max": 1.0}}``.
     :param compare_to_served: also require the new model to be at least as good as the latest
         version exported under ``serving_base/model_name`` (continuous retraining).
+    :param serving_base: where exported models live; default ``<storage>/models``.
+    :param model_name: the served model to compare with (``compare_to_served``).
+    :param comparison_metric: the metric compared with the served model; default ``mse`` for
+        regression, ``accuracy`` for classification.
     """
 
     template_fields: Sequence[str] = ("launch", "thresholds", "serving_base", "model_name")
@@ -49,26 +60,43 @@ class EvaluateModelOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_tf import serving
 
-        run_dir, dataset, config = _launch_result(self.launch)
+        launch = _launch_result(self.launch)
+        config = launch.training_config()
         baseline = None
-        if self.compare_to_served:
-            if not self.model_name:
-                raise ValueError("compare_to_served=True needs model_name= (the served model to compare with)")
-            baseline = serving.served_baseline(_serving_base(self.serving_base), self.model_name, dataset, config,
-                                               metric=self.comparison_metric)
-            self.log.info("served model: %s", baseline or "none yet (the first export is compared with thresholds only)")
-        metrics = serving.evaluate_checkpoint(run_dir, dataset, config, thresholds=self.thresholds, baseline=baseline)
-        self.log.info("evaluation of %s: %s", run_dir, metrics)
-        self.log.info("model %s", "BLESSED" if metrics["blessed"] else f"NOT blessed: {metrics.get('reasons')}")
-        return metrics
+        with no_retry_for(ValueError, serving.EvaluationError, what="evaluation refused"):
+            if self.compare_to_served:
+                if not self.model_name:
+                    raise ValueError("compare_to_served=True needs model_name= (the served model to compare with)")
+                baseline = serving.served_baseline(_serving_base(self.serving_base), self.model_name, launch.dataset,
+                                                   config, metric=self.comparison_metric)
+                self.log.info("served model: %s",
+                              baseline or "none yet (the first export is compared with thresholds only)")
+            result = EvaluationResult.from_dict(serving.evaluate_checkpoint(
+                launch.run_dir, launch.dataset, config, thresholds=self.thresholds, baseline=baseline))
+        self.log.info("evaluation of %s: %s", launch.run_dir, result.metrics)
+        self.log.info("model %s", "BLESSED" if result.blessed else f"NOT blessed: {result.reasons}")
+        return result.to_dict()
 
 
 class ExportSavedModelOperator(BaseOperator):
     """Exports the evaluated checkpoint as ``<serving_base>/<model_name>/<version>/`` (a
     SavedModel with a ``serving_default`` signature on the raw features), atomically, after
     loading it back and checking its predictions. Only a blessed model is exported: an
-    unblessed one skips this task (``on_unblessed="skip"``) or fails it (``"fail"``), unless
-    ``force=True``.
+    unblessed one skips this task (``on_unblessed="skip"``) or fails it without retries
+    (``"fail"``), unless ``force=True``. Returns (XCom) an
+    :class:`~airflow_tf.cluster.results.ExportResult` as a dict.
+
+    Each published version updates the asset ``airflow_tf.model.<model_name>`` (extra:
+    ``version``, ``path``, ``metrics``), so a deployment DAG can be scheduled on new models
+    (``schedule=[model_asset("...")]``, from ``airflow_tf.operators``).
+
+    :param launch: the launch task's XCom (``launch.output``).
+    :param model_name: the served model's name, the directory under ``serving_base``.
+    :param metrics: the evaluate task's XCom (``evaluate.output``); default the run's
+        ``metrics.json``.
+    :param serving_base: TensorFlow Serving's model base path; default ``<storage>/models``.
+    :param force: export even an unblessed model.
+    :param on_unblessed: ``skip`` (default) or ``fail``.
     """
 
     template_fields: Sequence[str] = ("launch", "metrics", "serving_base", "model_name")
@@ -76,6 +104,8 @@ class ExportSavedModelOperator(BaseOperator):
 
     def __init__(self, *, launch: Any, model_name: str, metrics: Any = None, serving_base: str | None = None,
                  force: bool = False, on_unblessed: str = "skip", **kwargs: Any) -> None:
+        if not is_template(model_name) and "outlets" not in kwargs:
+            kwargs["outlets"] = [model_asset(model_name)]
         super().__init__(**kwargs)
         if on_unblessed not in ("skip", "fail"):
             raise ValueError(f"on_unblessed: {on_unblessed!r} is not 'skip' or 'fail'")
@@ -89,13 +119,24 @@ class ExportSavedModelOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_tf import serving
 
-        run_dir, dataset, config = _launch_result(self.launch)
-        if self.metrics is not None and not self.metrics.get("blessed") and not self.force:
-            message = (f"model not blessed ({self.metrics.get('reasons')}); not exported. "
+        launch = _launch_result(self.launch)
+        with no_retry_for(ValueError, what="metrics"):
+            given = json.loads(self.metrics) if isinstance(self.metrics, str) else self.metrics  # rendered as text
+            metrics = None if given is None else EvaluationResult.from_dict(given)
+        if metrics is not None and not metrics.blessed and not self.force:
+            message = (f"model not blessed ({metrics.reasons}); not exported. "
                        "Pass force=True to export it anyway.")
             if self.on_unblessed == "skip":
                 raise AirflowSkipException(message)
-        result = serving.export_saved_model(run_dir, dataset, config, _serving_base(self.serving_base),
-                                            self.model_name, metrics=self.metrics, force=self.force)
-        self.log.info("exported %s version %s to %s", self.model_name, result["version"], result["path"])
-        return result
+            raise AirflowFailException(message)
+        with no_retry_for(ValueError, serving.NotBlessedError, what="export refused"):
+            result = ExportResult.from_dict(serving.export_saved_model(
+                launch.run_dir, launch.dataset, launch.training_config(), _serving_base(self.serving_base),
+                self.model_name, metrics=None if metrics is None else metrics.to_dict(), force=self.force))
+        self.log.info("exported %s version %s to %s", self.model_name, result.version, result.path)
+        asset = model_asset(self.model_name)
+        if any(getattr(outlet, "name", None) == asset.name for outlet in self.outlets):
+            context["outlet_events"][asset].extra = {
+                "version": result.version, "path": result.path, "metrics": result.metrics,
+            }
+        return result.to_dict()

@@ -7,51 +7,148 @@ from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator
 
-from airflow_tf.backends import GroupRef, backend_for, get_backend
-from airflow_tf.cluster import GroupSpec, TrainingConfig, group_name, label_value
+from airflow_tf.backends import BackendError, GroupRef, backend_for, get_backend
+from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name, label_value
+from airflow_tf.cluster.results import LaunchResult
 from airflow_tf.cluster.training import dataset_uri_of
 from airflow_tf.storage import runs_dir
 
+from .common import no_retry_for, resolved_backend_options
+
+# Every TrainingConfig option a DAG author sets is an explicit parameter of the operator, so
+# Airflow's .partial()/.expand() validation sees it; dataset, run_dir and sync are group-level
+# parameters, and code_dir is written by the launch itself.
+TRAINING_OPTIONS = (
+    "model", "model_kwargs", "loss", "optimizer", "learning_rate", "batch_size", "steps", "epochs",
+    "replicas_to_aggregate", "checkpoint_every_secs", "log_every_secs", "intra_op_threads", "inter_op_threads",
+    "seed", "warm_start_from", "mode", "devices_per_worker", "on_nan", "operation_timeout_secs",
+    "summary_every_steps",
+)
+
+
+def _whole(value: Any, name: str, low: int) -> int:
+    """A count that may arrive as rendered template text ("2")."""
+    try:
+        number = int(str(value).strip()) if isinstance(value, str) else value
+    except ValueError:
+        number = None
+    if isinstance(number, bool) or not isinstance(number, int) or number < low:
+        raise ValueError(f"{name}: expected a whole number >= {low}, got {value!r}")
+    return number
+
+
+def _flag(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", "", "none"):
+        return False
+    raise ValueError(f"{name}: expected true or false, got {value!r}")
+
 
 class LaunchTFClusterOperator(BaseOperator):
-    """Launches a TensorFlow training group and returns (XCom) its reference.
+    """Launches a TensorFlow training group and returns (XCom) a
+    :class:`~airflow_tf.cluster.results.LaunchResult` as a dict.
 
-    The group name derives from the dag id, task id and run id, so a retry or second try of
-    this task finds the group it already launched and re-attaches instead of starting another.
+    The group name derives from the dag id, task id, run id and map index, so a retry of this
+    task finds the group it already launched and re-attaches instead of starting another, and
+    each mapped instance (``.partial(...).expand(learning_rate=[...])``) trains its own group
+    in its own run directory.
+
+    Every parameter is templated; every one works in ``.partial()`` and ``.expand()``.
 
     :param dataset: dataset directory, or the prepare task's XCom (``prepare.output``).
-    :param run_dir: checkpoints and event files; default ``<storage>/runs/<group>`` (see airflow_tf.storage).
-    :param ps: parameter-server tasks; :param workers: worker tasks; :param chief: 0 or 1.
+    :param model: a built-in model (``linear_regression``, ``mlp_classifier``) or
+        ``package.module:function`` returning a Keras model. A module kept next to the DAG file
+        is snapshotted into the run directory, so every task imports it from there.
+    :param steps: target global step (set ``steps`` or ``epochs``).
+    :param epochs: passes over the training split, instead of ``steps``.
+    :param learning_rate: the optimizer's learning rate.
+    :param batch_size: examples per worker per step.
+    :param optimizer: ``sgd``, ``adam``, ``adagrad`` or ``rmsprop``.
+    :param loss: Keras loss name; None lets the model decide (mse for regression, sparse
+        categorical cross-entropy for classes).
+    :param model_kwargs: keyword arguments of the model function.
+    :param ps: parameter-server tasks.
+    :param workers: worker tasks.
+    :param chief: 0, or 1 for a separate chief task (required by ``mode="coordinator"``).
     :param sync: synchronous updates (``SyncReplicasOptimizer``) instead of asynchronous.
+    :param replicas_to_aggregate: sync mode: gradients aggregated per step (below the worker
+        count, a slow worker stalls no one).
+    :param mode: ``between_graph`` (each worker drives itself) or ``coordinator`` (the chief
+        drives the group with ``ParameterServerStrategy``; asynchronous only).
+    :param devices_per_worker: towers per worker, gradients averaged before the update;
+        None: the worker's GPUs, else 1.
+    :param on_nan: a loss that becomes NaN/inf fails the run (``fail``) or stops it keeping the
+        last finite checkpoint (``stop``).
+    :param warm_start_from: run directory or checkpoint prefix to initialise the weights from.
+    :param checkpoint_every_secs: seconds between checkpoints.
+    :param log_every_secs: seconds between progress lines in the task logs.
+    :param summary_every_steps: TensorBoard summaries every N global steps.
+    :param operation_timeout_secs: a session step stuck longer errors and the session recovers.
+    :param intra_op_threads: threads per TensorFlow op in each task.
+    :param inter_op_threads: TensorFlow ops run at once in each task.
+    :param seed: random seed of the model and the input pipeline.
+    :param run_dir: checkpoints and event files; default ``<storage>/runs/<group name>``.
     :param backend: ``local`` (processes on this machine) or ``kubernetes``.
-    :param backend_options: e.g. ``{"state_dir": ...}`` for local, or ``{"kubernetes_conn_id": ...,
-        "namespace": ...}`` for kubernetes.
+    :param backend_options: e.g. ``{"state_dir": ...}`` for local, or ``{"kubernetes_conn_id":
+        ..., "namespace": ...}`` for kubernetes.
+    :param image: the training image (kubernetes).
     :param role_options: per role ``RoleSpec`` fields: ``{"worker": {"resources": {...}}}``.
-    Other keyword arguments of :class:`~airflow_tf.cluster.TrainingConfig` (model, steps, epochs,
-    batch_size, learning_rate, optimizer, loss, model_kwargs, replicas_to_aggregate,
-    warm_start_from, ...) are passed through as ``training``.
+    :param backoff_limit: restarts of a failed task before the group fails.
+    :param active_deadline_seconds: the group fails when it runs longer than this.
+    :param success_policy: ``AllWorkers`` (default) or ``ChiefOrWorker0``.
+    :param port: the gRPC port of each task (kubernetes; local tasks get free ports).
+    :param group_name: a fixed group name instead of the derived one.
     """
 
-    template_fields: Sequence[str] = ("dataset", "run_dir", "training", "backend_options", "image", "group_name")
-    template_fields_renderers = {"training": "json", "backend_options": "json"}
+    template_fields: Sequence[str] = (
+        "dataset", "run_dir", "ps", "workers", "chief", "sync", *TRAINING_OPTIONS, "backend_options", "image",
+        "group_name",
+    )
+    template_fields_renderers = {"model_kwargs": "json", "backend_options": "json"}
     ui_color = "#ffcc80"
 
-    def __init__(self, *, dataset: Any, run_dir: str | None = None, ps: int = 1, workers: int = 2,
-                 chief: int = 0, sync: bool = False, backend: str = "local",
-                 backend_options: dict[str, Any] | None = None, image: str | None = None,
+    def __init__(self, *, dataset: Any, model: str = "linear_regression", steps: int | str | None = None,
+                 epochs: float | str | None = None, learning_rate: float | str = 0.01,
+                 batch_size: int | str = 64, optimizer: str = "sgd", loss: str | None = None,
+                 model_kwargs: dict[str, Any] | None = None, ps: int | str = 1, workers: int | str = 2,
+                 chief: int | str = 0, sync: bool | str = False, replicas_to_aggregate: int | str | None = None,
+                 mode: str = "between_graph", devices_per_worker: int | str | None = None, on_nan: str = "fail",
+                 warm_start_from: str | None = None, checkpoint_every_secs: float | str = 10.0,
+                 log_every_secs: float | str = 2.0, summary_every_steps: int | str = 100,
+                 operation_timeout_secs: float | str = 300.0, intra_op_threads: int | str = 1,
+                 inter_op_threads: int | str = 2, seed: int | str = 0, run_dir: str | None = None,
+                 backend: str = "local", backend_options: dict[str, Any] | None = None, image: str | None = None,
                  role_options: dict[str, dict[str, Any]] | None = None, backoff_limit: int = 3,
                  active_deadline_seconds: float | None = None, success_policy: str = "AllWorkers",
-                 port: int = 2222, group_name: str | None = None, training: dict[str, Any] | None = None,
-                 **kwargs: Any) -> None:
-        training_keys = set(TrainingConfig.__dataclass_fields__) - {"dataset", "run_dir", "sync"}
-        training = dict(training or {})
-        for key in list(kwargs):
-            if key in training_keys:
-                training[key] = kwargs.pop(key)
+                 port: int = 2222, group_name: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.dataset = dataset
-        self.run_dir = run_dir
+        self.model = model
+        self.steps = steps
+        self.epochs = epochs
+        self.learning_rate = learning_rate
+        self.batch_size = batch_size
+        self.optimizer = optimizer
+        self.loss = loss
+        self.model_kwargs = model_kwargs or {}
         self.ps, self.workers, self.chief, self.sync = ps, workers, chief, sync
+        self.replicas_to_aggregate = replicas_to_aggregate
+        self.mode = mode
+        self.devices_per_worker = devices_per_worker
+        self.on_nan = on_nan
+        self.warm_start_from = warm_start_from
+        self.checkpoint_every_secs = checkpoint_every_secs
+        self.log_every_secs = log_every_secs
+        self.summary_every_steps = summary_every_steps
+        self.operation_timeout_secs = operation_timeout_secs
+        self.intra_op_threads = intra_op_threads
+        self.inter_op_threads = inter_op_threads
+        self.seed = seed
+        self.run_dir = run_dir
         self.backend = backend
         self.backend_options = backend_options or {}
         self.image = image
@@ -61,53 +158,95 @@ class LaunchTFClusterOperator(BaseOperator):
         self.success_policy = success_policy
         self.port = port
         self.group_name = group_name
-        self.training = training
+
+    def training_options(self) -> dict[str, Any]:
+        """The TrainingConfig options as set (rendered) on this task; '' and 'None' from a
+        template that rendered nothing mean unset."""
+        options = {}
+        for name in TRAINING_OPTIONS:
+            value = getattr(self, name)
+            if isinstance(value, str) and value.strip() in ("", "None"):
+                value = None
+            if value is not None:
+                options[name] = value
+        return options
 
     def build_spec(self, context: Any) -> GroupSpec:
         ti = context["ti"]
-        name = self.group_name or group_name(ti.dag_id, ti.task_id, ti.run_id)
+        map_index = getattr(ti, "map_index", -1)
+        map_index = -1 if map_index is None else int(map_index)
+        name = self.group_name or group_name(ti.dag_id, ti.task_id, ti.run_id, map_index)
         run_dir = self.run_dir or os.path.join(runs_dir(), name)
-        config = TrainingConfig(dataset=dataset_uri_of(self.dataset), run_dir=run_dir, sync=self.sync, **self.training)
+        config = TrainingConfig(dataset=dataset_uri_of(self.dataset), run_dir=run_dir,
+                                sync=_flag(self.sync, "sync"), **self.training_options())
+        config = self._with_model_code(config)
         labels = {
             "airflow.dag_id": label_value(ti.dag_id),
             "airflow.task_id": label_value(ti.task_id),
             "airflow.run_id": label_value(ti.run_id),
+            "airflow.map_index": str(map_index),
             "airflow.try_number": str(ti.try_number),
         }
         return GroupSpec.for_training(
-            name, config, ps=self.ps, workers=self.workers, chief=self.chief, image=self.image,
-            role_options=self.role_options, backoff_limit=self.backoff_limit,
-            active_deadline_seconds=self.active_deadline_seconds, success_policy=self.success_policy,
-            port=self.port, labels=labels,
+            name, config, ps=_whole(self.ps, "ps", 1), workers=_whole(self.workers, "workers", 1),
+            chief=_whole(self.chief, "chief", 0), image=self.image, role_options=self.role_options,
+            backoff_limit=self.backoff_limit, active_deadline_seconds=self.active_deadline_seconds,
+            success_policy=self.success_policy, port=self.port, labels=labels,
         )
 
+    def _with_model_code(self, config: TrainingConfig) -> TrainingConfig:
+        """Snapshots the model's module into the run directory (when it is not an installed
+        package), so every task, the evaluation and the export import that code first."""
+        try:
+            from airflow_tf.cluster import model_code
+        except ImportError:  # the snapshot is not part of this version
+            return config
+        snapshot = model_code.snapshot_model_code(config.model, config.run_dir)
+        if snapshot is None:
+            return config
+        path, digest = snapshot
+        self._code_hash = digest
+        self.log.info("model code %s snapshotted into %s (sha256 %s)", config.model, path, digest)
+        return TrainingConfig.from_dict({**config.to_dict(), "code_dir": str(path)})
+
     def execute(self, context: Any) -> dict[str, Any]:
-        spec = self.build_spec(context)
-        backend = get_backend(self.backend, **self.backend_options)
+        self._code_hash = None
+        # A bad option or spec, or a model that cannot be found, fails at once: retrying cannot fix it.
+        with no_retry_for(ValueError, SpecError, what="launch refused"):
+            spec = self.build_spec(context)
+        backend = get_backend(self.backend, **resolved_backend_options(self.backend, self.backend_options))
         existing = backend.find(spec.name)
         # launch() is idempotent: on a retry it re-attaches, creating only what an interrupted
         # first try left missing.
         ref = backend.launch(spec)
+        self._launched = ref
         if existing is not None:
             self.log.info("re-attaching to training group %s launched by an earlier try", spec.name)
         else:
             self.log.info("launched training group %s on %s: %s", spec.name, self.backend,
                           ", ".join(f"{spec.replicas(r)} {r}" for r in spec.roles if spec.replicas(r)))
-        self._launched = ref
         assert spec.training is not None
         if spec.training.warm_start_from:
             self.log.info("warm start: the model begins from checkpoint %s", spec.training.warm_start_from)
-        return {
-            "group": ref.to_dict(),
-            "run_dir": spec.training.run_dir,
-            "dataset": spec.training.dataset,
-            "training": spec.training.to_dict(),
-            "reattached": existing is not None,
-        }
+        map_index = getattr(context["ti"], "map_index", -1)
+        result = LaunchResult(
+            group=ref.to_dict(), run_dir=spec.training.run_dir, dataset=spec.training.dataset,
+            training=spec.training.to_dict(), reattached=existing is not None,
+            map_index=-1 if map_index is None else int(map_index), code_hash=self._code_hash,
+        ).to_dict()
+        # Last: until the group is handed over, a launch killed now (before its XCom exists)
+        # takes its group down with it instead of leaving it running unreferenced.
+        hand_over = getattr(backend, "hand_over", None)
+        if hand_over is not None:
+            hand_over(ref)
+        return result
 
     def on_kill(self) -> None:
         ref: GroupRef | None = getattr(self, "_launched", None)
         if ref is not None:
-            backend_for(ref).teardown(ref)
+            try:
+                backend_for(ref).teardown(ref)
+            except BackendError as exc:
+                self.log.warning("launch killed: could not tear down group %s: %s", ref.name, exc)
+                return
             self.log.info("launch killed: tore down group %s", ref.name)
-

@@ -8,6 +8,8 @@ from airflow.sdk import BaseOperator
 
 from airflow_tf.storage import datasets_dir
 
+from .common import dataset_asset, is_template
+
 
 def _optional(value: Any, kind: type) -> Any:
     """A rendered template arrives as text: '' and 'None' mean unset, numbers are parsed."""
@@ -30,6 +32,10 @@ class PrepareTFRecordsOperator(BaseOperator):
 
     The options are those of ``airflow-tf prepare``; every one is templated.
 
+    Each committed version updates the asset ``airflow_tf.dataset.<name>`` (extra: ``version``,
+    ``path``, ``rows``, ``counts``): a training DAG can be scheduled on new data
+    (``schedule=[dataset_asset("...")]``, from ``airflow_tf.operators``).
+
     :param input: a file, a directory, a glob (``/data/incoming/*.csv``) or a list of those.
     :param output: datasets directory; default ``<storage>/datasets`` (see ``airflow_tf.storage``).
     :param name: dataset name (the directory under ``output``).
@@ -41,14 +47,18 @@ class PrepareTFRecordsOperator(BaseOperator):
     :param shards: number of train files; or ``target_shard_mb`` for a size per file.
     :param compression: ``"gzip"`` or None.
     :param schema: declared schema: a path to schema.json, or its dict.
+    :param string_columns: CSV columns to read as text (a list, or names separated by commas);
+        without it an inferred column holding a value that is not a number fails the task.
     :param allow_nan: accept NaN/infinity in float columns.
     :param overwrite: replace the version if it exists (otherwise an existing version fails the task).
+    :param workers: threads that encode in parallel; default chosen from the CPUs.
     :param progress_every: seconds between progress lines in the task log.
     """
 
     template_fields: Sequence[str] = (
         "input", "output_dir", "dataset_name", "version", "label_column", "eval_fraction", "seed",
         "split_key", "shards", "target_shard_mb", "compression", "schema", "allow_nan", "overwrite",
+        "string_columns",
     )
     template_fields_renderers = {"schema": "json"}
     ui_color = "#c5e1a5"
@@ -56,9 +66,12 @@ class PrepareTFRecordsOperator(BaseOperator):
     def __init__(self, *, input: Any, name: str, output: str | None = None, version: Any = None,
                  label: str | None = None, eval_fraction: Any = 0.2, seed: Any = 0,
                  split_key: str | None = None, shards: Any = None, target_shard_mb: Any = None,
-                 compression: str | None = None, schema: Any = None, allow_nan: Any = False,
+                 compression: str | None = None, schema: Any = None, string_columns: Any = None,
+                 allow_nan: Any = False,
                  overwrite: Any = False, workers: int | None = None, progress_every: float = 5.0,
                  **kwargs: Any) -> None:
+        if not is_template(name) and "outlets" not in kwargs:
+            kwargs["outlets"] = [dataset_asset(name)]
         super().__init__(**kwargs)
         self.input = input
         # BaseOperator already has ``output`` (its XComArg) and ``label`` (display label).
@@ -73,6 +86,7 @@ class PrepareTFRecordsOperator(BaseOperator):
         self.target_shard_mb = target_shard_mb
         self.compression = compression
         self.schema = schema
+        self.string_columns = string_columns
         self.allow_nan = allow_nan
         self.overwrite = overwrite
         self.workers = workers
@@ -95,6 +109,7 @@ class PrepareTFRecordsOperator(BaseOperator):
             target_shard_mb=_optional(self.target_shard_mb, float),
             compression=_optional(self.compression, str),
             schema=self.schema or None,
+            string_columns=self.string_columns or None,
             seed=int(self.seed),
             split_key=_optional(self.split_key, str),
             overwrite=_flag(self.overwrite),
@@ -109,4 +124,10 @@ class PrepareTFRecordsOperator(BaseOperator):
             ", ".join(f"{split} {count}" for split, count in summary["counts"].items()),
             sum(summary["shards"].values()), summary["seconds"],
         )
+        asset = dataset_asset(self.dataset_name)
+        if any(getattr(outlet, "name", None) == asset.name for outlet in self.outlets):
+            context["outlet_events"][asset].extra = {
+                "version": summary["version"], "path": summary["dataset_uri"], "rows": summary["rows"],
+                "counts": summary["counts"],
+            }
         return summary

@@ -2,53 +2,93 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.definitions.mappedoperator import MappedOperator
+from airflow.sdk.definitions.xcom_arg import XComArg
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_tf.backends import GroupRef, backend_for, get_backend
 from airflow_tf.cluster import group_name
+
+from .common import resolved_backend_options
+
+
+def _task_id(task: Any, what: str) -> str | None:
+    if task is None:
+        return None
+    if isinstance(task, (BaseOperator, MappedOperator)):
+        return task.task_id
+    raise TypeError(f"{what}: pass the operator object (e.g. {what}={what}), not {task!r}; its task id is read "
+                    "from it, so renaming the task breaks nothing")
 
 
 class TeardownTFClusterOperator(BaseOperator):
     """Copies the tasks' logs into this task's log, then deletes them.
 
     Use it as the launch's teardown (``teardown.as_teardown(setups=launch)``) so it runs when
-    the sensor fails or the run is killed. It succeeds when there is nothing left to delete.
+    the sensor fails or the run is killed; :func:`airflow_tf.task_groups.tf_training` wires
+    it so. It succeeds when there is nothing left to delete, unless ``wait`` is given.
 
-    :param group: the launch task's XCom (``launch.output``). When the launch failed before it
-        returned, the group is found by name from ``launch_task_id`` and ``backend``.
+    :param group: the launch task's XCom (``launch.output``; the list of them for a mapped
+        launch), or a group reference dict.
+    :param launch: the launch operator. Default: the task behind ``group``. A group whose launch
+        did not return (killed after starting it) is then still found by name, for every map
+        index of a mapped launch.
+    :param wait: the :class:`~airflow_tf.sensors.WorkerCompletionSensor` of the group. When set,
+        this task fails after tearing down unless every instance of the wait succeeded: a
+        training that failed, timed out or whose run was marked failed (the sensor killed)
+        then fails the DAG run (with ``as_teardown(..., on_failure_fail_dagrun=True)``).
     :param roles: roles to delete, e.g. ``["ps"]`` to keep finished worker pods for inspection;
         None (default) deletes every task and the group itself.
+    :param backend: the launch's backend, to find a group by name.
+    :param backend_options: the launch's backend options.
+    :param log_tail_lines: lines of each task's log copied into this task's log.
     """
 
     template_fields: Sequence[str] = ("group", "roles", "backend_options")
     ui_color = "#ef9a9a"
 
-    def __init__(self, *, group: Any = None, roles: list[str] | None = None, launch_task_id: str | None = None,
+    def __init__(self, *, group: Any = None, launch: Any = None, wait: Any = None, roles: list[str] | None = None,
                  backend: str = "local", backend_options: dict[str, Any] | None = None,
                  log_tail_lines: int = 200, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if launch is None and isinstance(group, XComArg):
+            launch = next(iter(group.iter_references()))[0]
         self.group = group
+        self.launch_task_id = _task_id(launch, "launch")
+        self.launch_is_mapped = isinstance(launch, MappedOperator)
+        self.wait_task_id = _task_id(wait, "wait")
         self.roles = roles
-        self.launch_task_id = launch_task_id
         self.backend = backend
         self.backend_options = backend_options or {}
         self.log_tail_lines = log_tail_lines
 
-    def _find_ref(self, context: Any) -> GroupRef | None:
-        if self.group:
-            return GroupRef.coerce(self.group)
-        if not self.launch_task_id:
-            return None
-        ti = context["ti"]
-        return get_backend(self.backend, **self.backend_options).find(group_name(ti.dag_id, self.launch_task_id, ti.run_id))
-
-    def execute(self, context: Any) -> list[str]:
-        ref = self._find_ref(context)
-        if ref is None:
-            self.log.info("no training group to tear down (the launch did not start one)")
+    def _given_refs(self) -> list[GroupRef]:
+        value = self.group
+        if not value:
             return []
+        if isinstance(value, (dict, GroupRef)):
+            return [GroupRef.coerce(value)]
+        return [GroupRef.coerce(item) for item in value if item]
+
+    def _refs(self, context: Any) -> list[GroupRef]:
+        refs = {ref.name: ref for ref in self._given_refs()}
+        if self.launch_task_id:
+            ti = context["ti"]
+            indexes: Iterable[int] = [-1]
+            if self.launch_is_mapped:
+                count = ti.get_ti_count(dag_id=ti.dag_id, task_ids=[self.launch_task_id], run_ids=[ti.run_id])
+                indexes = range(count)
+            backend = get_backend(self.backend, **resolved_backend_options(self.backend, self.backend_options))
+            for index in indexes:
+                name = group_name(ti.dag_id, self.launch_task_id, ti.run_id, index)
+                if name not in refs and (found := backend.find(name)) is not None:
+                    refs[name] = found
+        return list(refs.values())
+
+    def _teardown(self, ref: GroupRef) -> list[str]:
         backend = backend_for(ref)
         status = backend.status(ref)
         if not status.exists:
@@ -63,3 +103,24 @@ class TeardownTFClusterOperator(BaseOperator):
         deleted = backend.teardown(ref, self.roles)
         self.log.info("tore down %d task(s) of group %s: %s", len(deleted), ref.name, ", ".join(deleted) or "none")
         return deleted
+
+    def execute(self, context: Any) -> list[str]:
+        refs = self._refs(context)
+        if not refs:
+            self.log.info("no training group to tear down (the launch did not start one)")
+        deleted = [name for ref in refs for name in self._teardown(ref)]
+        if self.wait_task_id:
+            self._check_training_completed(context)
+        return deleted
+
+    def _check_training_completed(self, context: Any) -> None:
+        ti = context["ti"]
+        query = {"dag_id": ti.dag_id, "task_ids": [self.wait_task_id], "run_ids": [ti.run_id]}
+        total = ti.get_ti_count(**query)
+        succeeded = ti.get_ti_count(**query, states=["success"])
+        if total == 0 or succeeded < total:
+            raise AirflowFailException(
+                f"the training did not complete ({succeeded} of {total} {self.wait_task_id} task(s) succeeded): "
+                "it failed, timed out, or the run was marked failed or cancelled while it trained. Its group was "
+                "torn down; the wait task's log says why it ended."
+            )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, Sequence
 
+from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
@@ -31,7 +32,8 @@ class WorkerCompletionSensor(BaseSensorOperator):
     template_fields: Sequence[str] = ("group", "success_policy")
     ui_color = "#ff9f40"
 
-    def __init__(self, *, group: Any, success_policy: str | None = None, deferrable: bool = False,
+    def __init__(self, *, group: Any, success_policy: str | None = None,
+                 deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
                  log_tail_lines: int = 30, poke_interval: float = 5.0, **kwargs: Any) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
         self.group = group
