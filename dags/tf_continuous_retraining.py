@@ -2,8 +2,11 @@
 prepare a new dataset version from everything received so far, warm-start from the model
 being served, evaluate against it, and export only a better model.
 
-``tf_ingest_linear_data`` stands in for whatever delivers data: it writes a new batch of
-rows into <storage>/incoming/linear_regression/ and emits the asset event.
+The chain runs on asset events: ``tf_ingest_linear_data`` (whatever delivers data) writes a
+batch of rows and updates ``linear_regression_incoming``; ``tf_continuous_retraining``
+prepares (updating ``airflow_tf.dataset.linear_regression_stream``) and trains, and its export
+updates ``airflow_tf.model.linear_regression_retrained`` with the new version, its path and
+metrics; ``tf_deploy_linear_model`` is scheduled on that model asset and deploys the version.
 """
 
 from __future__ import annotations
@@ -12,21 +15,25 @@ import os
 import time
 
 import pendulum
-from airflow.sdk import DAG, Asset, task
+from airflow.sdk import DAG, Asset, Param, task
 from airflow.timetables.assets import AssetOrTimeSchedule
 from airflow.timetables.trigger import CronTriggerTimetable
 
-from airflow_tf.operators import (
-    EvaluateModelOperator, ExportSavedModelOperator, LaunchTFClusterOperator, PrepareTFRecordsOperator,
-    TeardownTFClusterOperator,
-)
-from airflow_tf.sensors import WorkerCompletionSensor
-from airflow_tf.storage import datasets_dir, incoming_dir, models_dir
+from airflow_tf.operators import PrepareTFRecordsOperator, model_asset
+from airflow_tf.task_groups import tf_training
 
 MODEL_NAME = "linear_regression_retrained"
-INCOMING = os.path.join(incoming_dir(), "linear_regression_stream")
+STREAM = "linear_regression_stream"
 # The asset is named, not tied to a path: the same DAGs serve any storage root.
 new_linear_data = Asset(name="linear_regression_incoming")
+
+
+def incoming(*parts: str) -> str:
+    """A path under <storage>/incoming/<stream>/, resolved when a task runs."""
+    from airflow_tf.storage import incoming_dir
+
+    return os.path.join(incoming_dir(), STREAM, *parts)
+
 
 with DAG(
     dag_id="tf_ingest_linear_data",
@@ -35,14 +42,14 @@ with DAG(
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     tags=["tensorflow", "example"],
-    params={"rows": 5000},
+    params={"rows": Param(5000, type="integer", minimum=100, maximum=10_000_000, description="rows in the batch")},
 ):
 
     @task(outlets=[new_linear_data])
     def land_new_batch(params=None) -> str:
         from airflow_tf.data.samples import write_linear_regression_csv
 
-        path = os.path.join(INCOMING, f"batch-{time.time_ns()}.csv")
+        path = incoming(f"batch-{time.time_ns()}.csv")
         write_linear_regression_csv(path, rows=int(params["rows"]), seed=time.time_ns() % 2**31)
         return path
 
@@ -59,50 +66,72 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["tensorflow", "example"],
-    params={"steps": 1500},
+    params={"steps": Param(1500, type="integer", minimum=10, maximum=1_000_000, description="target global step")},
 ):
+
+    @task
+    def incoming_files() -> str:
+        return incoming("*.csv")
 
     @task
     def warm_start_checkpoint() -> str | None:
         """The checkpoint behind the model being served, if any: training continues from it."""
         from airflow_tf.serving import latest_export
+        from airflow_tf.storage import models_dir
 
         served = latest_export(models_dir(), MODEL_NAME)
         if served is None:
             return None
         return served["metadata"]["warm_start_from"]
 
-    prepare = PrepareTFRecordsOperator(
-        task_id="prepare",
-        input=os.path.join(INCOMING, "*.csv"),
-        output=datasets_dir(),
-        name="linear_regression_stream",
-        label="y",
-        eval_fraction=0.2,
-        shards=2,
-    )
-    launch = LaunchTFClusterOperator(
-        task_id="launch",
+    prepare = PrepareTFRecordsOperator(task_id="prepare", input=incoming_files(), name=STREAM, label="y",
+                                       eval_fraction=0.2, shards=2)
+    prepare >> tf_training(
         dataset=prepare.output,
         ps=1,
         workers=2,
         model="linear_regression",
         learning_rate=0.01,
         steps="{{ params.steps }}",
-        training={"warm_start_from": warm_start_checkpoint()},
+        warm_start_from=warm_start_checkpoint(),
         checkpoint_every_secs=5,
-    )
-    wait = WorkerCompletionSensor(
-        task_id="wait_for_workers", group=launch.output, deferrable=True, poke_interval=2, timeout=1800
-    )
-    teardown = TeardownTFClusterOperator(task_id="teardown", group=launch.output, launch_task_id="launch")
-    evaluate = EvaluateModelOperator(
-        task_id="evaluate", launch=launch.output, thresholds={"mse": {"max": 1.0}},
-        compare_to_served=True, model_name=MODEL_NAME,
-    )
-    export = ExportSavedModelOperator(
-        task_id="export", launch=launch.output, metrics=evaluate.output, model_name=MODEL_NAME
+        deferrable=True,
+        poke_interval=2,
+        timeout=1800,
+        thresholds={"mse": {"max": 1.0}},
+        compare_to_served=True,
+        model_name=MODEL_NAME,
     )
 
-    launch >> wait >> teardown.as_teardown(setups=launch)
-    [wait, teardown] >> evaluate >> export
+
+with DAG(
+    dag_id="tf_deploy_linear_model",
+    description="Deploys each new version of the retrained model (scheduled on the export's model asset)",
+    schedule=[model_asset(MODEL_NAME)],
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    tags=["tensorflow", "example"],
+):
+
+    @task
+    def deploy(triggering_asset_events=None) -> dict:
+        """Points <storage>/deployed/<model>.json at the new version (a stand-in for telling a
+        model server to load it); run by hand, it deploys the latest export."""
+        from airflow_tf.serving import latest_export
+        from airflow_tf.serving.files import write_json
+        from airflow_tf.storage import models_dir, storage_root
+
+        events = [e for es in (triggering_asset_events or {}).values() for e in es]
+        if events:
+            extra = events[-1].extra
+            deployed = {"version": extra["version"], "path": extra["path"], "metrics": extra.get("metrics")}
+        else:
+            served = latest_export(models_dir(), MODEL_NAME)
+            if served is None:
+                raise ValueError(f"no version of {MODEL_NAME} is exported under {models_dir()} yet")
+            deployed = {"version": served["version"], "path": served["path"],
+                        "metrics": served["metadata"].get("metrics")}
+        write_json(os.path.join(storage_root(), "deployed", f"{MODEL_NAME}.json"), deployed)
+        return deployed
+
+    deploy()

@@ -7,14 +7,10 @@ from __future__ import annotations
 import os
 
 import pendulum
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, Param, task
 
-from airflow_tf.operators import (
-    EvaluateModelOperator, ExportSavedModelOperator, LaunchTFClusterOperator, PrepareTFRecordsOperator,
-    TeardownTFClusterOperator,
-)
-from airflow_tf.sensors import WorkerCompletionSensor
-from airflow_tf.storage import datasets_dir, incoming_dir
+from airflow_tf.operators import PrepareTFRecordsOperator
+from airflow_tf.task_groups import tf_training
 
 with DAG(
     dag_id="tf_digits_classifier",
@@ -23,7 +19,7 @@ with DAG(
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     tags=["tensorflow", "example"],
-    params={"steps": 1500},
+    params={"steps": Param(1500, type="integer", minimum=10, maximum=1_000_000, description="target global step")},
 ) as dag:
 
     @task
@@ -31,6 +27,8 @@ with DAG(
         """scikit-learn's digits as NumPy: a 64-value ``pixels`` vector and the ``digit`` label."""
         import numpy as np
         from sklearn.datasets import load_digits
+
+        from airflow_tf.storage import incoming_dir
 
         digits = load_digits()
         path = os.path.join(incoming_dir(), "digits", "digits.npz")
@@ -41,16 +39,9 @@ with DAG(
         return path
 
     prepare = PrepareTFRecordsOperator(
-        task_id="prepare",
-        input=export_digits(),
-        output=datasets_dir(),
-        name="digits",
-        label="digit",
-        eval_fraction=0.2,
-        shards=4,
+        task_id="prepare", input=export_digits(), name="digits", label="digit", eval_fraction=0.2, shards=4,
     )
-    launch = LaunchTFClusterOperator(
-        task_id="launch",
+    prepare >> tf_training(
         dataset=prepare.output,
         ps=1,
         workers=2,
@@ -61,15 +52,9 @@ with DAG(
         batch_size=64,
         steps="{{ params.steps }}",
         checkpoint_every_secs=5,
+        deferrable=True,
+        poke_interval=2,
+        timeout=1800,
+        thresholds={"accuracy": {"min": 0.9}},
+        model_name="digits",
     )
-    wait = WorkerCompletionSensor(
-        task_id="wait_for_workers", group=launch.output, deferrable=True, poke_interval=2, timeout=1800
-    )
-    teardown = TeardownTFClusterOperator(task_id="teardown", group=launch.output, launch_task_id="launch")
-    evaluate = EvaluateModelOperator(task_id="evaluate", launch=launch.output, thresholds={"accuracy": {"min": 0.9}})
-    export = ExportSavedModelOperator(
-        task_id="export", launch=launch.output, metrics=evaluate.output, model_name="digits"
-    )
-
-    launch >> wait >> teardown.as_teardown(setups=launch)
-    [wait, teardown] >> evaluate >> export

@@ -1,5 +1,6 @@
 """Airflow operators: thin adapters over cluster/, backends/, data/ and serving/."""
 
+from .common import dataset_asset, model_asset
 from .evaluate import EvaluateModelOperator, ExportSavedModelOperator
 from .launch import LaunchTFClusterOperator
 from .prepare import PrepareTFRecordsOperator
@@ -11,4 +12,6 @@ __all__ = [
     "LaunchTFClusterOperator",
     "PrepareTFRecordsOperator",
     "TeardownTFClusterOperator",
+    "dataset_asset",
+    "model_asset",
 ]

@@ -1,0 +1,142 @@
+"""One call for the whole training: launch -> wait -> teardown -> evaluate -> export, as an
+Airflow task group.
+
+::
+
+    with DAG("my_training", schedule=None):
+        prepare = PrepareTFRecordsOperator(task_id="prepare", input="/data/*.csv", name="sales", label="y")
+        prepare >> tf_training(dataset=prepare.output, model="my_models:build", steps=3000,
+                               thresholds={"mse": {"max": 1.0}}, model_name="sales")
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import TaskGroup, task
+
+from airflow_tf.cluster.results import EvaluationResult, LaunchResult, best_evaluation
+from airflow_tf.operators import (
+    EvaluateModelOperator, ExportSavedModelOperator, LaunchTFClusterOperator, TeardownTFClusterOperator,
+)
+from airflow_tf.sensors import WorkerCompletionSensor
+
+log = logging.getLogger(__name__)
+
+
+def tf_training(
+    group_id: str = "training",
+    *,
+    dataset: Any,
+    model_name: str | None = None,
+    thresholds: dict[str, Any] | None = None,
+    backend: str = "local",
+    backend_options: dict[str, Any] | None = None,
+    expand: dict[str, Any] | None = None,
+    select_by: str = "loss",
+    max_active_trainings: int | None = None,
+    compare_to_served: bool = False,
+    serving_base: str | None = None,
+    on_unblessed: str = "skip",
+    deferrable: bool | None = None,
+    poke_interval: float = 5.0,
+    timeout: float = 24 * 3600.0,
+    launch_retries: int = 2,
+    launch_retry_delay: timedelta = timedelta(seconds=5),
+    **launch_options: Any,
+) -> TaskGroup:
+    """Creates the training of one model as a task group and returns it (wire it with ``>>``).
+
+    Inside: ``launch`` -> ``wait_for_workers`` -> ``teardown`` (the launch's teardown: it
+    runs on every path) and ``wait_for_workers`` -> ``evaluate`` -> ``export``. Every task uses
+    the same backend; task ids come from the objects, so renaming nothing breaks anything.
+
+    A training that fails, times out (``timeout``) or whose run is marked failed or cancelled
+    while it trains makes the DAG run fail: the teardown tears the group down and then fails,
+    and it counts for the run's state (``on_failure_fail_dagrun``). The launch retries
+    (``launch_retries``): a retried launch re-attaches to the group it started.
+
+    With ``expand`` (e.g. ``{"learning_rate": [0.01, 0.03]}``) the launch, wait and evaluation
+    are mapped, one training group and run directory per value; ``select_best`` picks the
+    best blessed run by ``select_by`` and only that one is exported.
+
+    :param group_id: the task group's id (its tasks are ``<group_id>.launch``, ...).
+    :param dataset: dataset directory, or the prepare task's XCom (``prepare.output``).
+    :param model_name: the exported model's name; None: no export task.
+    :param thresholds: blessing thresholds, e.g. ``{"mse": {"max": 1.0}}``.
+    :param backend: ``local`` or ``kubernetes``, for every task of the group.
+    :param backend_options: the backend's options, for every task of the group.
+    :param expand: launch options mapped over (Airflow dynamic task mapping).
+    :param select_by: with ``expand``: the eval metric that picks the run to export (lower
+        is better for losses and errors, higher otherwise).
+    :param max_active_trainings: with ``expand``: how many mapped launches and waits run at once.
+    :param compare_to_served: bless only a model at least as good as the one served.
+    :param serving_base: where exported models live; default ``<storage>/models``.
+    :param on_unblessed: ``skip`` (default) or ``fail`` the export of an unblessed model.
+    :param deferrable: wait on the triggerer; default ``[operators] default_deferrable``.
+    :param poke_interval: seconds between status reads of the wait.
+    :param timeout: seconds the wait may last before the training counts as failed.
+    :param launch_retries: retries of the launch (each re-attaches to the group).
+    :param launch_retry_delay: delay before a retry of the launch.
+    :param launch_options: the options of :class:`~airflow_tf.operators.LaunchTFClusterOperator`
+        (``model``, ``steps``, ``learning_rate``, ``ps``, ``workers``, ``sync``, ...).
+    """
+    backend_options = dict(backend_options or {})
+    wait_options: dict[str, Any] = {"poke_interval": poke_interval, "timeout": timeout}
+    if deferrable is not None:
+        wait_options["deferrable"] = deferrable
+    mapped = {"max_active_tis_per_dagrun": max_active_trainings} if expand and max_active_trainings else {}
+
+    with TaskGroup(group_id=group_id) as group:
+        launch_args = dict(task_id="launch", dataset=dataset, backend=backend, backend_options=backend_options,
+                           retries=launch_retries, retry_delay=launch_retry_delay, **launch_options)
+        if expand:
+            launch = LaunchTFClusterOperator.partial(**launch_args, **mapped).expand(**expand)
+            wait = WorkerCompletionSensor.partial(task_id="wait_for_workers", **wait_options, **mapped).expand(
+                group=launch.output)
+            evaluate = EvaluateModelOperator.partial(
+                task_id="evaluate", thresholds=thresholds, compare_to_served=compare_to_served,
+                serving_base=serving_base, model_name=model_name,
+            ).expand(launch=launch.output)
+        else:
+            launch = LaunchTFClusterOperator(**launch_args)
+            wait = WorkerCompletionSensor(task_id="wait_for_workers", group=launch.output, **wait_options)
+            evaluate = EvaluateModelOperator(
+                task_id="evaluate", launch=launch.output, thresholds=thresholds,
+                compare_to_served=compare_to_served, serving_base=serving_base, model_name=model_name,
+            )
+        teardown = TeardownTFClusterOperator(task_id="teardown", group=launch.output, launch=launch, wait=wait,
+                                             backend=backend, backend_options=backend_options)
+        # The teardown is a leaf that counts for the run's state: a training that did not
+        # complete fails the run even when marking it failed skipped evaluate and export.
+        launch >> wait >> teardown.as_teardown(setups=launch, on_failure_fail_dagrun=True)
+        wait >> evaluate
+
+        if model_name is not None:
+            if expand:
+                best = select_best.override(task_id="select_best")(evaluate.output, launch.output, select_by)
+                export_launch, export_metrics = best["launch"], best["evaluation"]
+            else:
+                export_launch, export_metrics = launch.output, evaluate.output
+            export = ExportSavedModelOperator(task_id="export", launch=export_launch, metrics=export_metrics,
+                                              model_name=model_name, serving_base=serving_base,
+                                              on_unblessed=on_unblessed)
+            evaluate >> export
+    return group
+
+
+@task(multiple_outputs=True)
+def select_best(evaluations: Any, launches: Any, metric: str) -> dict[str, Any]:
+    """The best blessed run of a sweep by ``metric``: its launch and evaluation results."""
+    evaluations, launches = list(evaluations), [LaunchResult.from_dict(x) for x in launches]
+    best = EvaluationResult.from_dict(evaluations[best_evaluation(evaluations, metric)])
+    for result in evaluations:
+        run = EvaluationResult.from_dict(result)
+        log.info("%s: %s = %s, blessed %s", run.run_dir, metric, run.metrics.get(metric), run.blessed)
+    launch = next(x for x in launches if os.path.realpath(x.run_dir) == os.path.realpath(best.run_dir))
+    log.info("best run: %s (%s = %s, learning rate %s)", best.run_dir, metric, best.metric(metric),
+             launch.training.get("learning_rate"))
+    return {"launch": launch.to_dict(), "evaluation": best.to_dict()}
