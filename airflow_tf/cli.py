@@ -35,10 +35,14 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the train/eval split and the row shuffle (default 0)")
     p.add_argument("--split-key", metavar="COL", help="split by a hash of this column: equal keys share a split")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--shards", type=int, help="number of train files (eval gets a proportional number)")
+    size.add_argument("--shards", type=int, help="number of train files (eval gets a proportional number; "
+                      "at least 100 rows per file and 10,000 files at most)")
     size.add_argument("--target-shard-mb", type=float, help="target size of each file in MB (default 128)")
     p.add_argument("--compression", choices=["gzip", "none"], default="none", help="compress the files (default none)")
     p.add_argument("--schema", help="declared schema.json (features with name, dtype, shape; optional label)")
+    p.add_argument("--string-columns", action="append", metavar="COL[,COL...]",
+                   help="CSV columns to read as text (an inferred column must otherwise be all numbers "
+                   "or all text); may be repeated")
     p.add_argument("--allow-nan", action="store_true", help="accept NaN and infinity in float columns")
     p.add_argument("--overwrite", action="store_true", help="replace the version if it exists")
     p.add_argument("--workers", type=int, help="encoding threads (default: one per core)")
@@ -56,7 +60,8 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
         summary = prepare_dataset(
             args.input, args.output, args.name, version=args.version, label=args.label,
             eval_fraction=args.eval_fraction, shards=args.shards, target_shard_mb=args.target_shard_mb,
-            compression=args.compression, schema=args.schema, seed=args.seed, split_key=args.split_key,
+            compression=args.compression, schema=args.schema, string_columns=args.string_columns,
+            seed=args.seed, split_key=args.split_key,
             overwrite=args.overwrite, allow_nan=args.allow_nan, workers=args.workers,
             progress=None if args.quiet else show,
         )
@@ -82,10 +87,16 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
                    help="fail the group if training takes longer")
     p.add_argument("--state-dir", default=None, help="where groups keep their state (default $AIRFLOW_TF_STATE_DIR)")
+    p.add_argument("--progress-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="restart a training task with no progress for this long (default 300; 0 never)")
+    p.add_argument("--pass-env", action="append", default=[], metavar="NAME",
+                   help="pass this variable of your environment on to the tasks (they get a minimal one); may be repeated")
     p.set_defaults(func=_cmd_run)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    import dataclasses
+    import logging
     import os
     import signal
     import time
@@ -94,6 +105,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from airflow_tf.backends.local import LocalBackend
     from airflow_tf.backends.wait import run_group
     from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig
+    from airflow_tf.cluster.model_code import snapshot_model_code
     from airflow_tf.cluster.progress import describe
 
     name = args.name or time.strftime("run-%Y%m%d-%H%M%S-") + str(os.getpid())
@@ -101,8 +113,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     started, started_at = time.monotonic(), time.time()
     try:
         training = TrainingConfig.from_namespace(args, dataset=os.path.abspath(args.dataset), run_dir=run_dir)
+        if training.code_dir is None:  # a model module of the user's travels with the run (cwd as `python -m`)
+            code = snapshot_model_code(training.model, run_dir, [*sys.path, os.getcwd()])
+            if code is not None:
+                training = dataclasses.replace(training, code_dir=code.path)
+                print(f"model code {code.source} copied to {code.path} (sha256 {code.sha256})", file=sys.stderr)
         spec = GroupSpec.for_training(name, training, ps=args.ps, workers=args.workers,
-                                      backoff_limit=args.backoff_limit, active_deadline_seconds=args.deadline)
+                                      backoff_limit=args.backoff_limit, active_deadline_seconds=args.deadline,
+                                      progress_timeout=args.progress_timeout or None, pass_env=args.pass_env)
     except ValueError as err:  # SpecError and bad training options
         raise SystemExit(f"airflow-tf run: {err}")
 
@@ -124,17 +142,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
             shown["line"] = line
             print(f"[{time.monotonic() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
 
+    def launched(ref: Any) -> None:
+        logs["dir"] = str(backend.logs_dir(ref))
+        print(f"launched group {ref.name}: {args.ps} ps, {args.workers} worker(s); run dir {run_dir}",
+              file=sys.stderr, flush=True)
+
+    # The backend's warnings (no network isolation, more workers than cores) go to stderr.
+    logging.basicConfig(level=logging.WARNING, format="airflow-tf run: warning: %(message)s", stream=sys.stderr)
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, interrupt)
     backend = LocalBackend(args.state_dir)
-    logs_dir = os.path.join(run_dir, "logs")
+    # Each attempt's logs are copied to <run_dir>/logs/attempt-<N>/ when its group is deleted.
+    logs = {"dir": os.path.join(run_dir, "logs")}
     try:
-        result = run_group(backend, spec, logs_dir=logs_dir, owner_pid=os.getpid(), on_status=show,
-                           on_launched=lambda ref: print(f"launched group {ref.name}: {args.ps} ps, "
-                                                         f"{args.workers} worker(s); run dir {run_dir}",
-                                                         file=sys.stderr, flush=True))
+        result = run_group(backend, spec, owner_pid=os.getpid(), on_status=show, on_launched=launched)
     except Interrupted as sig:
-        print(f"airflow-tf run: {sig}: group {name} torn down; task logs in {logs_dir}", file=sys.stderr)
+        print(f"airflow-tf run: {sig}: group {name} torn down; task logs in {logs['dir']}", file=sys.stderr)
         return 128 + signal.Signals[str(sig)].value
     except (SpecError, BackendError, ValueError) as err:  # includes a dataset without _SUCCESS
         raise SystemExit(f"airflow-tf run: {err}")
@@ -144,7 +167,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     summary = {
         "group": name, "succeeded": result.outcome.succeeded, "reason": result.outcome.reason,
         "global_step": final.get("global_step"), "loss": final.get("loss"), "checkpoint": final.get("checkpoint"),
-        "run_dir": run_dir, "logs": logs_dir, "elapsed_seconds": round(time.monotonic() - started, 2),
+        "run_dir": run_dir, "logs": logs["dir"], "elapsed_seconds": round(time.monotonic() - started, 2),
     }
     if result.report:
         failed = result.outcome.failed_task

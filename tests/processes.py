@@ -40,3 +40,39 @@ def kill_leftovers(state_dir: Path, grace: float = 3.0) -> list[int]:
         except ProcessLookupError:
             pass
     return left
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    """The environment ``pid`` was started with (``/proc/<pid>/environ``)."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        pairs = [item.decode("utf-8", "replace").partition("=") for item in f.read().split(b"\0") if item]
+    return {key: value for key, _, value in pairs}
+
+
+def external_address() -> str | None:
+    """An IPv4 address of this machine that is not loopback (None when it has none)."""
+    import fcntl
+    import socket
+    import struct
+
+    SIOCGIFADDR = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # no IPv4 address on this interface
+                continue
+            address = socket.inet_ntoa(raw[20:24])
+            if not address.startswith("127."):
+                return address
+    return None
+
+
+def can_connect(host: str, port: int, timeout: float = 2.0) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False

@@ -55,6 +55,12 @@ class Backend(Protocol):
         """Create every task of the group. Idempotent: when a group of this name already
         exists, return a reference to it and create nothing (a retried launch re-attaches)."""
 
+    def hand_over(self, ref: GroupRef) -> None:
+        """The launch is complete and its result returned: from now on the group no longer
+        ends with the process that launched it. Until this is called, a launching process that
+        dies (e.g. a SIGKILLed Airflow task) takes its group with it, so no group is left
+        running that nobody knows about. A backend with nothing to untie does nothing."""
+
     def find(self, name: str) -> GroupRef | None:
         """The existing group of this name, or None."""
 

@@ -231,7 +231,9 @@ class Supervisor:
                 return
         task.start_time = process_start_time(task.proc.pid)
         task.phase, task.exit_code = Phase.RUNNING, None
-        task.last_progress, task.progress_mark, task.stalled = time.monotonic(), None, False
+        # The chief must move the global step on from where it is; others start with no CPU time.
+        task.progress_mark = (self.progress or {}).get("global_step") if task is self.chief else None
+        task.last_progress, task.stalled = time.monotonic(), False
 
     def stop(self, tasks: list[Task]) -> None:
         """SIGTERM, then SIGKILL after a short grace; returns when every one is reaped."""

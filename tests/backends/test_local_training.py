@@ -107,8 +107,9 @@ def test_run_trains_and_leaves_nothing_behind(local_state_dir, linear_dataset, t
     assert summary["global_step"] >= 400 and math.isfinite(summary["loss"])
     assert Path(summary["checkpoint"] + ".index").exists()
     assert "global step" in err, "progress is shown while training"
+    assert summary["logs"] == str(run_dir / "logs" / "attempt-1")
     logs = sorted(p.name for p in Path(summary["logs"]).iterdir())
-    assert logs == ["cli-ok-ps-0.log", "cli-ok-worker-0.log", "cli-ok-worker-1.log"]
+    assert logs == ["cli-ok-ps-0.log", "cli-ok-supervisor.log", "cli-ok-worker-0.log", "cli-ok-worker-1.log"]
     assert not group_processes(local_state_dir)
     assert os.listdir(local_state_dir) == [], "the finished group is deleted"
 
