@@ -29,6 +29,10 @@ _F32_MAX = float(np.finfo(np.float32).max)
 _CSV_BLOCK = 1 << 20  # pyarrow widens a column's type when a later block needs it
 _NAN_HINT = ("pass allow_nan=True (CLI: --allow-nan), or set \"allow_nan\": true for this "
              "feature in the declared schema, if NaN/infinity are meaningful values")
+# What pyarrow's CSV reader takes for a number (it also trims blanks and reads 0x hex as int64).
+_NUMBER = r"^\s*[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|0[xX][0-9a-fA-F]{1,16}|(?i:nan|inf|infinity))\s*$"
+_INTEGER = r"^\s*[+-]?\d+\s*$"
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def _kind(path: Path) -> str:
@@ -89,7 +93,7 @@ class Source:
     def where(self, row: int) -> str:
         """``file line N`` (CSV; line 1 is the header) or ``file row N`` (row index from 0)."""
         if self.kind == "csv":
-            return f"{self.path} line {row + 2}"
+            return f"{self.path} line {_csv_line(self.path, row)}"
         return f"{self.path} row {row}"
 
 
@@ -137,22 +141,91 @@ def _arrow_dtype(t: pa.DataType) -> str | None:
 _ARROW_FOR = {"int64": pa.int64(), "float32": pa.float64(), "string": pa.string()}
 
 
-def _csv_options(path: Path, column_types: dict[str, pa.DataType]) -> dict[str, Any]:
-    delimiter = "\t" if path.name.lower().endswith(".tsv") else ","
+def _delimiter(path: Path) -> str:
+    return "\t" if path.name.lower().endswith(".tsv") else ","
+
+
+def _csv_options(path: Path, column_types: dict[str, pa.DataType],
+                 include_columns: Sequence[str] = ()) -> dict[str, Any]:
     return dict(
         read_options=pacsv.ReadOptions(block_size=_CSV_BLOCK),
-        parse_options=pacsv.ParseOptions(delimiter=delimiter),
+        parse_options=pacsv.ParseOptions(delimiter=_delimiter(path)),
         # Only an empty cell is missing: "nan"/"NaN" stay NaN so the NaN rule can name them.
         convert_options=pacsv.ConvertOptions(
             column_types=column_types, null_values=[""], strings_can_be_null=False,
-            quoted_strings_can_be_null=False, timestamp_parsers=[],
+            quoted_strings_can_be_null=False, timestamp_parsers=[], include_columns=list(include_columns),
             true_values=["true", "True", "TRUE"], false_values=["false", "False", "FALSE"],
         ),
     )
 
 
-def _read_csv(path: Path, declared: Schema | None) -> _Raw:
-    column_types = {}
+def _csv_line(path: Path, row: int) -> int:
+    """The line (as an editor numbers it) where data row ``row`` starts. pyarrow skips blank
+    lines and a quoted value may span lines, so the lines are counted (error messages only)."""
+    with _open_text(path) as handle:
+        reader = csv.reader(handle, delimiter=_delimiter(path))
+        next(reader, None)  # the header
+        line, seen = reader.line_num, -1
+        for fields in reader:
+            if fields:
+                seen += 1
+                if seen == row:
+                    return line + 1
+            line = reader.line_num
+    return row + 2
+
+
+def _string_hint(name: str) -> str:
+    return (f"if {name!r} is a text column, pass string_columns=[{name!r}] (CLI: --string-columns {name}) "
+            "or declare it as string in a schema")
+
+
+def _check_text_column(path: Path, name: str, column: pa.Array) -> None:
+    """A column pyarrow inferred as text must hold no numbers: it widens a whole column to
+    string for one value that does not parse, wherever in the file that value is."""
+    numeric = pc.match_substring_regex(column, _NUMBER)
+    count, total = pc.sum(numeric).as_py() or 0, len(column)
+    if not 0 < count < total:  # all text (or, in theory, all numbers that pyarrow still refused)
+        return
+    is_number = numeric.to_numpy(zero_copy_only=False)
+    if count >= total - count:  # mostly numbers: the text is the odd one out
+        row = int(np.argmin(is_number))
+        value = column[row].as_py()
+        shown = "an empty value" if not value.strip() else f"value {value!r}"
+        what = f"{shown} is not a number, but {count:,} of the column's {total:,} values are"
+    else:
+        row = int(np.argmax(is_number))
+        what = (f"value {column[row].as_py()!r} is a number in a column of text "
+                f"({count:,} of its {total:,} values are numbers)")
+    raise InputDataError(
+        f"{Source(path, 'csv', 0, total).where(row)}, column {name!r}: {what}; "
+        f"fix the value, or {_string_hint(name)}"
+    )
+
+
+def _check_int64_overflow(path: Path, name: str, column: pa.Array) -> None:
+    """pyarrow reads an integer beyond int64 as a float, which turns an integer column into
+    float32. Only a column with a value that large is read again, as text, to tell."""
+    bounds = pc.min_max(column)
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    if low is None or (low > _INT64_MIN and high < 2.0**63):
+        return
+    text = pacsv.read_csv(path, **_csv_options(path, {name: pa.string()}, [name])).column(name).combine_chunks()
+    if not pc.all(pc.match_substring_regex(text, _INTEGER)).as_py():
+        return  # a float column (other values have a fraction or exponent)
+    values = column.to_numpy(zero_copy_only=False)
+    for row in np.flatnonzero(np.abs(values) >= 2.0**63):
+        number = int(text[int(row)].as_py())
+        if not _INT64_MIN <= number <= _INT64_MAX:
+            raise InputDataError(
+                f"{Source(path, 'csv', 0, len(column)).where(int(row))}, column {name!r}: integer {number} is "
+                f"beyond the int64 range ({_INT64_MIN} to {_INT64_MAX}); fix the value, or declare the column "
+                "as float32 (large values lose precision) or as string in a schema"
+            )
+
+
+def _read_csv(path: Path, declared: Schema | None, string_columns: Sequence[str]) -> _Raw:
+    column_types = {name: pa.string() for name in string_columns}
     if declared is not None:
         column_types = {f.name: _ARROW_FOR[f.dtype] for f in declared.features}
     try:
@@ -172,6 +245,11 @@ def _read_csv(path: Path, declared: Schema | None) -> _Raw:
         if dtype is None:  # dates, times, ...: keep the text
             column = pc.cast(column, pa.string())
             dtype = "string"
+        elif name not in column_types:  # inferred: the type pyarrow widened to must be honest
+            if dtype == "string":
+                _check_text_column(path, name, column)
+            elif dtype == "float32" and pa.types.is_floating(column.type):
+                _check_int64_overflow(path, name, column)
         columns[name], dtypes[name] = column, dtype
     return _Raw(path, "csv", columns, dtypes, {n: () for n in names}, table.num_rows)
 
@@ -179,8 +257,8 @@ def _read_csv(path: Path, declared: Schema | None) -> _Raw:
 def _parse_number(text: str, dtype: str) -> Any:
     if dtype == "int64":
         value = int(text.strip())
-        if not -(1 << 63) <= value < (1 << 63):
-            raise ValueError("out of the int64 range")
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise OverflowError(f"beyond the int64 range ({_INT64_MIN} to {_INT64_MAX})")
         return value
     return float(text)
 
@@ -188,11 +266,10 @@ def _parse_number(text: str, dtype: str) -> Any:
 def _diagnose_csv(path: Path, column_types: dict[str, pa.DataType]) -> str | None:
     """Why pyarrow refused a CSV file, found again with Python's csv module (slow, error path
     only) to name the line and column; None when no problem is found."""
-    delimiter = "\t" if path.name.lower().endswith(".tsv") else ","
     wanted = {n: "int64" if pa.types.is_integer(t) else "float32"
               for n, t in column_types.items() if pa.types.is_integer(t) or pa.types.is_floating(t)}
     with _open_text(path) as handle:
-        reader = csv.reader(handle, delimiter=delimiter)
+        reader = csv.reader(handle, delimiter=_delimiter(path))
         header = next(reader, None)
         if header is None:
             return f"input file {path} is empty; remove it or fill it with data"
@@ -207,6 +284,9 @@ def _diagnose_csv(path: Path, column_types: dict[str, pa.DataType]) -> str | Non
                     continue
                 try:
                     _parse_number(text, want)
+                except OverflowError as exc:
+                    return (f"{path} line {line}, column {name!r}: integer {text.strip()} is {exc}; fix the value, "
+                            "or declare the column as float32 (large values lose precision) or as string")
                 except ValueError:
                     shown = "an empty value" if text == "" else f"value {text!r}"
                     return (f"{path} line {line}, column {name!r}: {shown} does not parse as {want}; "
@@ -299,10 +379,10 @@ def _read_npz(path: Path) -> _Raw:
     return _Raw(path, "npz", columns, dtypes, shapes, rows or 0)
 
 
-def _read_file(path: Path, declared: Schema | None) -> _Raw:
+def _read_file(path: Path, declared: Schema | None, string_columns: Sequence[str]) -> _Raw:
     kind = _kind(path)
     if kind == "csv":
-        return _read_csv(path, declared)
+        return _read_csv(path, declared, string_columns)
     if kind == "parquet":
         return _read_parquet(path)
     return _read_npz(path)
@@ -348,7 +428,10 @@ def _convert(raw: _Raw, spec: FeatureSpec) -> np.ndarray:
             return values.astype(object)
         if kind == "O":
             return values
-        raise SchemaError(f"{raw.path}, column {spec.name!r} holds numbers but the schema declares string")
+        raise SchemaError(
+            f"{raw.path}, column {spec.name!r} holds numbers but is declared string (schema or string_columns); "
+            "only CSV text is read as string: declare it as int64 or float32, or store it as text"
+        )
     if kind not in "iufb":
         raise SchemaError(
             f"{raw.path}, column {spec.name!r} holds text but the schema declares {spec.dtype}; "
@@ -392,7 +475,7 @@ def _first_value(values: np.ndarray, mask: np.ndarray, row: int) -> float:
     return float(values.reshape(len(values), -1)[row][mask.reshape(len(mask), -1)[row]][0])
 
 
-def _infer(raws: list[_Raw], allow_nan: bool) -> Schema:
+def _infer(raws: list[_Raw], allow_nan: bool, string_columns: Sequence[str]) -> Schema:
     first = raws[0]
     names = list(first.columns)
     for raw in raws[1:]:
@@ -422,6 +505,8 @@ def _infer(raws: list[_Raw], allow_nan: bool) -> Schema:
                     "fix the data or declare the column's dtype with a schema"
                 )
             dtype = widened
+        if name in string_columns:
+            dtype = "string"
         features.append(FeatureSpec(name, dtype, shape, allow_nan=allow_nan and dtype == "float32"))
     return Schema(tuple(features))
 
@@ -442,20 +527,44 @@ def _check_declared(raws: list[_Raw], declared: Schema) -> None:
             )
 
 
+def column_names(value: str | Sequence[str] | None) -> list[str]:
+    """Column names from a list and/or comma-separated text (``"zip,id"``), as options give them."""
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else list(value)
+    names = [part.strip() for item in items for part in str(item).split(",")]
+    return list(dict.fromkeys(n for n in names if n))
+
+
 def read_table(
     inputs: str | os.PathLike | Sequence[str | os.PathLike],
     declared: Schema | None = None,
     allow_nan: bool = False,
     on_file: Callable[[int, int, int], None] | None = None,
+    string_columns: Sequence[str] = (),
 ) -> Table:
     """Read and check every input file; columns follow the declared schema or are inferred.
 
+    An inferred CSV column is numeric when its values are numbers: one value that is not
+    stops the read with its file, line and column. ``string_columns`` names the columns to
+    read as text instead (CSV values kept verbatim, e.g. zip codes with leading zeros).
     ``on_file(files_done, files_total, rows_so_far)`` is called after each file."""
+    string_columns = column_names(string_columns)
+    if declared is not None and string_columns:
+        raise SchemaError(
+            f"string_columns {string_columns} and a declared schema were both given; "
+            "with a schema, declare those columns' dtype as string there"
+        )
     paths = resolve_inputs(inputs)
     raws: list[_Raw] = []
     rows = 0
     for i, path in enumerate(paths):
-        raw = _read_file(path, declared)
+        raw = _read_file(path, declared, string_columns)
+        unknown = [n for n in string_columns if n not in raw.columns]
+        if unknown:
+            raise SchemaError(
+                f"string_columns {unknown} are not columns of {path} (its columns: {', '.join(raw.columns)})"
+            )
         raws.append(raw)
         rows += raw.rows
         if on_file:
@@ -467,7 +576,7 @@ def read_table(
             schema = Schema(tuple(FeatureSpec(f.name, f.dtype, f.shape, f.allow_nan or f.dtype == "float32")
                                   for f in declared.features), declared.label_name)
     else:
-        schema = _infer(raws, allow_nan)
+        schema = _infer(raws, allow_nan, string_columns)
     if rows == 0:
         names = ", ".join(str(r.path) for r in raws)
         raise InputDataError(f"input has no rows (only headers) in {names}; add data rows")

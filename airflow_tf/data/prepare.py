@@ -7,6 +7,7 @@ never sees a partial dataset; ``_SUCCESS`` is the last file written."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -32,6 +33,8 @@ from .schema import FORMAT_VERSION, SCHEMA_FILE, SUCCESS_FILE, Schema
 
 DEFAULT_EVAL_FRACTION = 0.2
 DEFAULT_TARGET_SHARD_MB = 128.0
+MIN_ROWS_PER_SHARD = 100  # fewer rows per file only add per-file overhead for every reader
+MAX_SHARDS = 10_000
 COMPRESSIONS = ("gzip",)
 _CHUNK_BYTES = 4 << 20  # encoded bytes per task: large enough for NumPy, small enough to stream
 _GZIP_LEVEL = 6
@@ -142,18 +145,40 @@ def _mean_record_bytes(table: Table) -> float:
     return float(record_lengths(table.schema.features, columns).mean())
 
 
+def max_shards(rows: int) -> int:
+    """The most files a split of ``rows`` rows may have."""
+    return max(1, min(MAX_SHARDS, rows // MIN_ROWS_PER_SHARD))
+
+
 def shard_counts(splits: dict[str, np.ndarray], record_bytes: float, shards: int | None,
                  target_shard_mb: float | None) -> dict[str, int]:
-    """Files per split: ``shards`` for train (eval in proportion), or by target size."""
-    counts = {}
+    """Files per split: ``shards`` for train (eval in proportion), or by target size.
+
+    More train files than :func:`max_shards` allows is refused, with the numbers."""
     train_rows = len(splits["train"])
+    limit = max_shards(train_rows)
+    rule = f"at least {MIN_ROWS_PER_SHARD} rows each, {MAX_SHARDS:,} files at most"
+    target = (target_shard_mb or DEFAULT_TARGET_SHARD_MB) * (1 << 20)
+    if shards is not None and shards > limit:
+        raise DataError(
+            f"shards={shards:,} is too many for {train_rows:,} train rows (about {train_rows / shards:,.1f} "
+            f"rows per file); at most {limit:,} train files are allowed ({rule}): use shards={limit}{' or fewer' if limit > 1 else ''}, "
+            f"or leave shards out to size files by target_shard_mb (default {DEFAULT_TARGET_SHARD_MB:g} MB)"
+        )
+    by_size = math.ceil(train_rows * record_bytes / target)
+    if shards is None and by_size > limit:
+        suggested = math.ceil(train_rows * record_bytes / limit / (1 << 20) * 1000) / 1000
+        raise DataError(
+            f"target_shard_mb={target / (1 << 20):g} would make {by_size:,} files of {train_rows:,} train rows; "
+            f"at most {limit:,} are allowed ({rule}): use target_shard_mb={suggested:g} or more"
+        )
+    counts = {}
     for split, rows in splits.items():
         if shards is not None:
             wanted = shards if split == "train" else math.ceil(shards * len(rows) / train_rows)
         else:
-            target = (target_shard_mb or DEFAULT_TARGET_SHARD_MB) * (1 << 20)
             wanted = math.ceil(len(rows) * record_bytes / target)
-        counts[split] = max(1, min(int(wanted), len(rows)))
+        counts[split] = max(1, min(int(wanted), max_shards(len(rows))))
     return counts
 
 
@@ -297,7 +322,7 @@ def _remove_stale_temporaries(root: Path, max_age: float = _STALE_AFTER) -> None
     """Delete temporary directories that a killed prepare run (SIGKILL, lost node) left behind.
     Only old ones: a younger one may belong to a run still in progress."""
     now = time.time()
-    for path in root.glob(".tmp-*"):
+    for path in [*root.glob(".tmp-*"), *root.glob(".trash-*")]:
         try:
             if now - path.stat().st_mtime > max_age:
                 shutil.rmtree(path, ignore_errors=True)
@@ -305,25 +330,47 @@ def _remove_stale_temporaries(root: Path, max_age: float = _STALE_AFTER) -> None
             pass
 
 
+def _rename_into(temporary: Path, final: Path) -> bool:
+    """Rename the finished directory to ``final``; False if a version took that name first
+    (a committed version is never empty, so rename cannot replace it)."""
+    try:
+        os.rename(temporary, final)
+    except OSError as exc:
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            return False
+        raise
+    return True
+
+
 def _commit(temporary: Path, final: Path, overwrite: bool) -> None:
-    if final.exists():
-        if not overwrite:
-            raise DatasetExistsError(f"dataset version {final} was created while this one was being written")
+    if final.exists() and overwrite:
         trash = final.with_name(f".trash-{final.name}-{uuid.uuid4().hex[:8]}")
         os.rename(final, trash)
         os.rename(temporary, final)
         shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.rename(temporary, final)
+    elif not _rename_into(temporary, final):
+        raise DatasetExistsError(f"dataset version {final} was created while this one was being written")
     _fsync_dir(final.parent)
+
+
+def _commit_next(temporary: Path, root: Path, first: int, write_marker: Callable[[str], None]) -> str:
+    """Commit as the next free integer version. Concurrent runs of one dataset each get their
+    own: whoever renames first takes a number, the others move on to the next one."""
+    number = first
+    while True:
+        write_marker(str(number))
+        if _rename_into(temporary, root / str(number)):
+            _fsync_dir(root)
+            return str(number)
+        number = max([number, *existing_versions(root)]) + 1
 
 
 def _check_options(eval_fraction: float, shards: int | None, target_shard_mb: float | None,
                    compression: str | None, workers: int | None) -> str | None:
     if not 0 <= float(eval_fraction) < 1:
         raise DataError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
-    if shards is not None and int(shards) < 1:
-        raise DataError(f"shards must be at least 1, got {shards}")
+    if shards is not None and not 1 <= int(shards) <= MAX_SHARDS:
+        raise DataError(f"shards must be between 1 and {MAX_SHARDS:,}, got {shards}")
     if shards is not None and target_shard_mb is not None:
         raise DataError("give either shards or target_shard_mb, not both")
     if target_shard_mb is not None and float(target_shard_mb) <= 0:
@@ -348,6 +395,7 @@ def prepare_dataset(
     target_shard_mb: float | None = None,
     compression: str | None = None,
     schema: Schema | dict | str | os.PathLike | None = None,
+    string_columns: str | Sequence[str] | None = None,
     seed: int = 0,
     split_key: str | None = None,
     overwrite: bool = False,
@@ -358,10 +406,14 @@ def prepare_dataset(
 ) -> dict[str, Any]:
     """Convert CSV/Parquet/.npz files into a sharded TFRecord dataset version.
 
-    Returns a summary: ``dataset_uri`` (the version directory), ``name``, ``version``,
-    ``counts`` and ``shards`` per split, ``compression``, ``schema`` (as a dict), ``rows``,
-    ``seconds`` and ``rows_per_sec``. Raises a :class:`DataError` naming the file, line and
-    column of bad input, before anything is committed."""
+    Without ``version`` the dataset becomes the next integer version, decided when it is
+    committed, so concurrent runs of one dataset each commit a version of their own.
+    ``string_columns`` names CSV columns to read as text (an inferred numeric column with a
+    value that does not parse is an error). Returns a summary: ``dataset_uri`` (the version
+    directory), ``name``, ``version``, ``counts`` and ``shards`` per split, ``compression``,
+    ``schema`` (as a dict), ``rows``, ``seconds`` and ``rows_per_sec``. Raises a
+    :class:`DataError` naming the file, line and column of bad input, before anything is
+    committed."""
     started = time.monotonic()
     compression = _check_options(eval_fraction, shards, target_shard_mb, compression, workers)
     if not name or not str(name).strip():
@@ -370,7 +422,7 @@ def prepare_dataset(
     root = Path(os.fspath(output).removeprefix("file://")) / path_component(str(name))
     version_name = _version_name(version, root)
     final = root / version_name
-    if final.exists() and not overwrite:
+    if version is not None and final.exists() and not overwrite:
         raise DatasetExistsError(
             f"dataset version {final} already exists; choose another version, leave the version "
             "out to get the next one, or ask to overwrite it"
@@ -379,7 +431,8 @@ def prepare_dataset(
 
     reporter.begin("read")
     table = read_table(input, declared, allow_nan,
-                       on_file=lambda done, total, rows: reporter("read", done, total, rows, done == total))
+                       on_file=lambda done, total, rows: reporter("read", done, total, rows, done == total),
+                       string_columns=string_columns or ())
     if label is not None:
         if label not in table.schema:
             raise SchemaError(
@@ -417,9 +470,18 @@ def prepare_dataset(
             "split": {"eval_fraction": float(eval_fraction), "seed": int(seed), "split_key": split_key},
             "source": {"files": [str(s.path) for s in table.sources], "rows": total},
         }
-        _write_json(temporary / SUCCESS_FILE, manifest)  # last: marks the dataset complete
-        _fsync_dir(temporary)
-        _commit(temporary, final, overwrite)
+
+        def write_marker(committed_as: str) -> None:  # last: marks the dataset complete
+            manifest["version"] = committed_as
+            _write_json(temporary / SUCCESS_FILE, manifest)
+            _fsync_dir(temporary)
+
+        if version is None:
+            version_name = _commit_next(temporary, root, int(version_name), write_marker)
+            final = root / version_name
+        else:
+            write_marker(version_name)
+            _commit(temporary, final, overwrite)
     except OSError as exc:
         raise DataError(f"writing dataset {final} failed: {exc}") from None
     finally:

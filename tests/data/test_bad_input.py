@@ -142,7 +142,8 @@ def test_unwritable_output(tmp_path, write_csv, assert_nothing_committed):
 
 @pytest.mark.parametrize("options, pattern", [
     ({"eval_fraction": 1.0}, r"eval_fraction must be in \[0, 1\)"),
-    ({"shards": 0}, r"shards must be at least 1"),
+    ({"shards": 0}, r"shards must be between 1 and 10,000, got 0"),
+    ({"shards": 125_000}, r"shards must be between 1 and 10,000, got 125000"),
     ({"compression": "zip"}, r"compression 'zip' is not supported"),
     ({"version": "../x"}, r"version '\.\./x' is not a valid directory name"),
 ])

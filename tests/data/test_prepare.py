@@ -29,12 +29,12 @@ def _csv(path: Path, ids: range, with_text: bool = False) -> Path:
 
 
 def test_csv_glob_becomes_a_committed_dataset_with_every_row_exactly_once(tmp_path, read_split):
-    _csv(tmp_path / "part1.csv", range(0, 150), with_text=True)
-    _csv(tmp_path / "part2.csv", range(150, 300), with_text=True)
+    _csv(tmp_path / "part1.csv", range(0, 500), with_text=True)
+    _csv(tmp_path / "part2.csv", range(500, 1000), with_text=True)
     summary = prepare_dataset(str(tmp_path / "part*.csv"), tmp_path / "out", "toy", label="label", shards=3)
     uri = Path(summary["dataset_uri"])
     assert uri == (tmp_path / "out" / "toy" / "1").resolve()
-    assert summary["counts"] == {"train": 240, "eval": 60}
+    assert summary["counts"] == {"train": 800, "eval": 200}
     assert sorted(p.name for p in (uri / "train").iterdir()) == [f"part-0000{i}-of-00003.tfrecord" for i in range(3)]
     assert [p.name for p in (uri / "eval").iterdir()] == ["part-00000-of-00001.tfrecord"]
 
@@ -44,13 +44,13 @@ def test_csv_glob_becomes_a_committed_dataset_with_every_row_exactly_once(tmp_pa
     assert schema.label.name == "label" and schema.feature_names == ["id", "a", "b", "note"]
     assert json.loads((uri / "schema.json").read_text()) == summary["schema"]
     manifest = json.loads((uri / "_SUCCESS").read_text())
-    assert sum(s["examples"] for s in manifest["splits"]["train"]["shards"]) == 240
+    assert sum(s["examples"] for s in manifest["splits"]["train"]["shards"]) == 800
     assert all(s["bytes"] == (uri / "train" / s["file"]).stat().st_size for s in manifest["splits"]["train"]["shards"])
-    assert count_examples(f"file://{uri}", "eval") == 60
+    assert count_examples(f"file://{uri}", "eval") == 200
 
     rows = {split: read_split(str(uri), split) for split in ("train", "eval")}
     ids = np.concatenate([rows["train"]["id"], rows["eval"]["id"]])
-    assert sorted(ids.tolist()) == list(range(300))
+    assert sorted(ids.tolist()) == list(range(1000))
     for split in rows.values():
         np.testing.assert_array_equal(split["a"], (split["id"] * 0.5).astype(np.float32))
         np.testing.assert_array_equal(split["b"], -split["id"])
@@ -122,12 +122,12 @@ def test_shard_size_compression_versions_and_overwrite(tmp_path, read_split):
 
 
 def test_workers_get_disjoint_complete_shares_by_file_or_by_record(tmp_path, read_split):
-    src = _csv(tmp_path / "in.csv", range(240))
+    src = _csv(tmp_path / "in.csv", range(480))
     for shards, workers in ((4, 2), (1, 3)):  # by file, then by record
         uri = prepare_dataset(src, tmp_path / "out", f"w{shards}", label="label", eval_fraction=0,
                               shards=shards)["dataset_uri"]
         shares = [set(read_split(uri, num_shards=workers, shard_index=i)["id"].tolist()) for i in range(workers)]
-        assert sum(len(s) for s in shares) == 240 and set().union(*shares) == set(range(240))
+        assert sum(len(s) for s in shares) == 480 and set().union(*shares) == set(range(480))
 
 
 def test_make_dataset_batches_shapes_epochs_and_unlabelled_data(tmp_path):
@@ -189,13 +189,13 @@ def test_sample_is_the_seed_articles_line():
 
 
 def test_cli_prints_a_json_summary_and_fails_clearly(tmp_path):
-    src = _csv(tmp_path / "in.csv", range(30))
+    src = _csv(tmp_path / "in.csv", range(300))
     cli = [sys.executable, "-m", "airflow_tf.cli", "prepare", "--output", str(tmp_path / "out"), "--name", "c"]
     done = subprocess.run(cli + ["--input", str(src), "--label", "label", "--shards", "2", "--compression", "gzip"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
-    assert summary["counts"] == {"train": 24, "eval": 6} and summary["compression"] == "gzip"
+    assert summary["counts"] == {"train": 240, "eval": 60} and summary["compression"] == "gzip"
     assert Path(summary["dataset_uri"], "_SUCCESS").is_file() and "rows/s" in done.stderr
 
     failed = subprocess.run(cli + ["--input", str(src), "--label", "nope"], capture_output=True, text=True)
