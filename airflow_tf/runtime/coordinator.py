@@ -1,0 +1,236 @@
+"""Coordinator mode: the chief drives the whole group (TF2 ``ParameterServerStrategy``).
+
+The workers and ps tasks run plain ``tf.distribute.Server``s (see :mod:`.task`); the chief builds
+the model and the optimizer under ``strategy.scope()`` (their variables land on the ps tasks),
+creates the input pipeline on every worker, and schedules training steps on whichever worker is
+free (``ClusterCoordinator.schedule``). Updates are asynchronous. The user contract is the
+between-graph mode's: the same model function and loss, checkpoints in the run directory in the
+same name-based format (evaluation and export read them unchanged), the same progress lines.
+
+Faults: a worker that dies has its steps re-run on the others and rejoins when it is back
+(``ClusterCoordinator`` does both). A ps that dies takes the variables with it: the chief restarts
+its own process, which restores the newest checkpoint once the ps is reachable again."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from airflow_tf.cluster.training import TrainingConfig
+from airflow_tf.data import make_dataset
+
+from .errors import ModelError, NonFiniteError, TaskConfigError
+from .hooks import NonFiniteLossHook, ProgressHook
+from .models import (build_model, check_checkpoint, checkpoint_weights, compute_loss, latest_checkpoint,
+                     resolve_checkpoint, resolve_loss, weight_key)
+from .task import Task, log
+from .training import KEEP_CHECKPOINTS, placement, recover_checkpoints, target_step
+
+OPTIMIZERS = {
+    "sgd": keras.optimizers.SGD,
+    "adam": keras.optimizers.Adam,
+    "adagrad": keras.optimizers.Adagrad,
+    "rmsprop": keras.optimizers.RMSprop,
+}
+MAX_CHUNK_STEPS = 2000
+"""Steps scheduled between two joins; the chief reports and checkpoints between chunks."""
+RESTARTS_ENV = "AIRFLOW_TF_COORDINATOR_RESTARTS"
+MAX_RESTARTS = 5
+"""Restarts of the chief after losing a ps, before it gives up (the ps may be gone for good)."""
+
+
+def coordinator_cluster(task: Task) -> dict[str, list[str]]:
+    """The jobs ``ParameterServerStrategy`` drives: the evaluator is not one of them."""
+    return {job: addresses for job, addresses in task.cluster.items() if job in ("chief", "worker", "ps")}
+
+
+def checkpoint_variables(model, optimizer, global_step) -> dict[str, tf.Variable]:
+    """The checkpoint's names: the model's weights as between-graph training names them (see
+    :func:`.models.weight_key`), so evaluation and export read either mode's checkpoints."""
+    named = {weight_key(i, w): w.value for i, w in enumerate(model.weights)}
+    named["global_step"] = global_step
+    for i, variable in enumerate(optimizer.variables):
+        if variable.path.endswith("learning_rate"):  # an option of the run, not state: never restored
+            continue
+        named[f"optimizer/{i:03d}_{variable.path.replace('/', '_')}"] = variable.value
+    return named
+
+
+class _EagerRun:
+    """Stands in for the session of session hooks, so the between-graph mode's progress report
+    and NaN check (:mod:`.hooks`) run unchanged on the chief: variables are read from the ps,
+    the loss is the one the step returned."""
+
+    LOSS = object()
+
+    def __init__(self, run_dir: str):
+        self.loss: float | None = None
+        # The hook writes events through a TF1 FileWriter, which is created only in graph mode;
+        # once cached, it writes in eager mode too.
+        with tf.Graph().as_default():
+            tf.compat.v1.summary.FileWriterCache.get(run_dir)
+
+    def run(self, fetches):
+        return tf.nest.map_structure(lambda x: self.loss if x is self.LOSS else x.numpy(), fetches)
+
+
+def _after_steps(hooks: list, eager: _EagerRun, losses: list[float], step: int) -> bool:
+    """Feeds a chunk's losses to the hooks as if each were one session step; whether a hook
+    asked to stop."""
+    for offset, loss in enumerate(losses):
+        eager.loss = loss
+        for hook in hooks:
+            context = tf.compat.v1.train.SessionRunContext(None, eager)
+            results = eager.run(hook.before_run(context).fetches)
+            if isinstance(results, dict) and "step" in results:
+                results["step"] = step - len(losses) + offset
+            hook.after_run(context, tf.compat.v1.train.SessionRunValues(results, None, None))
+            if context.stop_requested:
+                return True
+    return False
+
+
+def _all_finite(variables: dict[str, tf.Variable]) -> bool:
+    return all(np.isfinite(v.numpy()).all() for v in variables.values() if v.dtype.is_floating)
+
+
+def train(config: TrainingConfig, task: Task, schema) -> dict:
+    """The chief's loop: schedule steps until the global step reaches the target."""
+    cluster = coordinator_cluster(task)
+    workers = len(cluster.get("worker", []))
+    if not workers:
+        raise ModelError("coordinator mode needs at least one worker task to run the steps on")
+    if config.devices_per_worker not in (None, 1):
+        raise TaskConfigError(
+            f"devices_per_worker={config.devices_per_worker}: in coordinator mode the strategy makes one tower "
+            "per GPU of each worker by itself; leave devices_per_worker unset, or use mode='between_graph'"
+        )
+    target = target_step(config, config.batch_size)
+    os.makedirs(config.run_dir, exist_ok=True)
+    recover_checkpoints(config.run_dir)
+    resume_from = latest_checkpoint(config.run_dir)
+
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc"
+    )
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    keras.utils.set_random_seed(config.seed)
+    with strategy.scope():
+        model = build_model(config, schema)
+        optimizer = OPTIMIZERS[config.optimizer](learning_rate=config.learning_rate)
+        optimizer.build(model.trainable_variables)
+        global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    loss_fn = resolve_loss(config, schema)
+    variables = checkpoint_variables(model, optimizer, global_step)
+    saver = tf.compat.v1.train.Saver(var_list=variables, max_to_keep=KEEP_CHECKPOINTS, save_relative_paths=True)
+
+    start = "new"
+    if resume_from:
+        check_checkpoint(resume_from, model)
+        try:
+            saver.restore(None, resume_from)
+        except tf.errors.NotFoundError as exc:
+            raise ModelError(
+                f"cannot restore {resume_from}: {exc.message.splitlines()[0]}. It was written by a run with "
+                "other options (mode, optimizer or model); train into a new run_dir, or use that run's options"
+            ) from None
+        start = f"restoring {resume_from}"
+    elif config.warm_start_from:
+        warm_from = resolve_checkpoint(config.warm_start_from)
+        model.set_weights(checkpoint_weights(warm_from, model))
+        start = f"weights from {warm_from}"
+
+    def dataset_fn():
+        # One shard of the training data per worker: each worker pulls from its own.
+        shards = [make_dataset(config.dataset, "train", config.batch_size, num_shards=workers, shard_index=i,
+                               epochs=None, shuffle=True, seed=config.seed) for i in range(workers)]
+        if workers == 1:
+            return shards[0]
+        index = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64)
+        return tf.data.Dataset.choose_from_datasets(shards, tf.data.Dataset.from_tensors(index).repeat())
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    trainable = [w.value for w in model.trainable_weights]
+
+    @tf.function
+    def worker_step(iterator):
+        def replica_step(features, labels):
+            with tf.GradientTape() as tape:
+                loss = compute_loss(loss_fn, labels, model(features, training=True))
+            optimizer.apply_gradients(zip(tape.gradient(loss, trainable), model.trainable_weights))
+            global_step.assign_add(1)
+            return loss
+
+        per_replica = strategy.run(replica_step, args=next(iterator))
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+
+    log(f"airflow-tf variables {placement(variables)}")
+    step = int(global_step.numpy())
+    log(f"airflow-tf train role={task.type} index={task.index} chief=True mode=coordinator "
+        f"workers={workers} target_step={target} start={start}")
+    log(f"airflow-tf session ready global_step={step} target_step={target}")
+
+    eager = _EagerRun(config.run_dir)
+    progress = ProgressHook(global_step, _EagerRun.LOSS, target, config.batch_size, config.run_dir,
+                            config.log_every_secs, config.summary_every_steps, config.learning_rate)
+    progress.after_create_session(eager, None)
+    non_finite = NonFiniteLossHook(global_step, _EagerRun.LOSS, config.on_nan)
+    prefix = os.path.join(config.run_dir, "model.ckpt")
+
+    def save(step: int) -> None:
+        # Like the other mode's FiniteSaver: never a checkpoint of NaN/inf variables.
+        if _all_finite(variables):
+            saver.save(None, prefix, global_step=step)
+            return
+        reason = f"variables became NaN/inf at global step {step} (the loss diverged); not checkpointed"
+        if config.on_nan == "fail":
+            raise NonFiniteError(reason)
+        log(f"airflow-tf {reason} (on_nan=stop); the last finite checkpoint is kept")
+    saved_at, chunk = time.monotonic(), min(10, MAX_CHUNK_STEPS)
+    while step < target:
+        began = time.monotonic()
+        count = min(chunk, target - step)
+        results = [coordinator.schedule(worker_step, args=(iterator,)) for _ in range(count)]
+        coordinator.join()
+        step = int(global_step.numpy())
+        if _after_steps([non_finite, progress], eager, [float(r.fetch()) for r in results], step):
+            break
+        # Aim a chunk at one log interval, so the report keeps its pace.
+        per_step = (time.monotonic() - began) / count
+        chunk = max(1, min(MAX_CHUNK_STEPS, int(config.log_every_secs / max(per_step, 1e-6))))
+        if time.monotonic() - saved_at >= config.checkpoint_every_secs:
+            save(step)
+            saved_at = time.monotonic()
+    if not non_finite.stopped and latest_checkpoint(config.run_dir) != f"{prefix}-{step}":
+        save(step)
+    progress.end(eager)
+    tf.compat.v1.summary.FileWriterCache.clear()
+    summary = {"role": task.type, "index": task.index, "status": "succeeded", "global_step": step}
+    if non_finite.stopped:
+        summary.update(status="stopped", reason=repr(f"{non_finite.stopped} (on_nan=stop)"))
+    return {**summary, "loss": progress.last_loss, "checkpoint": latest_checkpoint(config.run_dir)}
+
+
+def run_chief(config: TrainingConfig, task: Task, schema) -> dict:
+    """:func:`train`; when a ps is lost (its variables with it), restart this process so that it
+    reconnects and restores the newest checkpoint."""
+    try:
+        return train(config, task, schema)
+    except (tf.errors.UnavailableError, tf.errors.AbortedError) as exc:
+        restarts = int(os.environ.get(RESTARTS_ENV, "0"))
+        reason = " ".join(str(exc.message).split())[:200]
+        if restarts >= MAX_RESTARTS:
+            raise
+        log(f"airflow-tf coordinator lost a ps task ({type(exc).__name__}: {reason}); restarting from the "
+            f"latest checkpoint (restart {restarts + 1} of at most {MAX_RESTARTS})")
+        os.environ[RESTARTS_ENV] = str(restarts + 1)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "airflow_tf.runtime", *sys.argv[1:]])
+        raise  # not reached

@@ -1,0 +1,98 @@
+"""Coordinator mode against between-graph replication (the baseline), in the same run: the same
+model, data, batch size, step count and 1 ps + 2 workers on the local backend (coordinator
+mode adds its chief process, which schedules the steps).
+
+Printed for each: examples/s over the training (first progress line to the last), seconds from
+the first step until the reported loss reaches ``--loss`` ("time to the same loss"), and
+launch -> group done; then the ratios coordinator / between-graph.
+
+Usage: ``.venv/bin/python bench/bench_modes.py [--workdir DIR] [--steps 3000] [--loss 0.5]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+from airflow_tf.backends.local import LocalBackend
+from airflow_tf.backends.wait import run_group
+from airflow_tf.cluster import GroupSpec, TrainingConfig
+from airflow_tf.cluster.progress import PREFIX, parse_progress
+from airflow_tf.data import prepare_dataset
+from airflow_tf.data.samples import write_linear_regression_csv
+
+
+def progress_lines(log_text: str) -> list[tuple[float, dict]]:
+    """(seconds since the epoch, progress) of every progress line of a chief's log."""
+    lines = []
+    for line in log_text.splitlines():
+        if PREFIX in line:
+            stamp = datetime.fromisoformat(line.split(" ", 1)[0].replace("Z", "+00:00")).timestamp()
+            lines.append((stamp, parse_progress(line)))
+    return lines
+
+
+def train_and_measure(backend: LocalBackend, config: TrainingConfig, name: str, workers: int = 2) -> dict:
+    """Run a group to its target; examples/s, time to ``loss`` and wall time from its chief's log."""
+    spec = GroupSpec.for_training(name, config, ps=1, workers=workers)
+    logs_dir = Path(config.run_dir).parent / f"{name}-logs"
+    started = time.monotonic()
+    result = run_group(backend, spec, logs_dir=logs_dir)
+    wall = time.monotonic() - started
+    if not result.outcome.succeeded:
+        raise RuntimeError(f"{name} failed: {result.report}")
+    role, index = spec.chief_task()
+    (log,) = [p for p in logs_dir.rglob(f"*{role}-{index}.log")]
+    lines = progress_lines(log.read_text())
+    (t0, first), (t1, last) = lines[0], lines[-1]
+    rate = (last["global_step"] - first["global_step"]) * config.batch_size / (t1 - t0)
+    return {"lines": lines, "examples_per_sec": rate, "t0": t0, "wall": wall, "steps": last["global_step"]}
+
+
+def time_to_loss(measured: dict, loss: float) -> float | None:
+    for stamp, progress in measured["lines"]:
+        if progress["loss"] is not None and progress["loss"] <= loss:
+            return stamp - measured["t0"]
+    return None
+
+
+def linear_dataset(root: Path) -> str:
+    csv = write_linear_regression_csv(root / "linear.csv", rows=20_000, seed=0)
+    return prepare_dataset(csv, root / "datasets", name="linear", label="y", shards=4)["dataset_uri"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one)")
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--loss", type=float, default=0.5, help="the loss both modes must reach")
+    args = parser.parse_args()
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="bench-modes-"))
+    root.mkdir(parents=True, exist_ok=True)
+    backend = LocalBackend(root / "groups")
+    print(f"workdir {root}; {os.cpu_count()} CPU(s); load average {os.getloadavg()[0]:.1f}", flush=True)
+    dataset = linear_dataset(root)
+
+    measured = {}
+    for mode in ("between_graph", "coordinator"):
+        config = TrainingConfig(dataset=dataset, run_dir=str(root / mode / "run"), mode=mode, steps=args.steps,
+                                batch_size=64, learning_rate=0.05, log_every_secs=0.5, checkpoint_every_secs=5)
+        m = measured[mode] = train_and_measure(backend, config, mode.replace("_", "-"))
+        reached = time_to_loss(m, args.loss)
+        print(f"{mode:13s}: {m['examples_per_sec']:8.0f} examples/s, loss <= {args.loss:g} after "
+              f"{'never' if reached is None else f'{reached:.2f} s'}, launch -> done {m['wall']:.1f} s "
+              f"({m['steps']} steps)", flush=True)
+    base, ours = measured["between_graph"], measured["coordinator"]
+    print(f"coordinator / between-graph: examples/s {ours['examples_per_sec'] / base['examples_per_sec']:.2f}x, "
+          f"launch -> done {ours['wall'] / base['wall']:.2f}x", end="")
+    b, o = time_to_loss(base, args.loss), time_to_loss(ours, args.loss)
+    print(f", time to loss {o / b:.2f}x" if b and o else "", flush=True)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

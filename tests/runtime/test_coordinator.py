@@ -1,0 +1,110 @@
+"""Coordinator mode: the chief drives real ps and worker servers over gRPC (TF2
+``ParameterServerStrategy``), trains the seed's y = 2x + 10 into checkpoints that evaluation reads,
+and survives a worker or a ps being killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from airflow_tf.backends.local import LocalBackend
+from airflow_tf.backends.wait import wait_for_group
+from airflow_tf.cluster import GroupSpec, TrainingConfig
+from airflow_tf.cluster.progress import parse_progress
+
+pytestmark = pytest.mark.slow
+
+SESSION_READY = re.compile(r"airflow-tf session ready global_step=(\d+)")
+
+
+def coordinator_group(name, dataset, run_dir, steps, **training) -> GroupSpec:
+    config = TrainingConfig(dataset=dataset, run_dir=str(run_dir), mode="coordinator", steps=steps, batch_size=32,
+                            learning_rate=0.05, checkpoint_every_secs=0.5, log_every_secs=0.5, **training)
+    return GroupSpec.for_training(name, config, ps=1, workers=2, active_deadline_seconds=300)
+
+
+def checkpoint_step(run_dir) -> int:
+    from airflow_tf.serving.evaluate import checkpoint_step as step_of
+    from airflow_tf.runtime.models import latest_checkpoint
+
+    latest = latest_checkpoint(run_dir) if os.path.isdir(run_dir) else None
+    return (step_of(latest) or 0) if latest else 0
+
+
+def test_run_mode_coordinator_trains_the_seed_line_and_the_checkpoint_evaluates(local_state_dir, linear_dataset,
+                                                                                 tmp_path):
+    from airflow_tf.serving.evaluate import evaluate_checkpoint
+
+    run_dir = tmp_path / "run"
+    cli = subprocess.run(
+        [sys.executable, "-m", "airflow_tf.cli", "run", "--mode", "coordinator", "--dataset", linear_dataset,
+         "--ps", "1", "--workers", "2", "--steps", "400", "--learning-rate", "0.05", "--batch-size", "32",
+         "--log-every-secs", "0.5", "--run-dir", str(run_dir), "--name", "coord-cli"],
+        capture_output=True, text=True, timeout=400,
+    )
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    summary = json.loads(cli.stdout)
+    assert summary["succeeded"] and summary["global_step"] >= 400 and summary["checkpoint"]
+    assert "chief" in summary["reason"]  # the chief's exit decided; the workers were servers
+
+    (chief_log,) = [path.read_text() for path in (run_dir / "logs").rglob("coord-cli-chief-0.log")]
+    progress = parse_progress(chief_log)
+    assert progress["global_step"] >= 400 and progress["target_step"] == 400 and progress["examples_per_sec"] > 0
+    assert "airflow-tf variables /job:ps/task:0=" in chief_log
+
+    result = evaluate_checkpoint(run_dir, linear_dataset, {"dataset": linear_dataset, "run_dir": str(run_dir),
+                                                           "steps": 400}, plot=False)
+    assert result["global_step"] >= 400
+    assert result["metrics"]["mse"] < 1.0, result["metrics"]
+
+
+def test_coordinator_mode_refuses_sync_updates(tmp_path, linear_dataset):
+    cli = subprocess.run(
+        [sys.executable, "-m", "airflow_tf.cli", "run", "--mode", "coordinator", "--sync", "--dataset",
+         linear_dataset, "--steps", "10", "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert cli.returncode != 0
+    assert "coordinator mode updates the parameters asynchronously only" in cli.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_killed_worker_rejoins_and_the_chief_finishes(local_state_dir, linear_dataset, tmp_path, wait_until):
+    backend = LocalBackend()
+    run_dir = tmp_path / "run"
+    ref = backend.launch(coordinator_group("coord-killw", linear_dataset, run_dir, steps=3000))
+    try:
+        wait_until(lambda: (backend.status(ref).progress or {}).get("global_step", 0) > 0, 180,
+                   what="the chief to schedule steps")
+        os.kill(backend.processes(ref)["coord-killw-worker-1"], signal.SIGKILL)
+
+        outcome, status = wait_for_group(backend, ref, timeout=300)
+        assert outcome.succeeded, outcome.reason
+        assert status.task("worker", 1).restarts == 1
+        assert status.task("chief", 0).restarts == 0, "the chief carried on through the worker's death"
+        assert checkpoint_step(run_dir) >= 3000
+    finally:
+        backend.teardown(ref)
+
+
+def test_a_killed_ps_restarts_the_chief_from_the_checkpoint(local_state_dir, linear_dataset, tmp_path, wait_until):
+    backend = LocalBackend()
+    run_dir = tmp_path / "run"
+    ref = backend.launch(coordinator_group("coord-killps", linear_dataset, run_dir, steps=3000))
+    try:
+        saved = wait_until(lambda: checkpoint_step(run_dir), 180, what="a first checkpoint")
+        os.kill(backend.processes(ref)["coord-killps-ps-0"], signal.SIGKILL)
+
+        outcome, status = wait_for_group(backend, ref, timeout=300)
+        assert outcome.succeeded, outcome.reason
+        starts = [int(s) for s in SESSION_READY.findall(backend.logs(ref, "chief", 0))]
+        assert len(starts) >= 2 and starts[-1] >= saved, f"the chief did not restore the checkpoint: {starts}"
+        assert checkpoint_step(run_dir) >= 3000
+    finally:
+        backend.teardown(ref)
