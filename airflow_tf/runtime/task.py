@@ -112,8 +112,12 @@ def session_config(task: Task, config: TrainingConfig):
         intra_op_parallelism_threads=config.intra_op_threads,
         inter_op_parallelism_threads=config.inter_op_threads,
     )
-    if task.type != "ps":
+    if task.type != "ps" and config.mode != "coordinator":  # there the chief's strategy sets them
         proto.device_filters.extend(["/job:ps", task.device])
+        from .towers import cpu_devices_needed
+
+        if cpu_devices_needed(config.devices_per_worker):  # CPU towers (no GPUs): one device each
+            proto.device_count["CPU"] = cpu_devices_needed(config.devices_per_worker)
     return proto
 
 
@@ -129,12 +133,16 @@ def run(config: TrainingConfig, task: Task) -> int:
     import tensorflow as tf
 
     tf.get_logger().setLevel("ERROR")  # the compat.v1 APIs warn on every use; this log says what happens
+    if config.mode == "coordinator" and task.type == "chief":
+        from .coordinator import run_chief  # its strategy starts the chief's server
+
+        return log_exit(run_chief(config, task, schema))
     server = tf.distribute.Server(
         tf.train.ClusterSpec(task.cluster), job_name=task.type, task_index=task.index,
         protocol="grpc", config=session_config(task, config), start=True,
     )
-    if task.type == "ps":
-        log(f"airflow-tf task ps:{task.index} serving at {server.target}; it runs until it is stopped")
+    if task.type == "ps" or config.mode == "coordinator":  # a coordinator's worker runs what the chief sends
+        log(f"airflow-tf task {task.type}:{task.index} serving at {server.target}; it runs until it is stopped")
         # The server runs on its own threads. A SIGTERM may be delivered to any of them, and
         # signal.pause() only wakes for the main thread's own signals: wake regularly instead,
         # so Python runs the handler within a fraction of a second wherever the signal landed.
@@ -142,7 +150,10 @@ def run(config: TrainingConfig, task: Task) -> int:
             time.sleep(0.1)
     from .training import train
 
-    result = train(config, task, server, schema)
+    return log_exit(train(config, task, server, schema))
+
+
+def log_exit(result: dict) -> int:
     log("airflow-tf task exit " + " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
                                            for k, v in result.items()))
     return 0

@@ -21,6 +21,7 @@ from .hooks import ProgressHook, StopAtTarget, SyncReplicasHook
 from .models import (build_model, check_checkpoint, compute_loss, latest_checkpoint, resolve_checkpoint,
                      resolve_loss, weight_key)
 from .task import Task, log, session_config
+from .towers import tower_devices, towers_train_op
 
 STOP_GRACE_SECS = 0.5
 """How long the chief waits for its sync queue runner at exit. The runner is then blocked for
@@ -134,6 +135,7 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
     # Decided once, before the session restores anything: only the chief writes checkpoints.
     resume_from = latest_checkpoint(config.run_dir) if os.path.isdir(config.run_dir) else None
 
+    devices = tower_devices(task.device, config.devices_per_worker)
     graph = tf.Graph()
     with graph.as_default():
         tf.compat.v1.set_random_seed(config.seed)
@@ -148,16 +150,21 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
             )
             features, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
             model = build_model(config, schema)
-            predictions, state_updates = training_forward(model, features)
-            loss = compute_loss(resolve_loss(config, schema), labels, predictions)
             optimizer = make_optimizer(config)
             if config.sync:
                 optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
                     optimizer, replicas_to_aggregate=aggregate, total_num_replicas=trainers
                 )
-            train_op = tf.group(optimizer.minimize(
-                loss, global_step=global_step, var_list=[w.value for w in model.trainable_weights]
-            ), *state_updates)
+            loss_fn, var_list = resolve_loss(config, schema), [w.value for w in model.trainable_weights]
+            if len(devices) > 1:  # one tower per device, gradients averaged (see .towers)
+                loss, train_op = towers_train_op(model, features, labels, training_forward,
+                                                 lambda y, p: compute_loss(loss_fn, y, p), optimizer,
+                                                 global_step, var_list, task.cluster, devices)
+            else:
+                predictions, state_updates = training_forward(model, features)
+                loss = compute_loss(loss_fn, labels, predictions)
+                train_op = tf.group(optimizer.minimize(loss, global_step=global_step, var_list=var_list),
+                                    *state_updates)
         # Saving and restoring run on this task, so only the chief needs the run directory.
         with tf.device(task.device):
             variables = checkpoint_variables(model)
@@ -180,7 +187,7 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
             log(f"airflow-tf variables {placement(variables)}")
         log(f"airflow-tf train role={task.type} index={task.index} chief={task.is_chief} "
             f"mode={'sync' if config.sync else 'async'} replicas_to_aggregate={aggregate} "
-            f"trainers={trainers} shard={task.trainer_index}/{trainers} target_step={target} "
+            f"trainers={trainers} shard={task.trainer_index}/{trainers} towers={len(devices)} target_step={target} "
             f"start={start if task.is_chief else 'from the chief'}")
 
         stop = StopAtTarget(global_step, target)
