@@ -23,8 +23,8 @@ import shutil
 import sys
 import sysconfig
 import tempfile
-from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -42,21 +42,12 @@ class ModelCodeError(ValueError):
     """The model's code cannot be snapshotted; the message names the module, directory and why."""
 
 
-@dataclass(frozen=True)
-class ModelCode:
-    """A snapshot of a model's code: ``path`` is what ``TrainingConfig.code_dir`` is set to."""
+class ModelCode(NamedTuple):
+    """A snapshot of a model's code: ``path`` is what ``TrainingConfig.code_dir`` is set to;
+    ``sha256`` is the code's :func:`code_hash`."""
 
     path: str
     sha256: str
-    model: str
-    """The model reference it was taken for (``package.module:function``)."""
-    source: str
-    """The file or package directory it was copied from (on the launcher's machine)."""
-    files: int
-    bytes: int
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def snapshot_model_code(model: str, run_dir: str, search_path: list[str] | None = None, *,
@@ -90,60 +81,61 @@ def snapshot_model_code(model: str, run_dir: str, search_path: list[str] | None 
     if size > max_bytes:
         raise ModelCodeError(
             f"model {model!r}: {source} holds {size / 1e6:.1f} MB in {len(files)} files, above the "
-            f"{max_bytes / 1e6:.0f} MB limit for model code copied into the run directory; keep data and other large files "
-            "out of the model's package (read them from storage at run time), or install the package in the "
-            "training image"
+            f"{max_bytes / 1e6:.0f} MB limit for model code copied into the run directory; keep data and other "
+            "large files out of the model's package (read them from storage at run time), or install the "
+            "package in the training image"
         )
 
     runs_code = Path(_local(run_dir)) / CODE_DIR
     runs_code.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=runs_code))
     try:
-        base = source.parent
         for relative, path in files:
             target = staging / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
         # The hash is of the copy: a file edited during the copy cannot be recorded wrongly.
         digest = code_hash(staging)
-        snapshot = ModelCode(path=str(runs_code / digest[:_HASH_PREFIX]), sha256=digest, model=model,
-                             source=str(source), files=len(files), bytes=size)
-        manifest = {**snapshot.to_dict(), "files_list": [r.as_posix() for r, _ in files], "base": str(base)}
-        (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        snapshot = ModelCode(str(runs_code / digest[:_HASH_PREFIX]), digest)
+        manifest = {"sha256": digest, "model": model, "source": str(source), "bytes": size,
+                    "files": [relative.as_posix() for relative, _ in files]}
+        (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         try:
             os.rename(staging, snapshot.path)
         except OSError:
             if not os.path.isdir(snapshot.path):  # not "already there" (a retry, a concurrent launch)
                 raise
             log.info("model %s: code %s already in %s", model, digest[:_HASH_PREFIX], snapshot.path)
-            return read_model_code(snapshot.path) or snapshot
+            return snapshot
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     log.info("model %s: copied %d file(s), %d bytes, from %s to %s (sha256 %s)",
-             model, snapshot.files, size, source, snapshot.path, digest)
+             model, len(files), size, source, snapshot.path, digest)
     return snapshot
 
 
 def read_model_code(code_dir: str | None) -> ModelCode | None:
-    """The snapshot in ``code_dir`` as its manifest records it, or None (no snapshot)."""
-    if not code_dir:
-        return None
-    path = Path(_local(code_dir)) / MANIFEST_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise ModelCodeError(f"model code manifest {path} cannot be read ({exc}); launch the run again") from None
-    fields = ModelCode.__dataclass_fields__
-    return ModelCode(**{**{k: v for k, v in data.items() if k in fields}, "path": str(Path(_local(code_dir)))})
+    """The snapshot in ``code_dir``, or None when there is none."""
+    record = model_code_record(code_dir)
+    return None if record is None else ModelCode(record["path"], record["sha256"])
 
 
 def model_code_record(code_dir: str | None) -> dict[str, object] | None:
-    """What ``metrics.json`` and an export's metadata record of the run's model code (hash,
-    model reference, where it was copied from and to), or None for a run without a snapshot."""
-    code = read_model_code(code_dir)
-    return None if code is None else code.to_dict()
+    """What ``metrics.json`` and an export's metadata record of the run's model code: its
+    ``sha256``, the ``model`` reference, the ``source`` it was copied from, its ``path``, the
+    number of ``files`` and their ``bytes``; None for a run without a snapshot."""
+    if not code_dir:
+        return None
+    directory = Path(_local(code_dir))
+    path = directory / MANIFEST_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {"sha256": str(data["sha256"]), "model": data["model"], "source": data["source"],
+                "path": str(directory), "files": len(data["files"]), "bytes": data["bytes"]}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelCodeError(f"model code manifest {path} cannot be read ({exc!r}); launch the run again") from None
 
 
 def code_hash(directory: str | os.PathLike[str]) -> str:
