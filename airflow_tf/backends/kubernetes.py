@@ -1,15 +1,17 @@
-"""The Kubernetes backend: each task of a group is a pod with a headless Service of the
-same name, so TF_CONFIG can name every task by its stable DNS name.
+"""The Kubernetes backend: each role of a group is an Indexed Job, the group's headless
+Service gives every task a stable DNS name, and Kubernetes owns the lifecycle (restarts,
+deadline, cleanup); see :mod:`.kubernetes_manifests` for the objects and why.
 
 Every API call goes through the cncf-kubernetes provider's hooks: ``KubernetesHook`` for
-the synchronous calls (launch, status, logs, teardown) and ``AsyncKubernetesHook`` for
-``watch()``, which follows pod events with a resource version and reads a fresh list
-only when the watch breaks. Connection settings are the provider's own
-(``kubernetes_conn_id``, ``in_cluster``, ``config_file``, ``cluster_context``,
+the synchronous calls (launch, status, logs, teardown, one-off Jobs) and
+``AsyncKubernetesHook`` for ``watch()``, which follows pod events with a resource version
+and reads a fresh list only when the watch breaks. Connection settings are the provider's
+own (``kubernetes_conn_id``, ``in_cluster``, ``config_file``, ``cluster_context``,
 ``namespace``) and travel in the GroupRef, so any process can reconnect.
 
-What a pod's state means for the group is decided in :mod:`.kubernetes_status`; what
-the objects look like, in :mod:`.kubernetes_manifests` and ``templates/``.
+Reading status never changes anything: the only writes are ``launch()``, ``teardown()``
+and ``run_job()`` (evaluation and export on the cluster). What the Jobs and pods mean for
+the group is decided in :mod:`.kubernetes_status`.
 """
 
 from __future__ import annotations
@@ -24,38 +26,46 @@ import time
 from functools import cached_property
 from typing import Any, AsyncIterator, Callable, Iterable, Iterator
 
-from airflow_tf.cluster import GroupSpec, GroupStatus, task_name
+from airflow_tf.cluster import GroupSpec, GroupStatus, SpecError
 from airflow_tf.cluster.progress import parse_progress
 
 from .base import BackendError, GroupRef
-from .kubernetes_manifests import SUCCESS_POLICY, group_selector, render_group
+from .kubernetes_manifests import (
+    COMPONENT_LABEL, DEFAULT_PS_MAX_LIFETIME_SECONDS, DEFAULT_TTL_SECONDS_AFTER_FINISHED, GROUP_LABEL, ROLE_LABEL,
+    ROOT_ANNOTATION, SUCCESS_POLICY, check_cluster_domain, group_selector, owned_by, render_group,
+)
 from .kubernetes_status import (
-    assess, lead_pod, next_wakeup, overdue_unschedulable, recreated, role_index, scheduler_message,
+    INDEX_LABEL, _task_status, assess, latest_pods, lead_pod, next_wakeup, overdue_unschedulable, scheduler_message,
 )
 
 log = logging.getLogger(__name__)
 
 PROGRESS_TAIL_LINES = 20
-_RECREATE_ATTEMPTS = 20
-_RECREATE_PAUSE = 0.5
 _STARTED_PHASES = ("Running", "Succeeded", "Failed")
-_CONNECTION_OPTIONS = ("kubernetes_conn_id", "in_cluster", "config_file", "cluster_context")
+_KINDS = ("jobs", "services", "networkpolicies")
+# Deleting a Job through the API orphans its pods unless told otherwise (kubectl defaults
+# to background); Background deletes the Job at once and its dependents right after.
+_PROPAGATION = "Background"
 
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def _uid(pod: dict) -> str | None:
-    return (pod.get("metadata") or {}).get("uid")
+def _uid(obj: dict) -> str | None:
+    return (obj.get("metadata") or {}).get("uid")
 
 
 def _name(obj: dict) -> str:
     return obj["metadata"]["name"]
 
 
+def _role(obj: dict) -> str | None:
+    return (obj["metadata"].get("labels") or {}).get(ROLE_LABEL)
+
+
 class KubernetesBackend:
-    """Run a training group as pods and headless Services in one namespace.
+    """Run a training group as Indexed Jobs and a headless Service in one namespace.
 
     :param kubernetes_conn_id: the provider's Kubernetes connection (None: no connection,
         use ``config_file`` / ``in_cluster`` / the default kubeconfig).
@@ -65,10 +75,19 @@ class KubernetesBackend:
         the names end in ``.svc`` and the pods' DNS search path completes them.
     :param network_policy: also create a NetworkPolicy admitting gRPC only from the group's pods.
     :param pod_defaults: pod settings for every role (same keys as ``RoleSpec.kubernetes``,
-        which wins per key), e.g. the data and run-output volumes.
+        which wins per key), e.g. the data and run-output volumes, a pod template, a Kueue queue.
+    :param ttl_seconds_after_finished: the whole group (parameter servers included) is
+        deleted by Kubernetes this long after its root Job finished, whether or not Airflow
+        tore it down; None keeps it until deleted.
+    :param ps_max_lifetime_seconds: the parameter servers' deadline when the group has no
+        ``active_deadline_seconds``: bounds a ps whose workers never finish and whose
+        Airflow is gone.
     :param progress_interval: how often ``watch()`` re-reads the chief's log for progress,
         and the longest a single pod watch request stays open.
-    :param poll_interval: how often ``watch()`` lists pods while the watch API is unavailable.
+    :param poll_interval: how often ``watch()`` lists pods while the watch API is unavailable,
+        and how often ``run_job()`` checks its Job.
+    :param task_template: recorded at launch (in the GroupRef): the lead trainer's pod
+        template, which the evaluation and export Jobs reuse (image, volumes, service account).
     """
 
     name = "kubernetes"
@@ -76,18 +95,27 @@ class KubernetesBackend:
     def __init__(self, kubernetes_conn_id: str | None = "kubernetes_default", namespace: str | None = None, *,
                  in_cluster: bool | None = None, config_file: str | None = None, cluster_context: str | None = None,
                  cluster_domain: str | None = None, network_policy: bool = False,
-                 pod_defaults: dict[str, Any] | None = None, progress_interval: float = 60.0,
-                 poll_interval: float = 30.0) -> None:
+                 pod_defaults: dict[str, Any] | None = None,
+                 ttl_seconds_after_finished: int | None = DEFAULT_TTL_SECONDS_AFTER_FINISHED,
+                 ps_max_lifetime_seconds: int = DEFAULT_PS_MAX_LIFETIME_SECONDS,
+                 progress_interval: float = 60.0, poll_interval: float = 30.0,
+                 task_template: dict[str, Any] | None = None) -> None:
         self.kubernetes_conn_id = kubernetes_conn_id
         self._namespace = namespace
         self.in_cluster = in_cluster
         self.config_file = config_file
         self.cluster_context = cluster_context
-        self.cluster_domain = cluster_domain
+        try:
+            self.cluster_domain = check_cluster_domain(cluster_domain)
+        except SpecError as e:
+            raise BackendError(str(e)) from None
         self.network_policy = network_policy
         self.pod_defaults = pod_defaults or {}
+        self.ttl_seconds_after_finished = ttl_seconds_after_finished
+        self.ps_max_lifetime_seconds = ps_max_lifetime_seconds
         self.progress_interval = float(progress_interval)
         self.poll_interval = float(poll_interval)
+        self.task_template = task_template
 
     # -- connection ----------------------------------------------------------------------
     def _hook_args(self) -> dict[str, Any]:
@@ -103,6 +131,12 @@ class KubernetesBackend:
     @cached_property
     def _core(self):
         return self.hook.core_v1_client
+
+    @cached_property
+    def _batch(self):
+        from kubernetes import client
+
+        return client.BatchV1Api(api_client=self.hook.api_client)
 
     @cached_property
     def _networking(self):
@@ -125,9 +159,12 @@ class KubernetesBackend:
     def namespace(self) -> str:
         return self._namespace or self.hook.get_namespace() or "default"
 
-    def _ref(self, group: str, success_policy: str) -> GroupRef:
+    def _ref(self, group: str, success_policy: str, task_template: dict | None = None) -> GroupRef:
         options = {**self._hook_args(), "cluster_domain": self.cluster_domain, "network_policy": self.network_policy,
-                   "progress_interval": self.progress_interval, "poll_interval": self.poll_interval}
+                   "ttl_seconds_after_finished": self.ttl_seconds_after_finished,
+                   "ps_max_lifetime_seconds": self.ps_max_lifetime_seconds,
+                   "progress_interval": self.progress_interval, "poll_interval": self.poll_interval,
+                   "task_template": task_template}
         return GroupRef(backend=self.name, name=group, namespace=self.namespace, options=options,
                         success_policy=success_policy)
 
@@ -157,44 +194,43 @@ class KubernetesBackend:
         with self._api(f"list {kind} {selector!r} in namespace {namespace}"):
             if kind == "pods":
                 result = self._core.list_namespaced_pod(namespace, label_selector=selector)
+            elif kind == "jobs":
+                result = self._batch.list_namespaced_job(namespace, label_selector=selector)
             elif kind == "services":
                 result = self._core.list_namespaced_service(namespace, label_selector=selector)
             else:
                 result = self._networking.list_namespaced_network_policy(namespace, label_selector=selector)
         return [self._plain(item) for item in result.items]
 
-    def _create(self, obj: dict) -> bool:
-        """Create one object; False when it already exists."""
+    def _create(self, obj: dict) -> dict | None:
+        """Create one object and return it as stored; None when it already exists."""
         from kubernetes.client.exceptions import ApiException
 
         ns, kind = obj["metadata"]["namespace"], obj["kind"]
         create: Callable[..., Any] = {
-            "Pod": self._core.create_namespaced_pod, "Service": self._core.create_namespaced_service,
+            "Job": self._batch.create_namespaced_job, "Service": self._core.create_namespaced_service,
             "NetworkPolicy": self._networking.create_namespaced_network_policy,
         }[kind]
         try:
             with self._api(f"create {kind} {_name(obj)} in namespace {ns}"):
-                create(ns, body=obj)
+                return self._plain(create(ns, body=obj))
         except BackendError as e:
             if isinstance(e.__cause__, ApiException) and e.__cause__.status == 409:
-                return False
+                return None
             raise
-        return True
 
-    def _delete(self, kind: str, namespace: str, name: str, **options: Any) -> bool:
-        """Delete one object; False when it was already gone (or replaced, with a uid precondition)."""
+    def _delete(self, kind: str, namespace: str, name: str) -> bool:
+        """Delete one object and, in the background, what it owns; False when already gone."""
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
-        delete = {"pods": self._core.delete_namespaced_pod, "services": self._core.delete_namespaced_service,
+        delete = {"jobs": self._batch.delete_namespaced_job, "services": self._core.delete_namespaced_service,
                   "networkpolicies": self._networking.delete_namespaced_network_policy}[kind]
-        uid = options.pop("uid", None)
-        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid) if uid else None, **options)
         try:
             with self._api(f"delete {kind} {name} in namespace {namespace}"):
-                delete(name, namespace, body=body)
+                delete(name, namespace, body=client.V1DeleteOptions(propagation_policy=_PROPAGATION))
         except BackendError as e:
-            if isinstance(e.__cause__, ApiException) and e.__cause__.status in (404, 409):
+            if isinstance(e.__cause__, ApiException) and e.__cause__.status == 404:
                 return False
             raise
         return True
@@ -214,32 +250,59 @@ class KubernetesBackend:
             raise BackendError(_explain(f"read the log of pod {pod}", e.status, e.reason, e.body)) from e
 
     # -- the protocol --------------------------------------------------------------------
+    def render(self, spec: GroupSpec) -> list[dict]:
+        """The objects ``launch()`` creates (without the ownerReferences, which need the root's uid)."""
+        return render_group(spec, self.namespace, cluster_domain=self.cluster_domain,
+                            network_policy=self.network_policy, pod_defaults=self.pod_defaults,
+                            ttl_seconds_after_finished=self.ttl_seconds_after_finished,
+                            ps_max_lifetime_seconds=self.ps_max_lifetime_seconds)
+
     def launch(self, spec: GroupSpec) -> GroupRef:
+        try:
+            objects = self.render(spec)
+        except SpecError as e:
+            raise BackendError(str(e)) from e
         namespace = self.namespace
-        self._core  # connect before rendering: the group's deadline counts from here
-        objects = render_group(spec, namespace, cluster_domain=self.cluster_domain,
-                               network_policy=self.network_policy, pod_defaults=self.pod_defaults)
-        kinds = ["pods", "services"] + (["networkpolicies"] if self.network_policy else [])
-        existing = {(o["kind"], _name(o)) for kind in kinds
-                    for o in self._list(kind, namespace, group_selector(spec.name))}
-        created = [f"{o['kind']}/{_name(o)}" for o in objects
-                   if (o["kind"], _name(o)) not in existing and self._create(o)]
+        kinds = ["jobs", "services"] + (["networkpolicies"] if self.network_policy else [])
+        existing = {(o["kind"], _name(o)): o for kind in kinds for o in self._list(kind, namespace, group_selector(spec.name))}
+        # The root first: everything else is owned by it, so deleting it removes the group.
+        root_body, rest = objects[0], objects[1:]
+        root = existing.get(("Job", _name(root_body)))
+        created = []
+        if root is None:
+            root = self._create(root_body)
+            if root is None:  # created by a concurrent try since we listed
+                root = next(o for o in self._list("jobs", namespace, group_selector(spec.name, _role(root_body)))
+                            if _name(o) == _name(root_body))
+            else:
+                created.append(f"Job/{_name(root_body)}")
+        for obj in rest:
+            if (obj["kind"], _name(obj)) not in existing and self._create(owned_by(obj, root)) is not None:
+                created.append(f"{obj['kind']}/{_name(obj)}")
         if created:
             log.info("launched training group %s in namespace %s: created %s", spec.name, namespace, ", ".join(created))
         else:
             log.info("training group %s already exists in namespace %s; re-attached", spec.name, namespace)
-        return self._ref(spec.name, spec.success_policy)
+        return self._ref(spec.name, spec.success_policy, task_template=root_body["spec"]["template"])
 
     def find(self, name: str) -> GroupRef | None:
-        pods = self._list("pods", self.namespace, group_selector(name))
-        if not pods:
+        jobs = self._list("jobs", self.namespace, group_selector(name))
+        roots = [j for j in jobs if (j["metadata"].get("annotations") or {}).get(ROOT_ANNOTATION) == "true"]
+        if not roots:
             return None
-        policy = (pods[0]["metadata"].get("annotations") or {}).get(SUCCESS_POLICY, "AllWorkers")
-        return self._ref(name, policy)
+        policy = roots[0]["metadata"]["annotations"].get(SUCCESS_POLICY, "AllWorkers")
+        return self._ref(name, policy, task_template=(roots[0].get("spec") or {}).get("template"))
+
+    def _group_jobs(self, namespace: str, group: str) -> list[dict]:
+        # One-off Jobs (evaluation, export) carry the group label too; they are not tasks.
+        return [j for j in self._list("jobs", namespace, group_selector(group))
+                if COMPONENT_LABEL not in (j["metadata"].get("labels") or {})]
 
     def status(self, ref: GroupRef) -> GroupStatus:
         namespace, now = self._ns(ref), _now()
-        pods = self._list("pods", namespace, group_selector(ref.name))
+        jobs = self._group_jobs(namespace, ref.name)
+        pods = [p for p in self._list("pods", namespace, group_selector(ref.name))
+                if COMPONENT_LABEL not in (p["metadata"].get("labels") or {})]
         messages = {}
         for pod in overdue_unschedulable(pods, now):
             with self._api(f"list events of pod {pod}"):
@@ -248,45 +311,90 @@ class KubernetesBackend:
         lead = lead_pod(pods)
         progress = None
         if lead is not None and (lead.get("status") or {}).get("phase") in _STARTED_PHASES:
-            progress = parse_progress(self._read_log(namespace, _name(lead), role_index(lead)[0], PROGRESS_TAIL_LINES))
-        result = assess(ref.name, pods, now, scheduler_messages=messages, progress=progress)
-        for pod in result.restart:
-            self._recreate(pod, now)
-        return result.status
-
-    def _recreate(self, pod: dict, now: dt.datetime) -> dict | None:
-        namespace, name = pod["metadata"]["namespace"], _name(pod)
-        # Delete only this very pod (uid precondition), so two observers never replace it twice.
-        if not self._delete("pods", namespace, name, uid=_uid(pod), grace_period_seconds=0):
-            return None
-        body = recreated(pod, now)
-        for _ in range(_RECREATE_ATTEMPTS):  # the old pod may take a moment to disappear
-            if self._create(body):
-                log.warning("restarted task %s (pod recreated, restart %s)", name,
-                            body["metadata"]["annotations"].get("airflow-tf/restarts"))
-                return body
-            time.sleep(_RECREATE_PAUSE)
-        raise BackendError(f"could not recreate pod {name} in namespace {namespace}: "
-                           "the old pod is still being deleted; the next status check retries")
+            progress = parse_progress(self._read_log(namespace, _name(lead), _role(lead) or "", PROGRESS_TAIL_LINES))
+        return assess(ref.name, jobs, pods, now, scheduler_messages=messages, progress=progress)
 
     def logs(self, ref: GroupRef, role: str, index: int, tail_lines: int | None = None) -> str:
-        return self._read_log(self._ns(ref), task_name(ref.name, role, index), role, tail_lines)
+        namespace = self._ns(ref)
+        pods = self._list("pods", namespace, f"{group_selector(ref.name, role)},{INDEX_LABEL}={index}")
+        pod = latest_pods(pods).get((role, index))
+        return "" if pod is None else self._read_log(namespace, _name(pod), role, tail_lines)
 
     def teardown(self, ref: GroupRef, roles: Iterable[str] | None = None) -> list[str]:
+        """Delete the group (the root Job first: garbage collection removes what it owns),
+        or only the Jobs of ``roles``. Pods go with their Job."""
         namespace = self._ns(ref)
-        selectors = [group_selector(ref.name)] if roles is None else [group_selector(ref.name, r) for r in roles]
-        kinds = ["pods", "services"]
-        if roles is None and ref.options.get("network_policy", self.network_policy):
-            kinds.append("networkpolicies")
         deleted = []
-        for selector in selectors:
-            for kind in kinds:
-                for obj in self._list(kind, namespace, selector):
-                    if self._delete(kind, namespace, _name(obj)):
-                        deleted.append(f"{obj.get('kind', kind).lower()}/{_name(obj)}")
+        if roles is None:
+            jobs = sorted(self._list("jobs", namespace, group_selector(ref.name)),
+                          key=lambda j: (j["metadata"].get("annotations") or {}).get(ROOT_ANNOTATION) != "true")
+            objects = [("jobs", j) for j in jobs]
+            objects += [(kind, o) for kind in _KINDS[1:] if kind != "networkpolicies"
+                        or ref.options.get("network_policy", self.network_policy)
+                        for o in self._list(kind, namespace, group_selector(ref.name))]
+        else:
+            objects = [("jobs", j) for role in roles for j in self._list("jobs", namespace, group_selector(ref.name, role))]
+        for kind, obj in objects:
+            # Also what the root owns: a cascade is asynchronous, and an object created
+            # by a launch that died before setting its owner would stay.
+            if self._delete(kind, namespace, _name(obj)):
+                deleted.append(f"{obj.get('kind', kind).lower()}/{_name(obj)}")
         if deleted:
             log.info("deleted from namespace %s: %s", namespace, ", ".join(deleted))
         return deleted
+
+    # -- one-off Jobs: evaluation and export on the cluster ------------------------------
+    def run_job(self, ref: GroupRef, component: str, args: list[str], *, timeout: float = 3600.0,
+                log_tail_lines: int = 50) -> str:
+        """Run ``python -m airflow_tf.serving <args>`` once, on the group's training image
+        with the lead trainer's volumes and service account, and wait for it.
+
+        The Job is named ``<group>-<component>``; a Job of that name left by an earlier try
+        is replaced when it finished, re-attached to while it runs. Returns its log;
+        raises BackendError naming the pod and its reason when it fails."""
+        template = ref.options.get("task_template") or self.task_template
+        if not template:
+            raise BackendError(f"group {ref.name}: the launch recorded no pod template to run {component} with; "
+                               "launch the group again with this version of airflow-tf")
+        namespace, name = self._ns(ref), f"{ref.name}-{component}"
+        selector = f"{group_selector(ref.name)},{COMPONENT_LABEL}={component}"
+        body = _one_off_job(name, namespace, ref.name, component, template, args, timeout,
+                            self.ttl_seconds_after_finished)
+        for old in self._list("jobs", namespace, selector):
+            if _job_finished(old):
+                self._delete("jobs", namespace, _name(old))
+        deadline = time.monotonic() + 60
+        while self._create(body) is None:  # the old Job is still being deleted, or a running one
+            running = [j for j in self._list("jobs", namespace, selector) if not _job_finished(j)
+                       and not (j["metadata"].get("deletionTimestamp"))]
+            if running:
+                log.info("re-attaching to %s Job %s started by an earlier try", component, name)
+                break
+            if time.monotonic() > deadline:
+                raise BackendError(f"could not create Job {name} in namespace {namespace}: "
+                                   "a Job of that name is still being deleted")
+            time.sleep(min(self.poll_interval, 1.0))
+        log.info("running %s on the cluster as Job %s in namespace %s", component, name, namespace)
+        while True:
+            jobs = [j for j in self._list("jobs", namespace, selector) if _name(j) == name]
+            if not jobs:
+                raise BackendError(f"Job {name} in namespace {namespace} disappeared before it finished "
+                                   "(deleted outside airflow-tf)")
+            state = _job_finished(jobs[0])
+            if state:
+                break
+            time.sleep(self.poll_interval)
+        pods = latest_pods([p for p in self._list("pods", namespace, selector)])
+        pod = next(iter(pods.values()), None)
+        text = self._read_log(namespace, _name(pod), component, log_tail_lines) if pod else ""
+        if state != "Complete":
+            task = _task_status(pod, _now(), {}, name, 0) if pod else None
+            detail = (task.reason or (f"exit code {task.exit_code}" if task.exit_code is not None else None)) if task else None
+            raise BackendError(f"{component} Job {name} failed (pod {_name(pod) if pod else 'none'}: "
+                               f"{detail or _job_condition_text(jobs[0])}); last lines of its log:\n"
+                               f"{text.rstrip() or '(empty)'}")
+        self._delete("jobs", namespace, name)
+        return text
 
     # -- watching ------------------------------------------------------------------------
     async def watch(self, ref: GroupRef, timeout: float | None = None) -> AsyncIterator[GroupStatus]:
@@ -376,33 +484,34 @@ class KubernetesBackend:
 
 
 class _WatchedGroup:
-    """The pods of one group as last seen by ``watch()``, and their status."""
+    """The pods of one group as last seen by ``watch()``, and their status. The Jobs are
+    re-read whenever a pod changed: their conditions (failed, complete) come with pod events."""
 
     def __init__(self, backend: KubernetesBackend, ref: GroupRef, core: Any, api: Any, namespace: str, selector: str):
+        from kubernetes_asyncio import client as async_client
+
         self.backend, self.ref, self.core, self.api = backend, ref, core, api
+        self.batch = async_client.BatchV1Api(api)
         self.namespace, self.selector = namespace, selector
         self.pods: dict[str, dict] = {}
-        self.replaced: set[str] = set()
         self.resource_version: str | None = None
         self.progress: dict[str, Any] | None = None
         self._progress_read_at: float | None = None
 
     async def relist(self) -> None:
         result = await self.core.list_namespaced_pod(self.namespace, label_selector=self.selector)
-        self.pods = {_name(p): p for p in (self.api.sanitize_for_serialization(i) for i in result.items)}
+        self.pods = {_name(p): p for p in (self.api.sanitize_for_serialization(i) for i in result.items)
+                     if COMPONENT_LABEL not in (p["metadata"].get("labels") or {})}
         self.resource_version = result.metadata.resource_version
 
     def apply(self, kind: str, pod: dict) -> bool:
         """Update the cache from one watch event; True when a pod changed."""
         self.resource_version = pod.get("metadata", {}).get("resourceVersion", self.resource_version)
-        if kind == "BOOKMARK" or _uid(pod) in self.replaced:
-            return False  # our own replacement of a failed pod is already in the cache
+        if kind == "BOOKMARK" or COMPONENT_LABEL in (pod["metadata"].get("labels") or {}):
+            return False
         name = _name(pod)
         if kind == "DELETED":
-            if name in self.pods and _uid(self.pods[name]) == _uid(pod):
-                del self.pods[name]
-                return True
-            return False
+            return self.pods.pop(name, None) is not None
         self.pods[name] = pod
         return True
 
@@ -423,7 +532,7 @@ class _WatchedGroup:
 
         try:
             response = await self.core.read_namespaced_pod_log(
-                _name(lead), self.namespace, container=role_index(lead)[0], tail_lines=PROGRESS_TAIL_LINES,
+                _name(lead), self.namespace, container=_role(lead), tail_lines=PROGRESS_TAIL_LINES,
                 _preload_content=False)
             async with response:
                 text = await response.text(errors="replace")
@@ -431,51 +540,58 @@ class _WatchedGroup:
             return
         self.progress = parse_progress(text) or self.progress
 
-    async def status(self, confirmed: bool = False) -> GroupStatus:
+    async def status(self) -> GroupStatus:
         now = _now()
+        jobs = [j for j in (self.api.sanitize_for_serialization(i) for i in
+                            (await self.batch.list_namespaced_job(self.namespace, label_selector=self.selector)).items)
+                if COMPONENT_LABEL not in (j["metadata"].get("labels") or {})]
         pods = list(self.pods.values())
         messages = {}
         for pod in overdue_unschedulable(pods, now):
             events = await self.core.list_namespaced_event(self.namespace, field_selector=_event_selector(pod))
             messages[pod] = scheduler_message([self.api.sanitize_for_serialization(e) for e in events.items])
         await self._read_progress()
-        result = assess(self.ref.name, pods, now, scheduler_messages=messages, progress=self.progress)
-        if result.missing and not confirmed:
-            # A DELETED event can arrive just before the ADDED of a replacement: judge a
-            # missing pod from a fresh list, never from the event stream alone.
-            await self.relist()
-            return await self.status(confirmed=True)
-        for pod in result.restart:
-            new = await self._recreate(pod, now)
-            if new is not None:
-                self.replaced.add(_uid(pod))
-                self.pods[_name(new)] = new
-        return result.status
+        return assess(self.ref.name, jobs, pods, now, scheduler_messages=messages, progress=self.progress)
 
-    async def _recreate(self, pod: dict, now: dt.datetime) -> dict | None:
-        from kubernetes_asyncio import client as async_client
 
-        name = _name(pod)
-        try:
-            await self.core.delete_namespaced_pod(name, self.namespace, body=async_client.V1DeleteOptions(
-                grace_period_seconds=0, preconditions=async_client.V1Preconditions(uid=_uid(pod))))
-        except async_client.exceptions.ApiException as e:
-            if e.status in (404, 409):  # already gone or already replaced
-                return None
-            raise BackendError(_explain(f"delete failed pod {name} to restart it", e.status, e.reason, e.body)) from e
-        body = recreated(pod, now)
-        for _ in range(_RECREATE_ATTEMPTS):
-            try:
-                created = await self.core.create_namespaced_pod(self.namespace, body)
-            except async_client.exceptions.ApiException as e:
-                if e.status != 409:
-                    raise BackendError(_explain(f"recreate pod {name}", e.status, e.reason, e.body)) from e
-                await asyncio.sleep(_RECREATE_PAUSE)
-                continue
-            log.warning("restarted task %s (pod recreated)", name)
-            return self.api.sanitize_for_serialization(created)
-        raise BackendError(f"could not recreate pod {name} in namespace {self.namespace}: "
-                           "the old pod is still being deleted")
+def _job_finished(job: dict) -> str | None:
+    """'Complete' or 'Failed' once the Job finished, else None."""
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
+            return cond["type"]
+    return None
+
+
+def _job_condition_text(job: dict) -> str:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Failed" and cond.get("status") == "True":
+            return f"{cond.get('reason')}: {cond.get('message') or ''}".rstrip(": ")
+    return "no pod ran"
+
+
+def _one_off_job(name: str, namespace: str, group: str, component: str, template: dict, args: list[str],
+                 timeout: float, ttl: int | None) -> dict:
+    """A Job running ``python -m airflow_tf.serving <args>`` in the lead trainer's pod
+    template: same image, volumes, service account and security; no TF_CONFIG, no port."""
+    spec = json.loads(json.dumps(template["spec"]))
+    spec.pop("subdomain", None)
+    main = dict(spec["containers"][0])
+    main.update(name=component, command=["python", "-m", "airflow_tf.serving", *args],
+                env=[e for e in main.get("env") or [] if e.get("name") not in ("TF_CONFIG",)])
+    main.pop("ports", None)
+    spec["containers"] = [main] + spec["containers"][1:]
+    labels = {GROUP_LABEL: group, COMPONENT_LABEL: component}
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "backoffLimit": 0, "completions": 1, "parallelism": 1,
+            "activeDeadlineSeconds": max(1, math.ceil(timeout)),
+            **({"ttlSecondsAfterFinished": ttl} if ttl is not None else {}),
+            "template": {"metadata": {"labels": labels, "annotations": (template.get("metadata") or {}).get(
+                "annotations") or {}}, "spec": spec},
+        },
+    }
 
 
 def _event_selector(pod: str) -> str:

@@ -1,31 +1,26 @@
-"""From pods (as the API server returns them, JSON dicts) to a :class:`GroupStatus`.
+"""From the group's Jobs and pods (as the API server returns them, JSON dicts) to a
+:class:`GroupStatus`. Pure functions, shared by the synchronous ``status()`` and the
+asynchronous ``watch()``; they decide, they never act.
 
-Pure functions, shared by the synchronous ``status()`` and the asynchronous ``watch()``.
-Everything a decision needs is on the pods themselves: role and index labels, and the
-annotations written at launch (restart policy, restarts so far, the group's backoff
-limit, schedule timeout, deadline, expected replicas).
-
-Restart policy on Kubernetes: pods run with ``restartPolicy: Never`` and the backend
-applies the group's policy (``Never`` / ``OnFailure`` / ``ExitCode``, as for the local
-backend) by recreating a failed pod under the same name, so its Service and DNS name
-stay valid. Restarts count against ``backoff_limit`` across the whole group. Failures a
-restart would only repeat fail fast instead: image pull errors, a missing Secret or
-ConfigMap, OOMKilled, eviction, a pod unschedulable past its schedule timeout, and the
-group's deadline.
+Kubernetes owns the lifecycle: the Job controller restarts a failed task within its
+Job's ``backoffLimitPerIndex``, ignores disruptions, fails the Job on a user error
+(``podFailurePolicy``) or at its deadline. This module reads the outcome: a task whose
+latest pod failed is ``Restarting`` while its Job will replace it, ``Failed`` once its
+index failed or its Job did. Failures a restart would only repeat are reported at once,
+naming the pod: image pull errors, a missing Secret or ConfigMap, OOMKilled, a pod
+unschedulable past its schedule timeout.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_tf.cluster import GroupStatus, Phase, TaskStatus, describe_exit, is_retryable_exit
+from airflow_tf.cluster import GroupStatus, Phase, TaskStatus, describe_exit, task_name
 
 from .kubernetes_manifests import (
-    BACKOFF_LIMIT, DEADLINE, DEFAULT_SCHEDULE_TIMEOUT, INDEX_LABEL, REPLICAS, RESTART_POLICY, RESTARTS,
-    ROLE_LABEL, SCHEDULE_TIMEOUT,
+    DEFAULT_SCHEDULE_TIMEOUT, INDEX_LABEL, KUEUE_QUEUE_LABEL, REPLICAS, ROLE_LABEL, ROOT_ANNOTATION, SCHEDULE_TIMEOUT,
 )
 
 FAIL_FAST_WAITING = {
@@ -43,28 +38,25 @@ def parse_time(value: str | None) -> dt.datetime | None:
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-def _meta(pod: dict) -> dict:
-    return pod.get("metadata") or {}
+def _meta(obj: dict) -> dict:
+    return obj.get("metadata") or {}
 
 
-def _annotation(pod: dict, key: str, default: str) -> str:
-    return (_meta(pod).get("annotations") or {}).get(key) or default
+def _annotation(obj: dict, key: str, default: str) -> str:
+    return (_meta(obj).get("annotations") or {}).get(key) or default
 
 
 def role_index(pod: dict) -> tuple[str, int]:
     labels = _meta(pod).get("labels") or {}
-    return labels.get(ROLE_LABEL, "?"), int(labels.get(INDEX_LABEL, "0"))
-
-
-def restarts(pod: dict) -> int:
-    """Times this task was recreated, plus any in-place container restarts."""
-    in_place = sum(c.get("restartCount") or 0 for c in (pod.get("status") or {}).get("containerStatuses") or [])
-    return int(_annotation(pod, RESTARTS, "0")) + in_place
+    index = labels.get(INDEX_LABEL) or (_meta(pod).get("annotations") or {}).get(INDEX_LABEL) or "0"
+    return labels.get(ROLE_LABEL, "?"), int(index)
 
 
 def _container_state(pod: dict) -> tuple[str | None, dict]:
-    """The first container's state: ('waiting'|'running'|'terminated', details)."""
-    for c in (pod.get("status") or {}).get("containerStatuses") or []:
+    """The task container's state (the first one): ('waiting'|'running'|'terminated', details)."""
+    role = role_index(pod)[0]
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    for c in sorted(statuses, key=lambda c: c.get("name") != role):
         for kind in ("terminated", "waiting", "running"):
             if (c.get("state") or {}).get(kind):
                 return kind, c["state"][kind]
@@ -88,22 +80,36 @@ def schedule_deadline(pod: dict) -> dt.datetime | None:
     return since + dt.timedelta(seconds=float(_annotation(pod, SCHEDULE_TIMEOUT, str(DEFAULT_SCHEDULE_TIMEOUT))))
 
 
+def _attempt_order(pod: dict) -> tuple[str, bool]:
+    # Creation times have a resolution of one second; within one, the attempt still
+    # pending or running is the newer (the Job controller runs one pod per index at a time).
+    return _meta(pod).get("creationTimestamp") or "", (pod.get("status") or {}).get("phase") in ("Pending", "Running")
+
+
+def latest_pods(pods: list[dict]) -> dict[tuple[str, int], dict]:
+    """The newest pod of every task (the Job controller's latest attempt)."""
+    latest: dict[tuple[str, int], dict] = {}
+    for pod in sorted(pods, key=_attempt_order):
+        latest[role_index(pod)] = pod
+    return latest
+
+
 def overdue_unschedulable(pods: list[dict], now: dt.datetime) -> list[str]:
     """Pods past their schedule timeout: the caller looks up the scheduler's events for these."""
-    return [_meta(p)["name"] for p in pods if (d := schedule_deadline(p)) is not None and now >= d]
+    return [_meta(p)["name"] for p in latest_pods(pods).values()
+            if (d := schedule_deadline(p)) is not None and now >= d]
 
 
 def next_wakeup(pods: list[dict], now: dt.datetime) -> dt.datetime | None:
-    """The next moment the status can change without any pod event (a timeout passing)."""
-    moments = [d for p in pods if (d := schedule_deadline(p)) is not None and d > now]
-    moments += [d for p in pods if (d := parse_time(_annotation(p, DEADLINE, ""))) is not None and d > now]
+    """The next moment the status can change without any event (a schedule timeout passing)."""
+    moments = [d for p in latest_pods(pods).values() if (d := schedule_deadline(p)) is not None and d > now]
     return min(moments) if moments else None
 
 
 def lead_pod(pods: list[dict]) -> dict | None:
     """The pod whose log carries training progress: the chief, else worker 0."""
-    by_task = {role_index(p): p for p in pods}
-    return by_task.get(("chief", 0)) or by_task.get(("worker", 0))
+    latest = latest_pods(pods)
+    return latest.get(("chief", 0)) or latest.get(("worker", 0))
 
 
 def _limit(pod: dict, resource: str) -> str | None:
@@ -111,86 +117,133 @@ def _limit(pod: dict, resource: str) -> str | None:
     return ((containers[0].get("resources") or {}).get("limits") or {}).get(resource)
 
 
-@dataclass
-class Assessment:
-    status: GroupStatus
-    restart: list[dict] = field(default_factory=list)
-    """Failed pods to recreate now, under the group's restart policy and budget."""
-    missing: list[str] = field(default_factory=list)
-    """Trainer pods that should exist and do not (deleted by someone else)."""
+def _condition(job: dict, kind: str) -> dict | None:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return cond
+    return None
 
 
-def assess(group: str, pods: list[dict], now: dt.datetime, *, scheduler_messages: dict[str, str] | None = None,
-           progress: dict[str, Any] | None = None) -> Assessment:
-    """The group's status from its pods, and which pods the backend must recreate."""
-    if not pods:
-        return Assessment(GroupStatus(name=group, exists=False))
+def _indexes(text: str | None) -> set[int]:
+    """``"1,3-5"`` (a Job's completedIndexes / failedIndexes) as a set."""
+    result: set[int] = set()
+    for part in filter(None, (text or "").split(",")):
+        low, _, high = part.partition("-")
+        result.update(range(int(low), int(high or low) + 1))
+    return result
+
+
+def assess(group: str, jobs: list[dict], pods: list[dict], now: dt.datetime, *,
+           scheduler_messages: dict[str, str] | None = None, progress: dict[str, Any] | None = None) -> GroupStatus:
+    """The group's status from its Jobs and their pods."""
+    if not jobs:
+        return GroupStatus(name=group, exists=False)
     scheduler_messages = scheduler_messages or {}
-    pods = sorted(pods, key=role_index)
-    budget = max(int(_annotation(p, BACKOFF_LIMIT, "0")) for p in pods)
-    spent = sum(restarts(p) for p in pods)
+    by_role = {(_meta(j).get("labels") or {}).get(ROLE_LABEL): j for j in jobs}
+    root = next((j for j in jobs if _annotation(j, ROOT_ANNOTATION, "") == "true"), jobs[0])
+    expected = json.loads(_annotation(root, REPLICAS, "{}"))
+    latest = latest_pods(pods)
+    attempts_of: dict[tuple[str, int], list[dict]] = {}
+    for pod in sorted(pods, key=_attempt_order):
+        attempts_of.setdefault(role_index(pod), []).append(pod)
+    attempts = {task: len(tried) for task, tried in attempts_of.items()}
     tasks: list[TaskStatus] = []
-    to_restart: list[dict] = []
+    stopped: set[str] = set()  # tasks Kubernetes stopped because another one failed
     failure = None
 
-    for pod in pods:
-        if _meta(pod).get("deletionTimestamp") and role_index(pod)[0] not in TRAINERS:
-            continue  # a parameter server being torn down: its exit is expected
-        task = _task_status(pod, now, scheduler_messages)
-        if task.phase is Phase.FAILED and task.exit_code is not None and task.reason is None:
-            # A plain non-zero exit: the restart policy and the group's budget decide.
-            policy = _annotation(pod, RESTART_POLICY, "Never")
-            leaving = _meta(pod).get("deletionTimestamp") is not None
-            if leaving or not is_retryable_exit(policy, task.exit_code):
-                task.reason = f"{describe_exit(task.exit_code)} (restart policy {policy})"
-            elif spent >= budget:
-                task.reason = (f"{describe_exit(task.exit_code)}; restart budget spent "
-                               f"(backoff_limit {budget}, {spent} restart(s) in the group)")
-            else:
-                spent += 1
-                task.phase, task.restarts = Phase.RESTARTING, task.restarts + 1
-                task.reason = f"{describe_exit(task.exit_code)}; restarting ({spent}/{budget} of the group's budget)"
-                to_restart.append(pod)
-        tasks.append(task)
+    for role in sorted(expected):
+        job = by_role.get(role)
+        name = f"{group}-{role}"
+        if job is None:
+            if role in TRAINERS:
+                failure = f"Job {name} not found: it was deleted outside airflow-tf; launch the group again"
+            continue  # parameter servers are gone after a ps-only teardown: fine
+        failed_job = _condition(job, "Failed")
+        complete = _condition(job, "Complete") or _condition(job, "SuccessCriteriaMet")
+        failed_indexes = _indexes((job.get("status") or {}).get("failedIndexes"))
+        completed = _indexes((job.get("status") or {}).get("completedIndexes"))
+        suspended = bool((job.get("spec") or {}).get("suspend"))
+        for index in range(int(expected[role])):
+            pod = latest.get((role, index))
+            restarts = max(0, attempts.get((role, index), 0) - 1)
+            if pod is None:
+                task = TaskStatus(role=role, index=index, name=task_name(group, role, index), phase=Phase.PENDING,
+                                  restarts=restarts)
+                if index in completed or complete:
+                    task.phase, task.exit_code = Phase.SUCCEEDED, 0
+                elif suspended:
+                    queue = (_meta(job).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+                    task.reason = (f"Job {name} is suspended: waiting for the queue {queue} to admit it" if queue
+                                   else f"Job {name} is suspended")
+                elif failed_job:
+                    task.phase, task.reason = Phase.FAILED, f"stopped by Kubernetes: {_job_failure(job, failed_job)}"
+                    stopped.add(task.name)
+                else:
+                    task.reason = "waiting for the Job controller to create the pod"
+                tasks.append(task)
+                continue
+            if _meta(pod).get("deletionTimestamp") and role not in TRAINERS:
+                continue  # a parameter server being torn down: its exit is expected
+            task = _task_status(pod, now, scheduler_messages, task_name(group, role, index), restarts)
+            oom = next((t for p in attempts_of.get((role, index), [])[:-1]
+                        if (t := _task_status(p, now, {}, task.name, restarts)).reason
+                        and t.reason.startswith("OOMKilled")), None)
+            if oom is not None and task.phase is not Phase.SUCCEEDED:
+                # Kubernetes restarts a container killed by a signal; with the same memory
+                # limit it would only run out again: fail now, naming the killed pod.
+                task.phase, task.exit_code, task.reason = Phase.FAILED, oom.exit_code, oom.reason
+            if task.phase is Phase.FAILED and not task.reason and task.exit_code is not None:
+                # A plain failed attempt: the Job controller's verdict decides.
+                if failed_job or index in failed_indexes:
+                    why = _job_failure(job, failed_job) if failed_job else "its restarts are spent (backoffLimitPerIndex)"
+                    task.reason = f"{describe_exit(task.exit_code)}: {why}"
+                else:
+                    task.phase = Phase.RESTARTING
+                    task.reason = f"{describe_exit(task.exit_code)}; Kubernetes restarts it (Job {name})"
+            elif task.phase is Phase.FAILED and task.reason and task.reason.startswith(("Evicted", "Preempted")) \
+                    and not failed_job and index not in failed_indexes:
+                task.phase = Phase.RESTARTING  # a disruption: not counted, the pod is replaced
+            elif task.phase in (Phase.RUNNING, Phase.PENDING) and failed_job:
+                task.phase, task.reason = Phase.FAILED, f"stopped by Kubernetes: {_job_failure(job, failed_job)}"
+                stopped.add(task.name)
+            tasks.append(task)
+        if failed_job and not any(t.phase is Phase.FAILED and t.name not in stopped for t in tasks if t.role == role):
+            failure = failure or f"Job {name} failed: {_job_failure(job, failed_job)}"
+    # The task that failed comes before those stopped because of it: it is the reason.
+    tasks.sort(key=lambda t: (t.name in stopped, t.role, t.index))
+    return GroupStatus(name=group, tasks=tasks, failure=failure, progress=progress)
 
-    # Trainers that should exist but do not were deleted by someone else: the group
-    # cannot finish. (Parameter servers are missing after a ps-only teardown: fine.)
-    expected = json.loads(_annotation(pods[0], REPLICAS, "{}"))
-    present = {(t.role, t.index) for t in tasks}
-    missing = [(role, index) for role in TRAINERS for index in range(int(expected.get(role, 0)))
-               if (role, index) not in present]
-    for role, index in missing:
-        tasks.append(TaskStatus(role=role, index=index, name=f"{group}-{role}-{index}", phase=Phase.FAILED,
-                                reason="pod not found: it was deleted outside airflow-tf; launch the group again"))
-    deadline = parse_time(_annotation(pods[0], DEADLINE, ""))
-    if deadline is not None and now >= deadline and not all(
-            t.phase is Phase.SUCCEEDED for t in tasks if t.role in TRAINERS):
-        failure = (f"training group {group!r} passed its active_deadline_seconds at "
-                   f"{deadline.strftime('%Y-%m-%dT%H:%M:%SZ')} before the workers finished")
-        to_restart = []
-    tasks.sort(key=lambda t: (t.role, t.index))
-    return Assessment(GroupStatus(name=group, tasks=tasks, failure=failure, progress=progress), to_restart,
-                      [f"{group}-{role}-{index}" for role, index in missing])
+
+def _job_failure(job: dict, condition: dict | None) -> str:
+    condition = condition or {}
+    reason, message = condition.get("reason") or "Failed", condition.get("message") or ""
+    if reason == "DeadlineExceeded":
+        seconds = (job.get("spec") or {}).get("activeDeadlineSeconds")
+        return f"DeadlineExceeded: the Job ran past its activeDeadlineSeconds ({seconds}s) before it finished"
+    if reason == "PodFailurePolicy":
+        return f"a program error, not retried (podFailurePolicy): {message}"
+    return f"{reason}: {message}" if message else reason
 
 
-def _task_status(pod: dict, now: dt.datetime, scheduler_messages: dict[str, str]) -> TaskStatus:
+def _task_status(pod: dict, now: dt.datetime, scheduler_messages: dict[str, str], name: str,
+                 restarts: int) -> TaskStatus:
     role, index = role_index(pod)
-    name = _meta(pod)["name"]
+    pod_name = _meta(pod)["name"]
     status = pod.get("status") or {}
     phase = status.get("phase") or "Pending"
     kind, state = _container_state(pod)
-    task = TaskStatus(role=role, index=index, name=name, phase=Phase.PENDING, restarts=restarts(pod))
+    task = TaskStatus(role=role, index=index, name=name, phase=Phase.PENDING, restarts=restarts)
 
     if phase == "Pending":
         if kind == "waiting" and state.get("reason") in FAIL_FAST_WAITING:
             task.phase = Phase.FAILED
-            task.reason = (f"{state['reason']}: {state.get('message') or FAIL_FAST_WAITING[state['reason']]} "
+            task.reason = (f"pod {pod_name}: {state['reason']}: {state.get('message') or FAIL_FAST_WAITING[state['reason']]} "
                            f"({FAIL_FAST_WAITING[state['reason']]})")
         elif (deadline := schedule_deadline(pod)) is not None and now >= deadline:
             timeout = _annotation(pod, SCHEDULE_TIMEOUT, str(DEFAULT_SCHEDULE_TIMEOUT))
-            message = scheduler_messages.get(name) or _scheduled_condition_message(pod)
+            message = scheduler_messages.get(pod_name) or _scheduled_condition_message(pod)
             task.phase = Phase.FAILED
-            task.reason = (f"unschedulable for more than {timeout}s (schedule_timeout_seconds); "
+            task.reason = (f"pod {pod_name} unschedulable for more than {timeout}s (schedule_timeout_seconds); "
                            f"the scheduler says: {message}")
         elif kind == "waiting":
             task.reason = state.get("reason")
@@ -205,21 +258,26 @@ def _task_status(pod: dict, now: dt.datetime, scheduler_messages: dict[str, str]
         return task
     if phase == "Failed":
         task.phase = Phase.FAILED
-        if status.get("reason") == "Evicted":
-            task.reason = f"Evicted: {status.get('message') or 'the node ran short of resources'}"
+        disrupted = any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+                        for c in status.get("conditions") or [])
+        if status.get("reason") == "Evicted" or (disrupted and kind != "terminated"):
+            task.reason = f"Evicted: pod {pod_name}: {status.get('message') or 'the node ran short of resources'}"
         elif status.get("reason") == "DeadlineExceeded":
-            task.reason = f"DeadlineExceeded: {status.get('message') or 'the pod ran past activeDeadlineSeconds'}"
+            task.reason = f"DeadlineExceeded: pod {pod_name} ran past activeDeadlineSeconds"
         elif kind == "terminated":
             task.exit_code = int(state.get("exitCode", 1))
-            if state.get("reason") == "OOMKilled":
+            if disrupted:
+                task.reason = f"Preempted: pod {pod_name} was disrupted ({describe_exit(task.exit_code)})"
+            elif state.get("reason") == "OOMKilled":
                 limit = _limit(pod, "memory")
-                task.reason = (f"OOMKilled: the container ran out of memory "
+                task.reason = (f"OOMKilled: pod {pod_name} ran out of memory "
                                f"({f'limit {limit}' if limit else 'no memory limit set'}); "
                                f"raise roles.{role}.resources.limits.memory")
         else:
-            task.reason = f"{status.get('reason') or 'Failed'}: {status.get('message') or 'the pod failed before its container ran'}"
+            task.reason = (f"pod {pod_name}: {status.get('reason') or 'Failed'}: "
+                           f"{status.get('message') or 'the pod failed before its container ran'}")
         return task
-    task.reason = f"pod phase {phase}: the node is not reporting (node lost?)"
+    task.reason = f"pod {pod_name} phase {phase}: the node is not reporting (node lost?)"
     return task
 
 
@@ -238,27 +296,3 @@ def scheduler_message(events: list[dict]) -> str | None:
     latest = max(failed, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or
                  (e.get("metadata") or {}).get("creationTimestamp") or "")
     return latest.get("message")
-
-
-def recreated(pod: dict, now: dt.datetime) -> dict:
-    """The manifest that replaces a failed pod: same name, labels and spec, one more restart."""
-    meta = _meta(pod)
-    annotations = dict(meta.get("annotations") or {})
-    annotations[RESTARTS] = str(int(annotations.get(RESTARTS, "0")) + 1)
-    spec = {k: v for k, v in (pod.get("spec") or {}).items() if k != "nodeName"}
-    # The service-account token volume is added by the API server on admission; sending
-    # it back would pin the old token's projected volume name.
-    injected = {v["name"] for v in spec.get("volumes") or [] if v.get("name", "").startswith("kube-api-access-")}
-    if injected:
-        spec["volumes"] = [v for v in spec["volumes"] if v["name"] not in injected]
-        spec["containers"] = [{**c, "volumeMounts": [m for m in c.get("volumeMounts") or [] if m["name"] not in injected]}
-                              for c in spec["containers"]]
-    deadline = parse_time(annotations.get(DEADLINE))
-    if deadline is not None:
-        spec["activeDeadlineSeconds"] = max(1, int((deadline - now).total_seconds()))
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": meta["name"], "namespace": meta.get("namespace"),
-                     "labels": meta.get("labels") or {}, "annotations": annotations},
-        "spec": spec,
-    }

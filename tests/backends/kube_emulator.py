@@ -1,12 +1,30 @@
-"""A small Kubernetes API server for tests, over real HTTP on 127.0.0.1.
+"""A small Kubernetes API server for tests, over real HTTP on 127.0.0.1, with the Job
+controller and the garbage collector the backend relies on.
 
 No cluster can run on the test machines, so the Kubernetes backend is exercised against
 this emulator: the real ``kubernetes`` / ``kubernetes_asyncio`` clients, reached through
 the cncf-kubernetes provider's hooks with a kubeconfig written by the test, send real
 requests here. It implements only what the backend uses:
 
-- pods, services (core/v1) and networkpolicies (networking.k8s.io/v1): create, get, list
-  (label selectors), delete (with ``preconditions.uid``), pod logs (``tailLines``);
+- jobs (batch/v1), pods, services (core/v1) and networkpolicies (networking.k8s.io/v1):
+  create, get, list (label selectors), delete (``preconditions.uid``, ``propagationPolicy``),
+  pod logs (``tailLines``);
+- the Job controller for Indexed Jobs, as documented in
+  https://kubernetes.io/docs/concepts/workloads/controllers/job/ : one pod per index
+  (hostname ``<job>-<index>``, ``JOB_COMPLETION_INDEX``, the ``batch.kubernetes.io/job-completion-index``
+  label), a failed pod replaced until its index spent ``backoffLimitPerIndex``, then the
+  index failed and, past ``maxFailedIndexes``, the Job (reason ``MaxFailedIndexesExceeded``);
+  ``podFailurePolicy`` rules in order (``Ignore`` for a matching pod condition such as
+  ``DisruptionTarget``: replaced, not counted; ``FailJob`` on matching exit codes of the
+  named container: the Job fails at once, reason ``PodFailurePolicy``, its running pods are
+  deleted); ``successPolicy`` (``succeededIndexes``); ``activeDeadlineSeconds`` counted from
+  ``startTime`` (reason ``DeadlineExceeded``, running pods deleted); ``suspend`` (no pods
+  until admitted); ``ttlSecondsAfterFinished`` (the TTL controller deletes a finished Job
+  with background propagation);
+- garbage collection (https://kubernetes.io/docs/concepts/architecture/garbage-collection/):
+  deleting an owner with propagation ``Background``/``Foreground`` deletes its dependents;
+  ``Orphan`` (the default when a *Job* is deleted through the API without a policy) leaves
+  them without the owner; an object whose owners are all gone is deleted;
 - events (core/v1): list with field selectors;
 - pod watches (``watch=true``) that replay from a ``resourceVersion``, honour
   ``timeoutSeconds`` and answer a too-old version with a 410 ERROR event.
@@ -15,7 +33,9 @@ Every request is recorded with the RBAC verb it needs, so a test can compare the
 the backend made with the shipped Role. Tests drive pods through the helper methods
 (:meth:`run`, :meth:`succeed`, :meth:`fail`, :meth:`waiting`, :meth:`unschedulable`,
 :meth:`evict`, :meth:`oom_kill`), which change the status the way the kubelet and the
-scheduler would and emit MODIFIED watch events.
+scheduler would and emit MODIFIED watch events; :meth:`pod` names the current pod of a
+Job's index, :meth:`advance` moves the controllers' clock (deadlines, TTL) and
+:meth:`admit` unsuspends a Job as Kueue would.
 """
 
 from __future__ import annotations
@@ -40,11 +60,20 @@ _GROUPED = re.compile(
     r"^/apis/(?P<group>[^/]+)/v1/namespaces/(?P<ns>[^/]+)/(?P<resource>[a-z]+)(?:/(?P<name>[^/]+))?$"
 )
 _KINDS = {"pods": ("v1", "Pod"), "services": ("v1", "Service"), "events": ("v1", "Event"),
-          "networkpolicies": ("networking.k8s.io/v1", "NetworkPolicy")}
+          "networkpolicies": ("networking.k8s.io/v1", "NetworkPolicy"), "jobs": ("batch/v1", "Job")}
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _stamp(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse(value: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 def _iso(seconds_ago: float) -> str:
@@ -98,6 +127,11 @@ class KubeEmulator:
         self.requests: list[Request] = []
         self._failures: dict[str, int] = {}
         self._stopping = False
+        self._offset = dt.timedelta()  # the controllers' clock: now + offset (see advance)
+        self._counted: set[str] = set()  # uids of failed pods the Job controller has handled
+        self._index_failures: dict[tuple[str, int], int] = {}  # (job uid, index): failures counted
+        self._seq: dict[str, int] = {}  # uid: creation order
+        self.created_by_controller: list[str] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -161,6 +195,197 @@ class KubeEmulator:
             obj = self._objects[("pods", namespace, name)]
             obj["status"] = status
             self._record("pods", "MODIFIED", obj)
+            self.reconcile()
+
+    def pod(self, namespace: str, job: str, index: int) -> str:
+        """The name of the newest pod the Job controller made for ``index`` of ``job``."""
+        with self._lock:
+            pods = [o for (r, ns, _), o in self._objects.items() if r == "pods" and ns == namespace
+                    and (o["metadata"].get("labels") or {}).get("batch.kubernetes.io/job-name") == job
+                    and o["metadata"]["labels"].get(INDEX_LABEL) == str(index)]
+            if not pods:
+                raise KeyError(f"no pod of Job {job} index {index}")
+            return max(pods, key=lambda o: self._seq[o["metadata"]["uid"]])["metadata"]["name"]
+
+    def advance(self, seconds: float) -> None:
+        """Move the controllers' clock forward (deadlines, TTL) and let them act."""
+        with self._lock:
+            self._offset += dt.timedelta(seconds=seconds)
+            self.reconcile()
+
+    def admit(self, namespace: str, job: str) -> None:
+        """Unsuspend a Job, as Kueue does when its queue admits it."""
+        with self._lock:
+            obj = self._objects[("jobs", namespace, job)]
+            obj["spec"]["suspend"] = False
+            self._record("jobs", "MODIFIED", obj)
+            self.reconcile()
+
+    # -- the Job controller, the TTL controller and the garbage collector -----------------
+    def _clock(self) -> dt.datetime:
+        return dt.datetime.now(dt.timezone.utc) + self._offset
+
+    def reconcile(self) -> None:
+        """One pass of the controllers over every Job, then garbage collection."""
+        with self._lock:
+            for key in [k for k in self._objects if k[0] == "jobs"]:
+                if key in self._objects:
+                    self._reconcile_job(self._objects[key])
+            self._collect_garbage()
+
+    def _job_pods(self, job: dict) -> list[dict]:
+        uid = job["metadata"]["uid"]
+        return [o for (r, ns, _), o in self._objects.items() if r == "pods" and ns == job["metadata"]["namespace"]
+                and any(ref.get("uid") == uid for ref in o["metadata"].get("ownerReferences") or [])]
+
+    def _reconcile_job(self, job: dict) -> None:
+        spec, status, ns = job["spec"], job.setdefault("status", {}), job["metadata"]["namespace"]
+        conditions = status.setdefault("conditions", [])
+        finished = next((c for c in conditions if c["type"] in ("Complete", "Failed")), None)
+        now = self._clock()
+        if finished:
+            ttl = spec.get("ttlSecondsAfterFinished")
+            if ttl is not None and now >= _parse(finished["lastTransitionTime"]) + dt.timedelta(seconds=ttl):
+                self._delete_object("jobs", ns, job["metadata"]["name"], "Background")
+            return
+        if spec.get("suspend"):
+            return
+        before = json.dumps(status, sort_keys=True)
+        status.setdefault("startTime", _stamp(now))
+        deadline = spec.get("activeDeadlineSeconds")
+        if deadline and now >= _parse(status["startTime"]) + dt.timedelta(seconds=deadline):
+            self._finish(job, "Failed", "DeadlineExceeded", "Job was active longer than specified deadline")
+            return
+        completions = spec.get("completions", 1)
+        indexed = spec.get("completionMode") == "Indexed"
+        pods = self._job_pods(job)
+        by_index: dict[int, list[dict]] = {}
+        for pod in pods:
+            by_index.setdefault(int(pod["metadata"]["labels"].get(INDEX_LABEL, "0")), []).append(pod)
+        failed_indexes = set(_indexes(status.get("failedIndexes")))
+        completed = set(_indexes(status.get("completedIndexes")))
+        per_index_limit = spec.get("backoffLimitPerIndex")
+        for index in range(completions if indexed else 1):
+            if index in completed or index in failed_indexes:
+                continue
+            attempts = sorted(by_index.get(index, []), key=lambda o: self._seq[o["metadata"]["uid"]])
+            if any(p["status"].get("phase") == "Succeeded" for p in attempts):
+                completed.add(index)
+                continue
+            if attempts and attempts[-1]["status"].get("phase") != "Failed":
+                continue  # running or pending
+            if attempts and attempts[-1]["metadata"]["uid"] not in self._counted:
+                pod = attempts[-1]
+                self._counted.add(pod["metadata"]["uid"])
+                action, message = self._failure_action(spec, pod, index)
+                if action == "FailJob":
+                    self._finish(job, "Failed", "PodFailurePolicy", message)
+                    return
+                if action in ("Count", "FailIndex"):
+                    status["failed"] = status.get("failed", 0) + 1
+                    key = (job["metadata"]["uid"], index)
+                    self._index_failures[key] = self._index_failures.get(key, 0) + 1
+                    limit = per_index_limit if per_index_limit is not None else spec.get("backoffLimit", 6)
+                    if action == "FailIndex" or self._index_failures[key] > limit:
+                        failed_indexes.add(index)
+                        continue
+            self._create_pod(job, index)
+        status["completedIndexes"] = _ranges(completed)
+        status["failedIndexes"] = _ranges(failed_indexes)
+        status["succeeded"] = len(completed)
+        status["active"] = sum(1 for p in pods if p["status"].get("phase") in ("Pending", "Running"))
+        if failed_indexes and len(failed_indexes) > spec.get("maxFailedIndexes", completions):
+            self._finish(job, "Failed", "MaxFailedIndexesExceeded", "Job has exceeded the specified maximal number "
+                         "of failed indexes")
+            return
+        rules = (spec.get("successPolicy") or {}).get("rules") or []
+        if any(_indexes(r.get("succeededIndexes")) <= completed for r in rules if r.get("succeededIndexes")):
+            self._finish(job, "Complete", "SuccessPolicy", "Matched rules at index 0")
+        elif len(completed) == completions:
+            self._finish(job, "Complete", "CompletionsReached", "Reached expected number of succeeded pods")
+        elif failed_indexes and len(completed) + len(failed_indexes) == completions:
+            self._finish(job, "Failed", "FailedIndexes", "Job has failed indexes")
+        elif json.dumps(status, sort_keys=True) != before:
+            self._record("jobs", "MODIFIED", job)
+
+    @staticmethod
+    def _failure_action(spec: dict, pod: dict, index: int) -> tuple[str, str]:
+        """The first podFailurePolicy rule matching a failed pod (Count when none does)."""
+        terminated = [(c["name"], c["state"]["terminated"]["exitCode"])
+                      for c in pod["status"].get("containerStatuses") or [] if (c.get("state") or {}).get("terminated")]
+        conditions = {(c["type"], c.get("status")) for c in pod["status"].get("conditions") or []}
+        for rule in (spec.get("podFailurePolicy") or {}).get("rules") or []:
+            if any((c["type"], c.get("status", "True")) in conditions for c in rule.get("onPodConditions") or []):
+                return rule["action"], f"Pod {pod['metadata']['name']} has condition matching {rule['action']} rule"
+            codes = rule.get("onExitCodes")
+            if codes:
+                for name, code in terminated:
+                    if codes.get("containerName") not in (None, name) or code == 0:
+                        continue
+                    if (code in codes["values"]) == (codes["operator"] == "In"):
+                        return rule["action"], (f"Container {name} for pod {pod['metadata']['namespace']}/"
+                                                f"{pod['metadata']['name']} failed with exit code {code} matching "
+                                                f"{rule['action']} rule at index {index}")
+        return "Count", ""
+
+    def _finish(self, job: dict, kind: str, reason: str, message: str) -> None:
+        stamp = _stamp(self._clock())
+        for pod in self._job_pods(job):  # a finished Job's controller deletes its running pods
+            if pod["status"].get("phase") in ("Pending", "Running"):
+                self._delete_object("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], "Background")
+        extra = [{"type": "SuccessCriteriaMet" if kind == "Complete" else "FailureTarget", "status": "True",
+                  "reason": reason, "message": message, "lastTransitionTime": stamp}]
+        job["status"]["conditions"] = extra + [{"type": kind, "status": "True", "reason": reason, "message": message,
+                                                "lastTransitionTime": stamp}]
+        job["status"]["active"] = 0
+        job["status"]["completionTime" if kind == "Complete" else "failedTime"] = stamp
+        self._record("jobs", "MODIFIED", job)
+
+    def _create_pod(self, job: dict, index: int) -> None:
+        meta, template = job["metadata"], copy.deepcopy(job["spec"]["template"])
+        name = f"{meta['name']}-{index}-{uuid.uuid4().hex[:5]}"
+        pod_meta = template.get("metadata") or {}
+        labels = {**(pod_meta.get("labels") or {}), "batch.kubernetes.io/job-name": meta["name"],
+                  "batch.kubernetes.io/controller-uid": meta["uid"], INDEX_LABEL: str(index)}
+        spec = template["spec"]
+        if job["spec"].get("completionMode") == "Indexed":
+            spec["hostname"] = f"{meta['name']}-{index}"
+            for container in spec.get("containers", []) + spec.get("initContainers", []):
+                container["env"] = (container.get("env") or []) + [{"name": "JOB_COMPLETION_INDEX", "value": str(index)}]
+        pod = {"metadata": {"name": name, "labels": labels,
+                            "annotations": {**(pod_meta.get("annotations") or {}), INDEX_LABEL: str(index)},
+                            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+                                                 "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
+               "spec": spec}
+        self._store("pods", meta["namespace"], pod)
+        self.created_by_controller.append(name)
+
+    def _delete_object(self, resource: str, namespace: str, name: str, propagation: str | None) -> dict:
+        obj = self._objects.pop((resource, namespace, name))
+        obj["metadata"]["deletionTimestamp"] = _now()
+        self._record(resource, "DELETED", obj)
+        # A Job deleted through the API without a policy orphans its pods (batch/v1's
+        # legacy default); everything else defaults to background deletion.
+        propagation = propagation or ("Orphan" if resource == "jobs" else "Background")
+        uid = obj["metadata"]["uid"]
+        for key, dependent in list(self._objects.items()):
+            refs = dependent["metadata"].get("ownerReferences") or []
+            if any(r.get("uid") == uid for r in refs):
+                if propagation == "Orphan":
+                    dependent["metadata"]["ownerReferences"] = [r for r in refs if r.get("uid") != uid] or None
+                    if dependent["metadata"]["ownerReferences"] is None:
+                        del dependent["metadata"]["ownerReferences"]
+                elif key in self._objects:
+                    self._delete_object(key[0], key[1], key[2], "Background")
+        return obj
+
+    def _collect_garbage(self) -> None:
+        """Delete every object whose owners are all gone (e.g. owned by a uid that no longer exists)."""
+        uids = {o["metadata"]["uid"] for o in self._objects.values()}
+        for key, obj in list(self._objects.items()):
+            refs = obj["metadata"].get("ownerReferences") or []
+            if refs and key in self._objects and not any(r.get("uid") in uids for r in refs):
+                self._delete_object(*key, "Background")
 
     def _container(self, namespace: str, name: str, state: dict, ready: bool = False) -> dict:
         pod = self._objects[("pods", namespace, name)]
@@ -189,7 +414,10 @@ class KubeEmulator:
         self._terminate(namespace, name, "Failed", 137, "OOMKilled")
 
     def evict(self, namespace: str, name: str, message: str) -> None:
-        self.set_pod_status(namespace, name, {"phase": "Failed", "reason": "Evicted", "message": message})
+        """The kubelet's or the eviction API's eviction: a DisruptionTarget condition."""
+        self.set_pod_status(namespace, name, {"phase": "Failed", "reason": "Evicted", "message": message,
+                                              "conditions": [{"type": "DisruptionTarget", "status": "True",
+                                                              "reason": "TerminationByKubelet", "message": message}]})
 
     def terminating(self, namespace: str, name: str) -> None:
         """A pod being deleted gracefully: marked for deletion, its container stopped by SIGTERM."""
@@ -197,11 +425,11 @@ class KubeEmulator:
             self._objects[("pods", namespace, name)]["metadata"]["deletionTimestamp"] = _now()
             self._terminate(namespace, name, "Failed", 143, "Error")
 
-    def remove(self, resource: str, namespace: str, name: str) -> None:
-        """Delete an object behind the backend's back (a user's kubectl delete)."""
+    def remove(self, resource: str, namespace: str, name: str, propagation: str = "Background") -> None:
+        """Delete an object behind the backend's back (a user's kubectl delete, which cascades)."""
         with self._lock:
-            obj = self._objects.pop((resource, namespace, name))
-            self._record(resource, "DELETED", obj)
+            self._delete_object(resource, namespace, name, propagation)
+            self.reconcile()
 
     def waiting(self, namespace: str, name: str, reason: str, message: str) -> None:
         with self._lock:
@@ -249,8 +477,11 @@ class KubeEmulator:
         meta.update(namespace=namespace, uid=str(uuid.uuid4()), creationTimestamp=_now())
         if resource == "pods":
             obj["status"] = {"phase": "Pending"}
+        if resource == "jobs":
+            obj["status"] = {}
         self._objects[(resource, namespace, meta["name"])] = obj
         self._record(resource, "ADDED", obj)
+        self._seq[meta["uid"]] = self._rv
         return obj
 
     # -- HTTP -----------------------------------------------------------------------------
@@ -323,6 +554,7 @@ class KubeEmulator:
             self._watch(handler, resource, ns, query)
             return
         with self._lock:
+            self.reconcile()  # the controllers act on time passing, seen at each request
             code, reply, content_type = self._handle(method, resource, ns, name, sub, query, body)
         self._send(handler, code, reply, content_type)
 
@@ -334,7 +566,9 @@ class KubeEmulator:
             new_name = body["metadata"]["name"]
             if (resource, ns, new_name) in self._objects:
                 return 409, self._status(409, "AlreadyExists", f'{resource} "{new_name}" already exists'), json_type
-            return 201, self._store(resource, ns, copy.deepcopy(body)), json_type
+            created = self._store(resource, ns, copy.deepcopy(body))
+            self.reconcile()
+            return 201, created, json_type
         if method == "GET" and not name:
             api_version, kind = _KINDS[resource]
             items = [o for (r, n, _), o in sorted(self._objects.items())
@@ -362,10 +596,8 @@ class KubeEmulator:
             if uid and uid != obj["metadata"]["uid"]:
                 return 409, self._status(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, "
                                          f"UID in object meta: {obj['metadata']['uid']}"), json_type
-            del self._objects[key]
-            obj["metadata"]["deletionTimestamp"] = _now()
-            self._record(resource, "DELETED", obj)
-            return 200, obj, json_type
+            deleted = self._delete_object(resource, ns, name, (body or {}).get("propagationPolicy"))
+            return 200, deleted, json_type
         return 405, self._status(405, "MethodNotAllowed", f"{method} is not served by the emulator"), json_type
 
     def _watch(self, handler: BaseHTTPRequestHandler, resource: str, ns: str, query: dict[str, str]) -> None:
@@ -413,3 +645,22 @@ class KubeEmulator:
             handler.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client went away (cancelled watch)
+
+
+def _indexes(text: str | None) -> set[int]:
+    result: set[int] = set()
+    for part in filter(None, (text or "").split(",")):
+        low, _, high = part.partition("-")
+        result.update(range(int(low), int(high or low) + 1))
+    return result
+
+
+def _ranges(indexes: set[int]) -> str:
+    """``{0, 1, 2, 5}`` as ``"0-2,5"``: how a Job's status writes index sets."""
+    parts, ordered = [], sorted(indexes)
+    while ordered:
+        low = high = ordered.pop(0)
+        while ordered and ordered[0] == high + 1:
+            high = ordered.pop(0)
+        parts.append(str(low) if low == high else f"{low}-{high}")
+    return ",".join(parts)
