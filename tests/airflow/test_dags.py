@@ -23,6 +23,8 @@ def test_linear_regression_dag_exports_a_model_close_to_2x_plus_10(airflow_home,
     assert run_state(result.stdout) == "success", result.stdout[-4000:]
     states = task_states(airflow_home, "tf_linear_regression", result.stdout)
     assert set(states.values()) == {"success"}, states
+    assert {"training.launch", "training.wait_for_workers", "training.teardown", "training.evaluate",
+            "training.export"} <= set(states), states
     export = tmp_path / "storage" / "models" / "linear_regression" / "1"
     assert (export / "saved_model.pb").exists()
     predictions = predict(str(export), {"x": [0.0, 1.0, 5.0]})
@@ -57,7 +59,10 @@ def test_crashing_workers_fail_the_run_with_the_reason_and_teardown_still_runs(a
     result = airflow_home.run("tf_test_crashing_workers", tmp_path)
     assert run_state(result.stdout) == "failed"
     states = task_states(airflow_home, "tf_test_crashing_workers", result.stdout)
-    assert states["wait_for_workers"] == "failed" and states["teardown"] == "success", states
+    # The teardown tears the group down, then fails: the training did not complete.
+    assert states["training.wait_for_workers"] == "failed" and states["training.teardown"] == "failed", states
+    assert "tore down" in result.stdout and "the training did not complete" in result.stdout
+    assert states["training.evaluate"] == "upstream_failed", states
     # Whichever worker crashed first is named, with its exit code.
     assert re.search(r"failed: task tf-\S+-worker-\d \(worker \d\) failed: exit code 2", result.stdout)
     assert "no_such_package" in result.stdout, "the sensor quotes the worker's last log lines"
@@ -92,8 +97,38 @@ def test_continuous_retraining_warm_starts_and_exports_only_a_better_model(airfl
     assert evaluation["baseline"]["version"] == 1, "the new model is compared with the one being served"
     assert evaluation["baseline"]["metrics"]["mse"] < 1.0 and served_metrics["blessed"]
     if evaluation["blessed"]:
-        assert states["export"] == "success" and (models / "2").is_dir()
+        assert states["training.export"] == "success" and (models / "2").is_dir()
         assert evaluation["metrics"]["mse"] <= evaluation["baseline"]["metrics"]["mse"]
     else:
-        assert states["export"] == "skipped" and not (models / "2").exists()
+        assert states["training.export"] == "skipped" and not (models / "2").exists()
+    assert not group_processes(tmp_path / "groups"), "no process of the group is left"
+
+
+def test_a_refused_model_fails_the_launch_once_without_retries(airflow_home, tmp_path, group_processes):
+    result = airflow_home.run("tf_test_refused_model", tmp_path)
+    assert run_state(result.stdout) == "failed"
+    states = task_states(airflow_home, "tf_test_refused_model", result.stdout)
+    assert states["training.launch"] == "failed", states
+    assert "launch refused" in result.stdout and "not a model reference" in result.stdout
+    # retries=2, yet one try: a retry could not fix the model reference.
+    assert result.stdout.count("launch refused") >= 1 and "up_for_retry" not in result.stdout.lower(), (
+        result.stdout[-4000:])
+    assert not (tmp_path / "groups").exists() or not group_processes(tmp_path / "groups")
+
+
+def test_a_mapped_sweep_trains_one_group_per_learning_rate_and_exports_the_best(airflow_home, tmp_path,
+                                                                                group_processes):
+    conf = json.dumps({"learning_rates": [0.002, 0.02], "steps": 600})
+    result = airflow_home.run("tf_learning_rate_sweep", tmp_path, conf=conf)
+    assert run_state(result.stdout) == "success", result.stdout[-4000:]
+    assert result.stdout.count("launched training group") == 2
+    runs = sorted((tmp_path / "storage" / "runs").iterdir())
+    assert len(runs) == 2, runs
+    evaluations = {run.name: json.loads((run / "metrics.json").read_text()) for run in runs}
+    best = min((e for e in evaluations.values() if e["blessed"]), key=lambda e: e["metrics"]["mse"])
+    export = tmp_path / "storage" / "models" / "linear_regression_sweep"
+    assert sorted(p.name for p in export.iterdir()) == ["1"], "only the best run is exported"
+    metadata = json.loads((export / "1" / "assets.extra" / "airflow_tf.json").read_text())
+    assert metadata["run_dir"] == best["run_dir"], (metadata["run_dir"], evaluations)
+    assert metadata["training_config"]["learning_rate"] in (0.002, 0.02)
     assert not group_processes(tmp_path / "groups"), "no process of the group is left"
