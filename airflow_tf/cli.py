@@ -117,7 +117,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             code = snapshot_model_code(training.model, run_dir, [*sys.path, os.getcwd()])
             if code is not None:
                 training = dataclasses.replace(training, code_dir=code.path)
-                print(f"model code {code.source} copied to {code.path} (sha256 {code.sha256})", file=sys.stderr)
+                print(f"model code of {training.model} copied to {code.path} (sha256 {code.sha256})", file=sys.stderr)
         spec = GroupSpec.for_training(name, training, ps=args.ps, workers=args.workers,
                                       backoff_limit=args.backoff_limit, active_deadline_seconds=args.deadline,
                                       progress_timeout=args.progress_timeout or None, pass_env=args.pass_env)
@@ -190,9 +190,11 @@ def _read_json_file(path: str) -> Any:
 def _add_render(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "render", help="print the Kubernetes manifests of a group (for kubectl apply -f -)",
-        description="Print the pods, headless Services (and optionally the NetworkPolicy) of a "
-        "parameter-server/worker group as multi-document YAML, exactly as the Kubernetes backend "
-        "creates them: airflow-tf render --name demo --ps 1 --workers 2 --image IMAGE | kubectl apply -f -",
+        description="Print the Indexed Jobs (one per role), the headless Service (and optionally the "
+        "NetworkPolicy) of a parameter-server/worker group as multi-document YAML, exactly as the "
+        "Kubernetes backend creates them, the root Job first; the backend also sets ownerReferences "
+        "from every other object to the root Job, which need its uid: "
+        "airflow-tf render --name demo --ps 1 --workers 2 --image IMAGE | kubectl apply -f -",
     )
     p.add_argument("--name", required=True, help="group name (made a valid DNS-1123 label if it is not one)")
     p.add_argument("--ps", type=int, default=1, help="parameter-server tasks (default 1)")
@@ -210,8 +212,13 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--runs-claim", default=None, metavar="PVC",
                    help="PersistentVolumeClaim for checkpoints and event files, mounted at --runs-mount")
     p.add_argument("--runs-mount", default="/runs", help="where --runs-claim is mounted (default /runs)")
-    p.add_argument("--worker-gpus", type=int, default=0, help="GPUs per worker (nvidia.com/gpu limit)")
+    p.add_argument("--worker-gpus", type=int, default=0, help="GPUs per worker (nvidia.com/gpu limit, >= 0)")
     p.add_argument("--service-account", default=None, help="service account of the training pods")
+    p.add_argument("--queue-name", default=None,
+                   help="Kueue LocalQueue: labels the Jobs and creates them suspended for Kueue to admit")
+    p.add_argument("--pod-template", default=None, metavar="FILE",
+                   help="a Pod manifest (YAML) merged under what the backend sets")
+    p.add_argument("--shm-size", default=None, help="memory-backed /dev/shm of this size, e.g. 1Gi")
     p.set_defaults(func=_cmd_render)
 
 
@@ -225,9 +232,13 @@ def _cmd_render(args: argparse.Namespace) -> int:
     volumes += [{"claim": args.runs_claim, "mount_path": args.runs_mount}] if args.runs_claim else []
     if volumes:
         pod_defaults["volumes"] = volumes
-    if args.service_account:
-        pod_defaults["service_account"] = args.service_account
+    for key in ("service_account", "queue_name", "pod_template", "shm_size"):
+        if getattr(args, key) is not None:
+            pod_defaults[key] = getattr(args, key)
     worker: dict[str, Any] = {}
+    if args.worker_gpus < 0:
+        sys.stderr.write(f"airflow-tf render: --worker-gpus: {args.worker_gpus} is not a GPU count (>= 0)\n")
+        return 2
     if args.worker_gpus:
         worker["resources"] = {"limits": {"nvidia.com/gpu": str(args.worker_gpus)}}
     try:

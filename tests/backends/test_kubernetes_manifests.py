@@ -17,7 +17,7 @@ from airflow_tf.cluster.names import is_dns1123_label
 
 # The Kubernetes versions the README claims; every one is checked with the strict schemas
 # (unknown fields are errors, so a misspelt key cannot pass).
-SUPPORTED_VERSIONS = ["1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0"]
+SUPPORTED_VERSIONS = ["1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0", "1.36.0", "1.37.0"]
 HOSTILE = "My_Model; rm -rf /\"\n  injected: true\nkind: Secret"
 
 
@@ -31,8 +31,13 @@ def spec(**kw) -> GroupSpec:
     return GroupSpec.for_training(options.pop("name", "tf-demo"), training(), **options)
 
 
+def jobs(objects):
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == "Job"}
+
+
 def pods(objects):
-    return {o["metadata"]["name"]: o for o in objects if o["kind"] == "Pod"}
+    """Each role's pod template, by Job name (the Job controller makes the pods from it)."""
+    return {name: job["spec"]["template"] for name, job in jobs(objects).items()}
 
 
 def env_of(pod) -> dict:
@@ -47,11 +52,12 @@ def test_render_output_validates_against_the_kubernetes_schemas(capsys):
                  "--service-account", "trainer"])
     assert code == 0
     documents = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert sorted(d["kind"] for d in documents) == ["NetworkPolicy"] + ["Pod"] * 5 + ["Service"] * 5
+    assert [d["kind"] for d in documents] == ["Job", "Service", "NetworkPolicy", "Job"], "the root Job first"
     for version in SUPPORTED_VERSIONS:
         for document in documents:
             kubernetes_validate.validate(document, version, strict=True)
-    worker = pods(documents)["demo-worker-2"]
+    assert jobs(documents)["demo-worker"]["spec"]["completions"] == 3
+    worker = pods(documents)["demo-worker"]
     assert worker["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
     mounts = {m["mountPath"]: m["readOnly"] for m in worker["spec"]["containers"][0]["volumeMounts"]}
     assert mounts == {"/data": True, "/runs": False}
@@ -63,10 +69,10 @@ def test_render_output_validates_against_the_kubernetes_schemas(capsys):
 
 def test_a_schema_violation_is_caught_by_the_validation():
     # The validation must be able to fail: a pod with a misspelt field is rejected.
-    pod = pods(render_group(spec(), "ml"))["tf-demo-ps-0"]
-    pod["spec"]["containers"][0]["imagePulPolicy"] = "Always"
+    job = jobs(render_group(spec(), "ml"))["tf-demo-ps"]
+    job["spec"]["template"]["spec"]["containers"][0]["imagePulPolicy"] = "Always"
     with pytest.raises(kubernetes_validate.ValidationError):
-        kubernetes_validate.validate(pod, SUPPORTED_VERSIONS[0], strict=True)
+        kubernetes_validate.validate(job, SUPPORTED_VERSIONS[0], strict=True)
 
 
 def test_render_refuses_bad_input_naming_the_field(capsys):
@@ -74,22 +80,49 @@ def test_render_refuses_bad_input_naming_the_field(capsys):
     assert "roles.ps.replicas" in capsys.readouterr().err
 
 
-def test_tf_config_names_every_task_by_its_service_dns_name_and_port():
+def test_tf_config_names_every_task_by_its_stable_dns_name_and_port():
     objects = render_group(spec(port=2300), "ml", cluster_domain="cluster.local")
-    services = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Service"}
+    service, = [o for o in objects if o["kind"] == "Service"]
     expected_cluster = {
-        "ps": [f"tf-demo-ps-{i}.ml.svc.cluster.local:2300" for i in range(2)],
-        "worker": [f"tf-demo-worker-{i}.ml.svc.cluster.local:2300" for i in range(2)],
+        "ps": [f"tf-demo-ps-{i}.tf-demo.ml.svc.cluster.local:2300" for i in range(2)],
+        "worker": [f"tf-demo-worker-{i}.tf-demo.ml.svc.cluster.local:2300" for i in range(2)],
     }
+    assert sorted(pods(objects)) == ["tf-demo-ps", "tf-demo-worker"]
     for name, pod in pods(objects).items():
         config = json.loads(env_of(pod)["TF_CONFIG"])
-        role, index = name.rsplit("-", 2)[1:]
-        assert config == {"cluster": expected_cluster, "task": {"type": role, "index": int(index)}}
-        service = services[name]  # one headless Service per pod, selecting exactly that pod
-        assert service["spec"]["clusterIP"] == "None"
+        # One TF_CONFIG per Job: the index comes from JOB_COMPLETION_INDEX.
+        assert config == {"cluster": expected_cluster, "task": {"type": name.rsplit("-", 1)[1]}}
+        # <job>-<index> is the pod's hostname in an Indexed Job; the Service is its subdomain.
+        assert pod["spec"]["subdomain"] == service["metadata"]["name"] == "tf-demo"
         assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
-        assert service["spec"]["ports"][0]["port"] == 2300
         assert pod["spec"]["containers"][0]["ports"][0]["containerPort"] == 2300
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["ports"][0]["port"] == 2300
+
+
+def test_jobs_let_kubernetes_own_restarts_failures_deadline_and_cleanup():
+    group = spec(backoff_limit=4, active_deadline_seconds=7200, success_policy="ChiefOrWorker0")
+    objects = render_group(group, "ml", ttl_seconds_after_finished=900)
+    ps, worker = jobs(objects)["tf-demo-ps"]["spec"], jobs(objects)["tf-demo-worker"]["spec"]
+    for job in (ps, worker):
+        assert job["completionMode"] == "Indexed" and job["completions"] == job["parallelism"] == 2
+        assert job["backoffLimitPerIndex"] == 4 and job["maxFailedIndexes"] == 0
+        assert job["activeDeadlineSeconds"] == 7200
+        assert job["template"]["spec"]["restartPolicy"] == "Never"
+        assert job["podFailurePolicy"]["rules"][0] == {
+            "action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    # Workers (ExitCode): a program error (exit 1-128) fails the group at once; a signal is retried.
+    fail = worker["podFailurePolicy"]["rules"][1]
+    assert fail["action"] == "FailJob" and fail["onExitCodes"]["containerName"] == "worker"
+    assert fail["onExitCodes"]["values"] == list(range(1, 129))
+    assert len(ps["podFailurePolicy"]["rules"]) == 1, "parameter servers (OnFailure) are restarted on any exit"
+    assert worker["ttlSecondsAfterFinished"] == 900 and "ttlSecondsAfterFinished" not in ps, "the root's TTL"
+    assert worker["successPolicy"] == {"rules": [{"succeededIndexes": "0", "succeededCount": 1}]}
+    # Without a group deadline the ps Job still has one: it never completes by itself.
+    assert jobs(render_group(spec(), "ml"))["tf-demo-ps"]["spec"]["activeDeadlineSeconds"] == 7 * 24 * 3600
+    assert "activeDeadlineSeconds" not in jobs(render_group(spec(), "ml"))["tf-demo-worker"]["spec"]
+    never = spec(role_options={"worker": {"restart_policy": "Never"}})
+    assert jobs(render_group(never, "ml"))["tf-demo-worker"]["spec"]["backoffLimitPerIndex"] == 0
 
 
 def test_pods_run_with_secure_defaults_and_ps_stays_off_gpus():
@@ -102,7 +135,7 @@ def test_pods_run_with_secure_defaults_and_ps_stays_off_gpus():
         assert container["allowPrivilegeEscalation"] is False
         assert container["capabilities"]["drop"] == ["ALL"]
         assert pod["spec"]["automountServiceAccountToken"] is False
-        if "-ps-" in name:
+        if name.endswith("-ps"):
             assert env_of(pod)["CUDA_VISIBLE_DEVICES"] == ""
             assert "limits" not in pod["spec"]["containers"][0]["resources"]
         else:
@@ -119,7 +152,7 @@ def test_role_settings_reach_the_pod_and_secrets_stay_references():
         "volumes": [{"claim": "tf-data", "mount_path": "/data", "read_only": True}],
     }
     group = spec(role_options={"worker": {"kubernetes": settings, "env": {"LOG_LEVEL": "debug"}}})
-    worker = pods(render_group(group, "ml"))["tf-demo-worker-0"]
+    worker = pods(render_group(group, "ml"))["tf-demo-worker"]
     pod_spec = worker["spec"]
     assert pod_spec["nodeSelector"] == {"pool": "gpu"}
     assert pod_spec["tolerations"] == settings["tolerations"]
@@ -130,7 +163,7 @@ def test_role_settings_reach_the_pod_and_secrets_stay_references():
                                     {"configMapRef": {"name": "tf-settings"}, "prefix": "TF_"}]
     assert env_of(worker)["WANDB_API_KEY"] == {"secretKeyRef": {"name": "wandb", "key": "api-key"}}
     assert env_of(worker)["LOG_LEVEL"] == "debug"
-    ps = pods(render_group(group, "ml"))["tf-demo-ps-0"]
+    ps = pods(render_group(group, "ml"))["tf-demo-ps"]
     assert "nodeSelector" not in ps["spec"] and "envFrom" not in ps["spec"]["containers"][0]
 
 
@@ -172,13 +205,13 @@ def test_hostile_dag_id_gives_valid_unique_names_and_cannot_add_yaml_keys():
             meta = obj["metadata"]
             assert is_dns1123_label(meta["name"])
             assert set(obj) == {"apiVersion", "kind", "metadata", "spec"}
-            assert "injected" not in json.dumps(sorted(meta)) and obj["kind"] in ("Pod", "Service")
+            assert "injected" not in json.dumps(sorted(meta)) and obj["kind"] in ("Job", "Service")
             for value in meta["labels"].values():
                 assert re.fullmatch(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]", value) and len(value) <= 63
             assert meta["labels"][GROUP_LABEL] == name
-        worker = pods(objects)[f"{name}-worker-0"]
+        worker = pods(objects)[f"{name}-worker"]
         assert env_of(worker)["NOTE"] == HOSTILE  # the exact string, as a value
-        assert worker["metadata"]["annotations"]["airflow-tf/dag_id"] == HOSTILE
+        assert jobs(objects)[f"{name}-worker"]["metadata"]["annotations"]["airflow-tf/dag_id"] == HOSTILE
         assert worker["metadata"]["annotations"]["note"] == HOSTILE
         assert set(worker["spec"]) >= {"containers", "securityContext"} and "injected" not in worker["spec"]
         rendered[name] = {o["metadata"]["name"] for o in objects}
@@ -190,10 +223,115 @@ def test_template_values_are_always_json_escaped():
     # Even a value outside the BMP or with YAML line separators survives unchanged.
     tricky = "a\u2028b\x85c😀 #x: &y *z {{ }}"
     group = spec(role_options={"ps": {"env": {"TRICKY": tricky}}})
-    ps = pods(yaml.safe_load_all(to_yaml(render_group(group, "ml"))))["tf-demo-ps-0"]
+    ps = pods(yaml.safe_load_all(to_yaml(render_group(group, "ml"))))["tf-demo-ps"]
     assert env_of(ps)["TRICKY"] == tricky
 
 
 def test_invalid_namespace_is_refused():
     with pytest.raises(SpecError, match="namespace: 'ML_Team'"):
         render_group(spec(), "ML_Team")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--image", "registry.example/tf:2.21\n  command: [sh]"], "image: 'registry.example/tf:2.21\\n  command: [sh]' "
+                                                               "is not a container image reference"),
+    (["--image", "Registry/TF:latest"], "is not a container image reference"),
+    (["--image", "tf:2.21; rm -rf /"], "is not a container image reference"),
+    (["--worker-gpus", "-1"], "--worker-gpus: -1 is not a GPU count (>= 0)"),
+    (["--service-account", "Trainer Account"], "service_account: 'Trainer Account' is not a valid service account name"),
+    (["--service-account", "../admin"], "is not a valid service account name"),
+    (["--cluster-domain", "cluster.local."], "cluster_domain: 'cluster.local.' is not a valid cluster domain"),
+    (["--cluster-domain", "evil.com:53 #"], "is not a valid cluster domain"),
+    (["--queue-name", "team a"], "queue_name: 'team a' is not a Kueue LocalQueue name"),
+    (["--shm-size", "-1Gi"], "shm_size: '-1Gi' is not a Kubernetes quantity"),
+])
+def test_render_refuses_hostile_values_with_a_clear_error_and_no_manifest(capsys, argv, message):
+    base = {"--name": "demo", "--image": "tf:2.21"}
+    for flag, value in zip(argv[::2], argv[1::2]):
+        base[flag] = value
+    code = main(["render", *[f"{flag}={value}" for flag, value in base.items()]])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", "a bad value never prints a manifest"
+    assert message in err
+
+
+@pytest.mark.parametrize("resources, message", [
+    ({"limits": {"nvidia.com/gpu": "-1"}}, "limits.nvidia.com/gpu: '-1' is not a Kubernetes quantity"),
+    ({"limits": {"nvidia.com/gpu": "0.5"}}, "a GPU count is a whole number >= 0"),
+    ({"limits": {"memory": "4 GiB"}}, "limits.memory: '4 GiB' is not a Kubernetes quantity"),
+    ({"limits": {"cpu": float("nan")}}, "limits.cpu: nan is not a Kubernetes quantity"),
+])
+def test_resources_are_real_quantities_and_gpu_counts_whole_numbers(resources, message):
+    with pytest.raises(SpecError) as e:
+        render_group(spec(role_options={"worker": {"resources": resources}}), "ml")
+    assert message in str(e.value)
+
+
+def test_the_platform_knobs_reach_the_jobs_and_validate_against_every_supported_version(tmp_path):
+    template = tmp_path / "pod-template.yaml"
+    template.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"labels": {"team": "vision"}, "annotations": {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}},
+        "spec": {
+            "priorityClassName": "batch-low", "dnsPolicy": "ClusterFirst",
+            "securityContext": {"supplementalGroups": [2000], "runAsUser": 0},
+            "containers": [{"name": "base", "env": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
+                                                    {"name": "TF_CONFIG", "value": "overridden"}],
+                            "resources": {"requests": {"cpu": "1"}}}],
+            "volumes": [{"name": "ca", "configMap": {"name": "corp-ca"}}],
+        },
+    }))
+    settings = {
+        "pod_template": str(template),
+        "labels": {"cost-center": "ml-42"}, "annotations": {"owner": "ml-platform"}, "queue_name": "team-a",
+        "volumes": [{"secret": "gcs-key", "mount_path": "/secrets/gcs"},
+                    {"config_map": "tf-settings", "mount_path": "/etc/tf"},
+                    {"empty_dir": {"medium": "Memory", "size_limit": "512Mi"}, "mount_path": "/scratch"}],
+        "shm_size": "2Gi",
+        "init_containers": [{"name": "fetch-data", "image": "busybox:1.36", "command": ["true"]}],
+        "sidecars": [{"name": "log-shipper", "image": "fluent/fluent-bit:3.0"}],
+        "node_selector": {"pool": "gpu"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    group = spec(role_options={"worker": {"kubernetes": settings,
+                                          "resources": {"limits": {"nvidia.com/gpu": "1", "memory": "8Gi"}}}})
+    objects = render_group(group, "ml")
+    for version in SUPPORTED_VERSIONS:
+        for document in objects:
+            kubernetes_validate.validate(document, version, strict=True)
+    job = jobs(objects)["tf-demo-worker"]
+    assert job["spec"]["suspend"] is True and job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert job["metadata"]["labels"]["cost-center"] == "ml-42" and job["metadata"]["annotations"]["owner"] == "ml-platform"
+    pod = job["spec"]["template"]
+    assert pod["metadata"]["labels"]["team"] == "vision" and pod["metadata"]["labels"]["cost-center"] == "ml-42"
+    assert pod["spec"]["priorityClassName"] == "batch-low" and pod["spec"]["dnsPolicy"] == "ClusterFirst"
+    assert pod["spec"]["securityContext"]["supplementalGroups"] == [2000]
+    assert pod["spec"]["securityContext"]["runAsUser"] == 1000, "what the backend sets wins over the template"
+    container = pod["spec"]["containers"][0]
+    assert container["name"] == "worker" and len(pod["spec"]["containers"]) == 1
+    env = env_of(pod)
+    assert env["HTTPS_PROXY"] == "http://proxy:3128" and env["TF_CONFIG"] != "overridden"
+    assert container["resources"] == {"requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": "1", "memory": "8Gi"}}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["ca"] == {"name": "ca", "configMap": {"name": "corp-ca"}}
+    assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}
+    assert volumes["volume-0"]["secret"] == {"secretName": "gcs-key"}
+    assert volumes["volume-2"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "512Mi"}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/dev/shm"]["name"] == "dshm" and mounts["/secrets/gcs"]["readOnly"] is True
+    init = {c["name"]: c for c in pod["spec"]["initContainers"]}
+    assert "restartPolicy" not in init["fetch-data"] and init["log-shipper"]["restartPolicy"] == "Always"
+    assert pod["spec"]["nodeSelector"] == {"pool": "gpu"} and pod["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    ps = jobs(objects)["tf-demo-ps"]
+    assert ps["spec"]["suspend"] is False and "volumes" not in ps["spec"]["template"]["spec"]
+
+
+def test_a_bad_pod_template_or_sidecar_is_refused_naming_it(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(SpecError, match=r"roles\.worker\.kubernetes\.pod_template: cannot read the pod template file"):
+        render_group(spec(role_options={"worker": {"kubernetes": {"pod_template": str(missing)}}}), "ml")
+    with pytest.raises(SpecError, match=r"pod_template: must be a Pod manifest"):
+        render_group(spec(role_options={"worker": {"kubernetes": {"pod_template": {"kind": "Deployment"}}}}), "ml")
+    with pytest.raises(SpecError, match=r"sidecars\[0\]\.image: 'bad image!' is not a container image reference"):
+        render_group(spec(role_options={"worker": {"kubernetes": {"sidecars": [{"name": "s", "image": "bad image!"}]}}}),
+                     "ml")
