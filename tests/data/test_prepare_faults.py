@@ -155,20 +155,21 @@ import json, sys, time
 from pathlib import Path
 from airflow_tf.data import prepare_dataset
 
-source, output, ready, go = sys.argv[1:]
+source, output, ready, go, version = sys.argv[1:]
 def progress(p):
     if p.stage == "write" and not Path(ready).exists():
         Path(ready).touch()
         while not Path(go).exists():
             time.sleep(0.05)
-summary = prepare_dataset(source, output, "shared", label="y", shards=2, progress=progress, progress_every=0)
+summary = prepare_dataset(source, output, "shared", version=version or None, label="y", shards=2,
+                          progress=progress, progress_every=0)
 print(json.dumps(summary))
 """
 
 
-def _start(tmp_path: Path, source: Path, ready: Path, go: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", RUN, str(source), str(tmp_path / "out"), str(ready), str(go)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _start(tmp_path: Path, source: Path, ready: Path, go: Path, version: str = "") -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", RUN, str(source), str(tmp_path / "out"), str(ready), str(go),
+                             version], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _wait_for(path: Path, process: subprocess.Popen, timeout: float = 300.0) -> None:
@@ -179,22 +180,27 @@ def _wait_for(path: Path, process: subprocess.Popen, timeout: float = 300.0) -> 
         time.sleep(0.05)
 
 
-def test_two_concurrent_runs_of_one_dataset_both_commit_complete_versions(tmp_path):
-    source = _numbers_csv(tmp_path / "in.csv", 20_000)
+def _run_two_at_once(tmp_path: Path, source: Path, version: str = "") -> list[tuple[int, str, str]]:
+    """Two prepare processes, both released only once both are mid-write: (exit code, stdout, stderr)."""
     go = tmp_path / "go"
-    runs = [_start(tmp_path, source, tmp_path / f"ready-{i}", go) for i in range(2)]
+    runs = [_start(tmp_path, source, tmp_path / f"ready-{i}", go, version) for i in range(2)]
     try:
-        for i, run in enumerate(runs):  # both have chosen a version and written records
+        for i, run in enumerate(runs):  # both have planned their version and written records
             _wait_for(tmp_path / f"ready-{i}", run)
         go.touch()
-        results = [run.communicate(timeout=300) for run in runs]
+        outputs = [run.communicate(timeout=300) for run in runs]
+        return [(run.returncode, *output) for run, output in zip(runs, outputs)]
     finally:
         for run in runs:
             if run.poll() is None:
                 run.kill()
-    for run, (out, err) in zip(runs, results):
-        assert run.returncode == 0, err
-    summaries = [json.loads(out) for out, _ in results]
+
+
+def test_two_concurrent_runs_of_one_dataset_both_commit_complete_versions(tmp_path):
+    source = _numbers_csv(tmp_path / "in.csv", 20_000)
+    results = _run_two_at_once(tmp_path, source)
+    assert all(code == 0 for code, _, _ in results), [err for _, _, err in results]
+    summaries = [json.loads(out) for _, out, _ in results]
     assert sorted(s["version"] for s in summaries) == ["1", "2"]
     root = tmp_path / "out" / "shared"
     assert sorted(p.name for p in root.iterdir()) == ["1", "2"]  # no temporary left behind
@@ -228,3 +234,14 @@ def test_a_prepare_killed_mid_write_commits_nothing_and_its_directory_is_cleaned
     os.utime(left, (time.time() - 2 * 86400,) * 2)
     assert prepare_dataset(source, tmp_path / "out", "shared", label="y")["version"] == "2"
     assert sorted(p.name for p in root.iterdir()) == ["1", "2"]
+
+
+def test_two_concurrent_runs_asking_for_the_same_version_commit_one_and_fail_the_other(tmp_path):
+    source = _numbers_csv(tmp_path / "in.csv", 20_000)
+    results = sorted(_run_two_at_once(tmp_path, source, version="3"), key=lambda r: r[0])
+    (ok, out, _), (failed, _, err) = results
+    assert ok == 0 and failed != 0
+    assert re.search(r"DatasetExistsError: dataset version .*/shared/3 was created while this one was being written", err)
+    root = tmp_path / "out" / "shared"
+    assert sorted(p.name for p in root.iterdir()) == ["3"]
+    assert json.loads((root / "3" / "_SUCCESS").read_text())["version"] == "3" == json.loads(out)["version"]
