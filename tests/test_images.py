@@ -1,6 +1,7 @@
 """The container images (no Docker engine here): every file the Dockerfiles copy exists, the
 base images match the versions the project pins, the training image runs the command the
-backends give their tasks, and the package installs and runs its runtime WITHOUT Airflow."""
+backends give their tasks, the package installs and runs its runtime WITHOUT Airflow
+(``.[tensorflow]``), and the Airflow image's install brings no TensorFlow (``.[airflow]``)."""
 
 from __future__ import annotations
 
@@ -88,33 +89,52 @@ def test_training_images_run_the_task_command_as_the_pod_user(image):
     # Pods override the entrypoint with the same command; `docker run IMAGE --help` uses it.
     assert json.loads(steps["ENTRYPOINT"]) == list(RUNTIME_COMMAND)
     assert steps["USER"] == str(DEFAULT_USER), "the Kubernetes backend runs tasks as this uid"
+    assert installed_extras(IMAGES[image]) == {"tensorflow"}
     installs = " ".join(a for k, a in instructions(IMAGES[image]) if k == "RUN")
-    assert "[airflow]" not in installs and "apache-airflow" not in installs
+    assert "apache-airflow" not in installs
 
 
-def _core_distributions() -> set[str]:
-    """The project's core dependencies (no extras) and everything they need, as installed here."""
-    todo = [Requirement(r) for r in metadata.requires("airflow-tf") or []]
+def installed_extras(dockerfile: Path) -> set[str]:
+    """The extras of the project that the Dockerfile's pip install names ("/path[a,b]")."""
+    installs = " ".join(a for k, a in instructions(dockerfile) if k == "RUN")
+    found = re.findall(r"/airflow-tf\[([\w,-]+)\]", installs)
+    assert len(found) == 1, f"{dockerfile}: one pip install of the project, found {found}"
+    return set(found[0].split(","))
+
+
+def installed_distributions(extras: set[str]) -> set[str]:
+    """What installing the project with ``extras`` brings: its requirements and everything they
+    need, as installed here (same pinned versions)."""
+    todo = [(Requirement(r), extras) for r in metadata.requires("airflow-tf") or []]
     names: set[str] = set()
     while todo:
-        req = todo.pop()
-        if req.marker and not req.marker.evaluate({"extra": ""}):
+        req, wanted = todo.pop()
+        if req.marker and not any(req.marker.evaluate({"extra": e}) for e in wanted or {""}):
             continue
         name = metadata.distribution(req.name).metadata["Name"]
-        if name.lower() in names:
+        key = (name.lower(), frozenset(req.extras))
+        if key in names:
             continue
-        names.add(name.lower())
-        todo += [Requirement(r) for r in metadata.requires(name) or []]
-    return names
+        names.add(key)
+        todo += [(Requirement(r), req.extras) for r in metadata.requires(name) or []]
+    return {name for name, _ in names}
+
+
+def test_the_airflow_image_installs_no_tensorflow():
+    extras = installed_extras(IMAGES["airflow"])
+    assert "airflow" in extras and "tensorflow" not in extras
+    installed = installed_distributions(extras)
+    assert "apache-airflow" in installed
+    assert not {"tensorflow", "keras", "tensorboard"} & installed, "the Airflow side imports no TensorFlow"
 
 
 @pytest.mark.slow
 def test_the_training_image_install_needs_no_airflow(tmp_path):
-    """What `pip install .` in images/training does, in a fresh virtual environment: the core
-    dependencies are linked from this environment (same pinned versions; downloading
-    TensorFlow again would take minutes), the package is built from the files the Dockerfile
-    copies, and nothing of Airflow is there."""
-    core = _core_distributions()
+    """What `pip install ".[tensorflow]"` in images/training does, in a fresh virtual
+    environment: the dependencies it brings are linked from this environment (same pinned
+    versions; downloading TensorFlow again would take minutes), the package is built from the
+    files the Dockerfile copies, and nothing of Airflow is there."""
+    core = installed_distributions(installed_extras(IMAGES["training"]))
     assert "tensorflow" in core and not any(n.startswith("apache-airflow") for n in core)
 
     context = tmp_path / "context"
@@ -137,7 +157,7 @@ def test_the_training_image_install_needs_no_airflow(tmp_path):
                 (site / top).symlink_to(source)
 
     pip = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check"]
-    subprocess.run([*pip, "install", "--quiet", "--no-deps", str(context)], check=True)
+    subprocess.run([*pip, "install", "--quiet", "--no-deps", f"{context}[tensorflow]"], check=True)
     check = subprocess.run([*pip, "check"], capture_output=True, text=True)
     assert check.returncode == 0, f"the core dependencies do not cover the package's requirements:\n{check.stdout}"
 
