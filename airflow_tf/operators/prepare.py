@@ -44,7 +44,8 @@ class PrepareTFRecordsOperator(BaseOperator):
     :param eval_fraction: share of rows held out for evaluation.
     :param seed: seed of the split and of the row shuffle (same input + seed = same split).
     :param split_key: split by a hash of this column, so a key always lands in the same split.
-    :param shards: number of train files; or ``target_shard_mb`` for a size per file.
+    :param shards: number of train files.
+    :param target_shard_mb: instead of ``shards``, a size per train file in MB.
     :param compression: ``"gzip"`` or None.
     :param schema: declared schema: a path to schema.json, or its dict.
     :param string_columns: CSV columns to read as text (a list, or names separated by commas);

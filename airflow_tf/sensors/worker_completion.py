@@ -26,7 +26,14 @@ class WorkerCompletionSensor(BaseSensorOperator):
     quoting its last log lines, when a task fails beyond its restart budget or the group's
     deadline passes. ``deferrable=True`` waits on the triggerer instead of a worker slot.
 
+    Killed (e.g. its DAG run marked failed), it tears the group down. Its ``timeout`` (seconds)
+    bounds the wait: a timed-out wait fails, and the training counts as failed.
+
     :param group: the launch task's XCom (``launch.output``) or a group reference dict.
+    :param success_policy: ``AllWorkers`` or ``ChiefOrWorker0``; default the launch's.
+    :param deferrable: wait on the triggerer; default ``[operators] default_deferrable``.
+    :param log_tail_lines: lines of the failed task's log quoted in the failure.
+    :param poke_interval: seconds between status reads (poke mode).
     """
 
     template_fields: Sequence[str] = ("group", "success_policy")

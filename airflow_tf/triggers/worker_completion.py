@@ -15,7 +15,13 @@ class WorkerCompletionTrigger(BaseTrigger):
     """Fires once the group's completion rule holds, or it fails.
 
     It only reads the group's state, so running it twice (triggerer failover) is harmless;
-    it never deletes anything: teardown is the teardown task's job."""
+    it never deletes anything: teardown is the teardown task's job.
+
+    :param group: the group reference (a :class:`~airflow_tf.backends.GroupRef` dict).
+    :param success_policy: ``AllWorkers`` or ``ChiefOrWorker0``; default the group's.
+    :param log_tail_lines: lines of the failed task's log carried in the event.
+    :param log_every_seconds: seconds between progress lines in the task log.
+    """
 
     def __init__(self, group: dict[str, Any], success_policy: str | None = None,
                  log_tail_lines: int = 30, log_every_seconds: float = 10.0) -> None:
