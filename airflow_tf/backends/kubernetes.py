@@ -48,6 +48,10 @@ _KINDS = ("jobs", "services", "networkpolicies")
 _PROPAGATION = "Background"
 
 
+class JobRefusedError(BackendError):
+    """A one-off Job exited with the code that means its request was refused: a retry would fail again."""
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
@@ -345,13 +349,14 @@ class KubernetesBackend:
 
     # -- one-off Jobs: evaluation and export on the cluster ------------------------------
     def run_job(self, ref: GroupRef, component: str, args: list[str], *, timeout: float = 3600.0,
-                log_tail_lines: int = 50) -> str:
+                log_tail_lines: int = 50, refused_exit: int | None = None) -> str:
         """Run ``python -m airflow_tf.serving <args>`` once, on the group's training image
         with the lead trainer's volumes and service account, and wait for it.
 
         The Job is named ``<group>-<component>``; a Job of that name left by an earlier try
         is replaced when it finished, re-attached to while it runs. Returns its log;
-        raises BackendError naming the pod and its reason when it fails."""
+        raises BackendError naming the pod and its reason when it fails (JobRefusedError
+        when it exited with ``refused_exit``)."""
         template = ref.options.get("task_template") or self.task_template
         if not template:
             raise BackendError(f"group {ref.name}: the launch recorded no pod template to run {component} with; "
@@ -390,7 +395,9 @@ class KubernetesBackend:
         if state != "Complete":
             task = _task_status(pod, _now(), {}, name, 0) if pod else None
             detail = (task.reason or (f"exit code {task.exit_code}" if task.exit_code is not None else None)) if task else None
-            raise BackendError(f"{component} Job {name} failed (pod {_name(pod) if pod else 'none'}: "
+            error = JobRefusedError if task and refused_exit is not None and task.exit_code == refused_exit \
+                else BackendError
+            raise error(f"{component} Job {name} failed (pod {_name(pod) if pod else 'none'}: "
                                f"{detail or _job_condition_text(jobs[0])}); last lines of its log:\n"
                                f"{text.rstrip() or '(empty)'}")
         self._delete("jobs", namespace, name)

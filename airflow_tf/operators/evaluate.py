@@ -25,6 +25,28 @@ def _serving_base(value: str | None) -> str:
     return value or models_dir()
 
 
+def _on_cluster(launch: LaunchResult, command: str, request: dict[str, Any]) -> dict[str, Any] | None:
+    """With ``backend="kubernetes"``: run ``python -m airflow_tf.serving <command>`` as a Job
+    on the group's training image and volumes (this Airflow needs no TensorFlow) and return
+    its result; None for a group of another backend, which runs here."""
+    if launch.group.get("backend") != "kubernetes":
+        return None
+    from airflow_tf.backends import GroupRef, backend_for
+    from airflow_tf.backends.kubernetes import JobRefusedError
+    from airflow_tf.serving.__main__ import REFUSED, result_of
+
+    ref = GroupRef.coerce(launch.group)
+    request = {"run_dir": launch.run_dir, "dataset": launch.dataset, "training": launch.training, **request}
+    with no_retry_for(JobRefusedError, what=f"{command} refused"):
+        text = backend_for(ref).run_job(ref, command, [command, "--request", json.dumps(request)],
+                                        refused_exit=REFUSED)
+    result = result_of(text)
+    if result is None:
+        raise RuntimeError(f"the {command} Job of group {ref.name} succeeded without printing its result; "
+                           f"last lines of its log:\n{text}")
+    return result
+
+
 class EvaluateModelOperator(BaseOperator):
     """Evaluates the final checkpoint on the eval split; writes ``metrics.json`` and a
     training-curve PNG in the run directory; returns (XCom) an
@@ -61,6 +83,15 @@ class EvaluateModelOperator(BaseOperator):
         from airflow_tf import serving
 
         launch = _launch_result(self.launch)
+        remote = _on_cluster(launch, "evaluate", {
+            "thresholds": self.thresholds, "compare_to_served": self.compare_to_served,
+            "serving_base": _serving_base(self.serving_base) if self.compare_to_served else None,
+            "model_name": self.model_name, "comparison_metric": self.comparison_metric})
+        if remote is not None:
+            result = EvaluationResult.from_dict(remote)
+            self.log.info("evaluation of %s on the cluster: %s; model %s", launch.run_dir, result.metrics,
+                          "BLESSED" if result.blessed else f"NOT blessed: {result.reasons}")
+            return result.to_dict()
         config = launch.training_config()
         baseline = None
         with no_retry_for(ValueError, serving.EvaluationError, what="evaluation refused"):
@@ -129,8 +160,11 @@ class ExportSavedModelOperator(BaseOperator):
             if self.on_unblessed == "skip":
                 raise AirflowSkipException(message)
             raise AirflowFailException(message)
+        remote = _on_cluster(launch, "export", {
+            "serving_base": _serving_base(self.serving_base), "model_name": self.model_name,
+            "metrics": None if metrics is None else metrics.to_dict(), "force": self.force})
         with no_retry_for(ValueError, serving.NotBlessedError, what="export refused"):
-            result = ExportResult.from_dict(serving.export_saved_model(
+            result = ExportResult.from_dict(remote if remote is not None else serving.export_saved_model(
                 launch.run_dir, launch.dataset, launch.training_config(), _serving_base(self.serving_base),
                 self.model_name, metrics=None if metrics is None else metrics.to_dict(), force=self.force))
         self.log.info("exported %s version %s to %s", self.model_name, result.version, result.path)

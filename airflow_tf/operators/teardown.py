@@ -10,9 +10,22 @@ from airflow.sdk.definitions.xcom_arg import XComArg
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_tf.backends import GroupRef, backend_for, get_backend
-from airflow_tf.cluster import group_name
+from airflow_tf.cluster import evaluate, group_name
 
 from .common import resolved_backend_options
+
+
+ON_FINISH_ACTIONS = ("delete_pod", "delete_succeeded_pod", "keep_pod")
+"""As the KubernetesPodOperator's ``on_finish_action``: delete the group, delete it only when
+the training succeeded (else keep the trainers for inspection), or keep the trainers. The
+parameter servers are deleted in every case: they never exit by themselves."""
+
+
+def _launch_setting(launch: Any, key: str) -> Any:
+    """A setting of the launch operator (plain or mapped): where its group runs."""
+    if isinstance(launch, MappedOperator):
+        return launch.partial_kwargs.get(key)
+    return getattr(launch, key, None)
 
 
 def _task_id(task: Any, what: str) -> str | None:
@@ -42,8 +55,12 @@ class TeardownTFClusterOperator(BaseOperator):
         then fails the DAG run (with ``as_teardown(..., on_failure_fail_dagrun=True)``).
     :param roles: roles to delete, e.g. ``["ps"]`` to keep finished worker pods for inspection;
         None (default) deletes every task and the group itself.
-    :param backend: the launch's backend, to find a group by name.
-    :param backend_options: the launch's backend options.
+    :param backend: the launch's backend, to find a group by name. Default: the launch
+        operator's own ``backend`` (never another backend than the one that launched).
+    :param backend_options: default: the launch operator's ``backend_options`` (connection, namespace).
+    :param on_finish_action: ``delete_pod`` (default), ``delete_succeeded_pod`` (keep a
+        failed group's trainers for inspection) or ``keep_pod``; the logs are copied first
+        in every case, and the parameter servers are always deleted.
     :param log_tail_lines: lines of each task's log copied into this task's log.
     """
 
@@ -51,11 +68,18 @@ class TeardownTFClusterOperator(BaseOperator):
     ui_color = "#ef9a9a"
 
     def __init__(self, *, group: Any = None, launch: Any = None, wait: Any = None, roles: list[str] | None = None,
-                 backend: str = "local", backend_options: dict[str, Any] | None = None,
-                 log_tail_lines: int = 200, **kwargs: Any) -> None:
+                 backend: str | None = None, backend_options: dict[str, Any] | None = None,
+                 log_tail_lines: int = 200, on_finish_action: str = "delete_pod", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if on_finish_action not in ON_FINISH_ACTIONS:
+            raise ValueError(f"on_finish_action: {on_finish_action!r} is not one of {', '.join(ON_FINISH_ACTIONS)}")
         if launch is None and isinstance(group, XComArg):
             launch = next(iter(group.iter_references()))[0]
+        # A group whose launch did not return is found where the launch put it.
+        backend = backend or _launch_setting(launch, "backend") or "local"
+        if backend_options is None:
+            backend_options = _launch_setting(launch, "backend_options")
+        self.on_finish_action = on_finish_action
         self.group = group
         self.launch_task_id = _task_id(launch, "launch")
         self.launch_is_mapped = isinstance(launch, MappedOperator)
@@ -94,13 +118,18 @@ class TeardownTFClusterOperator(BaseOperator):
         if not status.exists:
             self.log.info("training group %s is already gone; nothing to delete", ref.name)
             return []
-        wanted = set(self.roles) if self.roles else None
-        for task in status.tasks:
-            if wanted is None or task.role in wanted:
-                text = backend.logs(ref, task.role, task.index, self.log_tail_lines)
-                self.log.info("---- log of %s (%s, last %d lines) ----\n%s", task.name, task.phase.value,
-                              self.log_tail_lines, text.rstrip() or "(empty)")
-        deleted = backend.teardown(ref, self.roles)
+        roles = self.roles
+        if roles is None and self.on_finish_action != "delete_pod":
+            succeeded = evaluate(status, ref.success_policy).succeeded
+            if self.on_finish_action == "keep_pod" or not succeeded:
+                roles = ["ps"]
+                self.log.info("on_finish_action=%s: keeping the trainers of group %s, deleting its parameter servers",
+                              self.on_finish_action, ref.name)
+        for task in status.tasks:  # logs first, whatever is deleted
+            text = backend.logs(ref, task.role, task.index, self.log_tail_lines)
+            self.log.info("---- log of %s (%s, last %d lines) ----\n%s", task.name, task.phase.value,
+                          self.log_tail_lines, text.rstrip() or "(empty)")
+        deleted = backend.teardown(ref, roles)
         self.log.info("tore down %d task(s) of group %s: %s", len(deleted), ref.name, ", ".join(deleted) or "none")
         return deleted
 

@@ -1,0 +1,100 @@
+"""``python -m airflow_tf.serving evaluate|export --request JSON``: evaluation and export
+inside the training image, for an Airflow that has no TensorFlow.
+
+With ``backend="kubernetes"`` the EvaluateModelOperator and ExportSavedModelOperator run
+this as a one-off Job on the group's training image, with its volumes: it reads the run's
+checkpoints and the dataset from shared storage and writes there (``<run_dir>/metrics.json``,
+``<serving_base>/<model_name>/<version>/``), as the functions it calls always do. Its last
+log line is the result, ``airflow-tf-result: {json}``, which the operator reads from the
+pod log, so the Airflow workers need not mount the training storage.
+
+The request (a JSON object, or ``@path`` of a file holding one):
+
+- evaluate: ``run_dir``, ``dataset``, ``training`` (the TrainingConfig dict), and optionally
+  ``thresholds``, ``compare_to_served`` with ``serving_base``, ``model_name``, ``comparison_metric``;
+- export: ``run_dir``, ``dataset``, ``training``, ``serving_base``, ``model_name``, and
+  optionally ``metrics`` (the evaluation result) and ``force``.
+
+Exit status 0 with the result; 2 when the request or the model is refused (a retry would
+fail again), with the reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+RESULT_MARKER = "airflow-tf-result: "
+REFUSED = 2
+
+
+def _request(text: str) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(text[1:]).read_text() if text.startswith("@") else text)
+    except OSError as e:
+        raise ValueError(f"--request: cannot read {text[1:]}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--request: not JSON ({e})") from None
+    missing = [key for key in ("run_dir", "dataset", "training") if not isinstance(data, dict) or key not in data]
+    if missing:
+        raise ValueError(f"--request: missing {', '.join(missing)} (a JSON object with run_dir, dataset, training)")
+    return data
+
+
+def evaluate(request: dict[str, Any]) -> dict[str, Any]:
+    from airflow_tf import serving
+
+    baseline = None
+    if request.get("compare_to_served"):
+        if not request.get("model_name") or not request.get("serving_base"):
+            raise ValueError("compare_to_served needs model_name and serving_base")
+        baseline = serving.served_baseline(request["serving_base"], request["model_name"], request["dataset"],
+                                           request["training"], metric=request.get("comparison_metric"))
+    return serving.evaluate_checkpoint(request["run_dir"], request["dataset"], request["training"],
+                                       thresholds=request.get("thresholds"), baseline=baseline)
+
+
+def export(request: dict[str, Any]) -> dict[str, Any]:
+    from airflow_tf import serving
+
+    if not request.get("model_name") or not request.get("serving_base"):
+        raise ValueError("export needs model_name and serving_base")
+    return serving.export_saved_model(request["run_dir"], request["dataset"], request["training"],
+                                      request["serving_base"], request["model_name"],
+                                      metrics=request.get("metrics"), force=bool(request.get("force")))
+
+
+COMMANDS = {"evaluate": evaluate, "export": export}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m airflow_tf.serving", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=sorted(COMMANDS))
+    parser.add_argument("--request", required=True, help="the request: a JSON object, or @FILE")
+    args = parser.parse_args(argv)
+    from airflow_tf import serving
+
+    refused = (ValueError, serving.EvaluationError, serving.ExportError, serving.NotBlessedError,
+               serving.BlessingConfigError)
+    try:
+        result = COMMANDS[args.command](_request(args.request))
+    except refused as e:
+        print(f"{args.command} refused: {e}", file=sys.stderr, flush=True)
+        return REFUSED
+    print(RESULT_MARKER + json.dumps(result, sort_keys=True), flush=True)
+    return 0
+
+
+def result_of(log: str) -> dict[str, Any] | None:
+    """The result a run of this command printed, from its log; None when there is none."""
+    for line in reversed(log.splitlines()):
+        if line.startswith(RESULT_MARKER):
+            return json.loads(line[len(RESULT_MARKER):])
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

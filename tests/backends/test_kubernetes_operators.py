@@ -1,0 +1,181 @@
+"""The operators with backend="kubernetes", against the Kubernetes API emulator: the teardown
+of a launch that died before returning, on_finish_action, and evaluation and export run as
+Jobs on the training image so that Airflow needs no TensorFlow.
+
+The operators' ``execute`` is called directly, in a DAG, with the few context entries they
+read (a task instance's ids and XCom counts, the outlet events) standing in for Airflow's
+task runner: what is under test is what they do on the cluster, which the emulator checks
+request by request against the shipped Role."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+from test_kubernetes import NS, emulator, kubeconfig, make_spec, pod, tasks_of  # noqa: F401 (fixtures)
+
+from airflow_tf.backends import get_backend
+from airflow_tf.backends.kubernetes_manifests import GROUP_LABEL
+from airflow_tf.cluster import group_name
+from airflow_tf.serving.__main__ import RESULT_MARKER, main as serving_main, result_of
+
+
+class _TaskInstance(SimpleNamespace):
+    """The task instance fields the teardown reads."""
+
+    def get_ti_count(self, **query):
+        return 1
+
+
+def _options(kubeconfig):
+    return {"kubernetes_conn_id": None, "config_file": kubeconfig, "namespace": NS, "poll_interval": 0.05}
+
+
+def _dag_with_launch(kubeconfig, **teardown_args):
+    from airflow.sdk import DAG
+
+    from airflow_tf.operators import LaunchTFClusterOperator, TeardownTFClusterOperator
+
+    with DAG("train_k8s", schedule=None) as dag:
+        launch = LaunchTFClusterOperator(task_id="launch", dataset="/data/mnist/1", backend="kubernetes",
+                                         backend_options=_options(kubeconfig), image="registry.example/tf:2.21")
+        teardown = TeardownTFClusterOperator(task_id="teardown", launch=launch, **teardown_args)
+    return dag, teardown
+
+
+def test_teardown_of_a_launch_that_died_before_returning_removes_its_group(emulator, kubeconfig):
+    dag, teardown = _dag_with_launch(kubeconfig)
+    assert teardown.backend == "kubernetes", "the launch's backend, never a fallback to the local one"
+    run_id = "manual__2026-11-22T00:00:00+00:00"
+    # The launch created the group, then its process was killed: no XCom was ever pushed.
+    name = group_name("train_k8s", "launch", run_id, -1)
+    get_backend("kubernetes", **_options(kubeconfig)).launch(make_spec(name=name))
+    assert len(emulator.objects("pods", NS)) == 3
+
+    deleted = teardown.execute({"ti": _TaskInstance(dag_id="train_k8s", run_id=run_id)})
+    assert deleted[0] == f"job/{name}-worker"
+    for kind in ("jobs", "pods", "services"):
+        assert emulator.objects(kind, NS, f"{GROUP_LABEL}={name}") == []
+
+
+@pytest.mark.parametrize("action, succeeded, kept", [
+    ("delete_pod", False, []),
+    ("delete_succeeded_pod", False, [("worker", 0), ("worker", 1)]),
+    ("delete_succeeded_pod", True, []),
+    ("keep_pod", True, [("worker", 0), ("worker", 1)]),
+])
+def test_on_finish_action_keeps_the_trainers_as_asked_and_always_stops_the_ps(emulator, kubeconfig, action,
+                                                                              succeeded, kept):
+    from airflow_tf.operators import TeardownTFClusterOperator
+
+    ref = get_backend("kubernetes", **_options(kubeconfig)).launch(make_spec())
+    emulator.set_log(NS, pod(emulator, "worker", 0), "worker 0 says goodbye\n")
+    emulator.run(NS, pod(emulator, "worker", 0))
+    emulator.succeed(NS, pod(emulator, "worker", 0))
+    if succeeded:
+        emulator.succeed(NS, pod(emulator, "worker", 1))
+    else:
+        emulator.fail(NS, pod(emulator, "worker", 1), exit_code=2)
+    teardown = TeardownTFClusterOperator(task_id=f"teardown_{action}", group=ref.to_dict(), backend="kubernetes",
+                                         on_finish_action=action)
+    messages = []
+    teardown.log.info = lambda message, *args: messages.append(message % args)  # what the task log shows
+    teardown.execute({"ti": _TaskInstance(dag_id="d", run_id="r")})
+    assert tasks_of(emulator) == kept
+    assert any("worker 0 says goodbye" in m for m in messages), "logs are copied before anything is deleted"
+
+
+def test_on_finish_action_must_be_one_the_provider_knows():
+    from airflow_tf.operators import TeardownTFClusterOperator
+
+    with pytest.raises(ValueError, match="on_finish_action: 'keep_failed' is not one of delete_pod, "
+                                         "delete_succeeded_pod, keep_pod"):
+        TeardownTFClusterOperator(task_id="t", group={"backend": "local", "name": "g"}, on_finish_action="keep_failed")
+
+
+def _kubelet(emulator, component, log, outcome="succeed"):
+    """Plays the kubelet for the one-off Job's pod: prints ``log``, then ends it."""
+
+    def run():
+        selector = f"airflow-tf/component={component}"
+        deadline = time.monotonic() + 30
+        while not emulator.objects("pods", NS, selector) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        name = emulator.objects("pods", NS, selector)[0]["metadata"]["name"]
+        emulator.set_log(NS, name, log)
+        if outcome == "succeed":
+            emulator.succeed(NS, name)
+        else:
+            emulator.fail(NS, name, exit_code=outcome)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _launch_result(ref):
+    return {"group": ref.to_dict(), "run_dir": "/runs/tf-mnist", "dataset": "/data/mnist/1",
+            "training": {"dataset": "/data/mnist/1", "run_dir": "/runs/tf-mnist", "steps": 200}, "reattached": False}
+
+
+def _created_job(emulator, name):
+    return next(o for _, resource, kind, o in list(emulator._history)
+                if resource == "jobs" and kind == "ADDED" and o["metadata"]["name"] == name)
+
+
+def test_evaluation_and_export_run_as_jobs_and_their_results_come_back(emulator, kubeconfig):
+    from airflow_tf.operators import EvaluateModelOperator, ExportSavedModelOperator
+
+    ref = get_backend("kubernetes", **_options(kubeconfig)).launch(make_spec())
+    get_backend("kubernetes", **_options(kubeconfig)).teardown(ref)  # evaluation runs after the teardown
+    metrics = {"run_dir": "/runs/tf-mnist", "checkpoint": "/runs/tf-mnist/model.ckpt-200",
+               "metrics": {"mse": 0.01}, "blessed": True, "global_step": 200}
+    thread = _kubelet(emulator, "evaluate", "evaluating\n" + RESULT_MARKER + json.dumps(metrics) + "\n")
+    result = EvaluateModelOperator(task_id="evaluate", launch=_launch_result(ref),
+                                   thresholds={"mse": {"max": 1.0}}).execute({})
+    thread.join()
+    assert result["blessed"] is True and result["metrics"] == {"mse": 0.01}
+    command = _created_job(emulator, "tf-mnist-evaluate")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:5] == ["python", "-m", "airflow_tf.serving", "evaluate", "--request"]
+    assert json.loads(command[5])["thresholds"] == {"mse": {"max": 1.0}}
+
+    exported = {"path": "/models/mnist/3", "version": 3, "model_name": "mnist", "metrics": metrics["metrics"],
+                "blessed": True}
+    thread = _kubelet(emulator, "export", RESULT_MARKER + json.dumps(exported) + "\n")
+    context = {"outlet_events": defaultdict(SimpleNamespace)}
+    result = ExportSavedModelOperator(task_id="export", launch=_launch_result(ref), model_name="mnist",
+                                      metrics=result, serving_base="/models").execute(context)
+    thread.join()
+    assert (result["version"], result["path"]) == (3, "/models/mnist/3")
+    request = json.loads(_created_job(emulator, "tf-mnist-export")["spec"]["template"]["spec"]["containers"][0]
+                         ["command"][5])
+    assert request["serving_base"] == "/models" and request["metrics"]["blessed"] is True
+    assert emulator.objects("jobs", NS) == [], "finished one-off Jobs are deleted"
+
+
+def test_a_refused_evaluation_fails_without_retries_naming_the_pod(emulator, kubeconfig):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_tf.operators import EvaluateModelOperator
+
+    ref = get_backend("kubernetes", **_options(kubeconfig)).launch(make_spec())
+    thread = _kubelet(emulator, "evaluate", "evaluate refused: no checkpoint in /runs/tf-mnist\n", outcome=2)
+    with pytest.raises(AirflowFailException, match=r"(?s)evaluate refused: evaluate Job tf-mnist-evaluate failed "
+                                                   r"\(pod tf-mnist-evaluate-0-\w+: exit code 2\).*no checkpoint"):
+        EvaluateModelOperator(task_id="evaluate", launch=_launch_result(ref)).execute({})
+    thread.join()
+
+
+def test_the_serving_command_refuses_a_bad_request_and_prints_its_result_line(capsys, tmp_path):
+    assert serving_main(["evaluate", "--request", "{not json"]) == 2
+    assert "evaluate refused: --request: not JSON" in capsys.readouterr().err
+    assert serving_main(["export", "--request", json.dumps({"run_dir": "/r"})]) == 2
+    assert "missing dataset, training" in capsys.readouterr().err
+    assert serving_main(["evaluate", "--request", f"@{tmp_path / 'missing.json'}"]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    assert result_of("noise\n" + RESULT_MARKER + '{"version": 2}\nmore noise\n') == {"version": 2}
+    assert result_of("no result here\n") is None
