@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import os
+import sys
 from typing import Callable
 
 import keras
 import tensorflow as tf
 
+from airflow_tf.cluster.model_code import ModelCodeError, read_model_code
 from airflow_tf.cluster.training import BUILTIN_MODELS, TrainingConfig
 
 from .errors import ModelError
+from .task import log
 
 REGRESSION_LOSS = "mean_squared_error"
 CLASSIFICATION_LOSS = "sparse_categorical_crossentropy"
@@ -86,8 +90,9 @@ assert set(_BUILTINS) == set(BUILTIN_MODELS)
 
 
 # -- the model of a run ---------------------------------------------------------------------
-def model_function(reference: str) -> Callable[..., keras.Model]:
-    """A built-in model by name, or the function an import path ``package.module:function`` names."""
+def model_function(reference: str, code_dir: str | None = None) -> Callable[..., keras.Model]:
+    """A built-in model by name, or the function an import path ``package.module:function`` names,
+    imported from the run's snapshot of the model's code (``code_dir``) first."""
     if reference in _BUILTINS:
         return _BUILTINS[reference]
     module_name, _, attr = reference.partition(":")
@@ -95,12 +100,16 @@ def model_function(reference: str) -> Callable[..., keras.Model]:
         raise ModelError(
             f"model {reference!r}: use a built-in model ({', '.join(_BUILTINS)}) or 'package.module:function'"
         )
+    if code_dir:
+        _import_from_first(code_dir, module_name)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        where = f"the run's code snapshot {code_dir} or " if code_dir else ""
         raise ModelError(
-            f"model {reference!r}: cannot import module {module_name!r} ({exc}); "
-            "install it in the training image or put it on PYTHONPATH"
+            f"model {reference!r}: cannot import module {module_name!r} ({exc}); it must be in {where}the "
+            "training image: keep it next to the DAG file (the launch copies it into the run directory) or "
+            "install it, or put it on PYTHONPATH"
         ) from None
     function = getattr(module, attr, None)
     if not callable(function):
@@ -108,30 +117,283 @@ def model_function(reference: str) -> Callable[..., keras.Model]:
     return function
 
 
-def build_model(config: TrainingConfig, schema) -> keras.Model:
-    """The run's Keras model: inputs are the schema's features by name, the output the predictions.
+def _import_from_first(code_dir: str, module_name: str) -> None:
+    """Put the run's code directory first on ``sys.path``; a copy of the model's top-level
+    module imported from elsewhere before (the DAGs folder in an Airflow worker, another run's
+    snapshot) is forgotten, so this run's code is what gets imported."""
+    directory = os.path.abspath(code_dir[len("file://"):] if code_dir.startswith("file://") else code_dir)
+    if not os.path.isdir(directory):
+        raise ModelError(
+            f"model code directory {directory} does not exist: the launch copies the model's code into the run "
+            "directory, so every task must see the run directory on the same shared storage"
+        )
+    try:
+        snapshot = read_model_code(directory)
+    except ModelCodeError as exc:
+        raise ModelError(str(exc)) from None
+    if directory in sys.path:
+        sys.path.remove(directory)
+    sys.path.insert(0, directory)
+    importlib.invalidate_caches()
+    top = module_name.split(".")[0]
+    loaded = sys.modules.get(top)
+    origin = getattr(loaded, "__file__", None) or ""
+    if loaded is not None and not os.path.abspath(origin).startswith(directory + os.sep):
+        for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+            del sys.modules[name]
+    if snapshot is not None:
+        log(f"airflow-tf model code {module_name} from {directory} sha256={snapshot.sha256}")
 
-    Called as ``function(schema=schema, **config.model_kwargs)``. In graph mode under a
-    ``replica_device_setter`` its variables land on the ps tasks."""
-    function = model_function(config.model)
+
+def _call_model_function(function: Callable[..., keras.Model], config: TrainingConfig, schema) -> keras.Model:
+    """``function(**model_kwargs)``, with ``schema=`` too when the function declares it (or ``**kwargs``)."""
     kwargs = dict(config.model_kwargs or {})
     try:
-        inspect.signature(function).bind(schema=schema, **kwargs)
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # no signature to read (some C functions): call it as documented
+        signature = None
+    if signature is None or any(p.name == "schema" or p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        kwargs["schema"] = schema
+    try:
+        if signature is not None:
+            signature.bind(**kwargs)
     except TypeError as exc:
-        raise ModelError(f"model {config.model!r}: model_kwargs {kwargs} do not fit its arguments ({exc})") from None
-    model = function(schema=schema, **kwargs)
+        given = {k: v for k, v in kwargs.items() if k != "schema"}
+        raise ModelError(
+            f"model {config.model!r}: model_kwargs {given} do not fit its arguments {signature} ({exc}); a model "
+            "function takes no arguments, schema, and/or the keyword arguments you pass as model_kwargs"
+        ) from None
+    model = function(**kwargs)
     if not isinstance(model, keras.Model):
         raise ModelError(f"model {config.model!r} returned {type(model).__name__}, not a keras.Model")
     return model
 
 
+def build_model(config: TrainingConfig, schema) -> keras.Model:
+    """The run's Keras model, called with the dataset's features (a dict by name), returning
+    the predictions.
+
+    The model function is called with its ``model_kwargs``, and ``schema=`` when it declares it.
+    How the features reach the model (:func:`feed_features`) and whether its output fits the label
+    (:func:`check_output`) are checked here, before any training. In graph mode under a
+    ``replica_device_setter`` its variables land on the ps tasks."""
+    model = _call_model_function(model_function(config.model, config.code_dir), config, schema)
+    model = feed_features(model, schema, config.model)
+    output = _output_spec(model, schema, config.model)
+    check_output(output.shape, schema, loss_name(config, schema), config.model)
+    return model
+
+
+# -- features to inputs ---------------------------------------------------------------------
+class FeatureAdapter(keras.Model):
+    """Feeds the dataset's features (a dict by name) to a model that takes them otherwise: one
+    input, a list of inputs, another shape or dtype. It adds no weights of its own, so its
+    weights (and checkpoints) are the wrapped model's."""
+
+    def __init__(self, model: keras.Model, adapt: Callable[[dict], object]):
+        super().__init__(name=f"{model.name}_fed")
+        self.wrapped = model
+        self._adapt = adapt
+
+    def call(self, features, training=None):
+        return self.wrapped(self._adapt(features), training=training)
+
+
+def _declared_inputs(model: keras.Model) -> list[tuple[str, keras.KerasTensor]] | None:
+    """(name, tensor) of each input a model declares (functional, Sequential with an Input),
+    by dict key when the model takes a dict; None for a model that declares none (subclassed)."""
+    try:
+        inputs = model.inputs
+    except AttributeError:
+        return None
+    if not inputs:
+        return None
+    struct = getattr(model, "_inputs_struct", None)
+    if isinstance(struct, dict) and len(struct) == len(inputs):
+        return list(struct.items())
+    return [(tensor.name, tensor) for tensor in inputs]
+
+
+def _shape_text(shape) -> str:
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _target_shape(shape: tuple, dtype: str, input_shape: tuple, input_dtype: str) -> tuple | None:
+    """The per-example shape a feature of ``shape`` takes to fit an input declared
+    ``(None, *input_shape)``: its own when they agree (unknown dimensions agree with any), a
+    reshape when both hold the same number of values; None when they do not fit, or when one is
+    text and the other numbers."""
+    if (dtype == "string") != (input_dtype == "string"):
+        return None
+    if len(input_shape) == len(shape) and all(d is None or d == s for d, s in zip(input_shape, shape)):
+        return shape
+    if None not in input_shape and math.prod(input_shape) == math.prod(shape):
+        return tuple(input_shape)
+    return None
+
+
+def _convert(value, shape: tuple, target: tuple, dtype: str, input_dtype: str):
+    if target != shape:
+        value = keras.ops.reshape(value, (-1, *target))
+    if dtype != "string" and input_dtype != dtype:
+        value = keras.ops.cast(value, input_dtype)
+    return value
+
+
+def _matrix(features: dict, schema, dtype: str = "float32"):
+    """Every feature, in schema order, flattened into one ``(batch, n)`` matrix of ``dtype``."""
+    columns = [keras.ops.reshape(keras.ops.cast(features[name], dtype), (-1, schema[name].size))
+               for name in schema.feature_names]
+    return columns[0] if len(columns) == 1 else keras.ops.concatenate(columns, axis=-1)
+
+
+def feed_features(model: keras.Model, schema, reference: str = "model") -> keras.Model:
+    """The model itself when it takes the features dict as it is, else a :class:`FeatureAdapter`.
+
+    Rules, in order: inputs named after features get those features (reshaped to the declared
+    input when it holds as many values, cast to its dtype); a model with one input gets the
+    dataset's one feature, or, when the dataset has several numeric features, all of them as
+    one float matrix ``(batch, n)`` in schema order (vector features flattened in place), or
+    ``(batch,)`` / another shape of n values when the input declares it. A Sequential model
+    without an ``Input`` gets the one feature or that matrix; any other model without declared
+    inputs (subclassed) gets the features dict. When no rule fits, :class:`ModelError` lists the
+    model's inputs and the dataset's features with their shapes."""
+    names = schema.feature_names
+    if not names:
+        raise ModelError("the dataset has no input features besides the label")
+    specs = {name: schema[name] for name in names}
+    numeric = all(spec.dtype != "string" for spec in specs.values())
+    inputs = _declared_inputs(model)
+    if inputs is None:
+        if not isinstance(model, keras.Sequential):
+            return model
+        if len(names) == 1 and not numeric:
+            return FeatureAdapter(model, lambda features: features[names[0]])
+        if numeric:
+            return FeatureAdapter(model, lambda features: _matrix(features, schema))
+        raise _unfed(model, schema, reference, "a Sequential model takes one input, and text features do not "
+                     "make a float matrix")
+    declared = {name: (tuple(t.shape[1:]), t.dtype) for name, t in inputs}
+    dict_inputs = isinstance(getattr(model, "_inputs_struct", None), dict)
+    if all(name in specs for name, _ in inputs):  # inputs named after features
+        targets = {name: _target_shape(specs[name].shape, specs[name].dtype, *declared[name]) for name in declared}
+        misfits = [name for name, target in targets.items() if target is None]
+        if misfits:
+            raise _unfed(model, schema, reference, f"input(s) {', '.join(misfits)} named after features do not "
+                         "take their shape or dtype")
+        if dict_inputs and set(declared) == set(names) and all(
+                declared[n] == (specs[n].shape, specs[n].dtype) for n in names):
+            return model  # takes the features dict as it is (the built-in models do)
+
+        def by_name(features):
+            values = {n: _convert(features[n], specs[n].shape, targets[n], specs[n].dtype, declared[n][1])
+                      for n in declared}
+            if dict_inputs:
+                return values
+            return next(iter(values.values())) if len(values) == 1 else list(values.values())
+
+        return FeatureAdapter(model, by_name)
+    if len(inputs) == 1:
+        shape, dtype = next(iter(declared.values()))
+        if len(names) == 1:
+            spec = specs[names[0]]
+            target = _target_shape(spec.shape, spec.dtype, shape, dtype)
+            if target is not None:
+                return FeatureAdapter(model, lambda features: _convert(features[spec.name], spec.shape, target,
+                                                                       spec.dtype, dtype))
+        elif numeric and keras.backend.is_float_dtype(dtype):
+            width = (sum(spec.size for spec in specs.values()),)
+            target = _target_shape(width, dtype, shape, dtype)
+            if target is not None:
+                return FeatureAdapter(model, lambda features: _convert(_matrix(features, schema, dtype), width,
+                                                                       target, dtype, dtype))
+    raise _unfed(model, schema, reference, None)
+
+
+def _unfed(model: keras.Model, schema, reference: str, why: str | None) -> ModelError:
+    """The error for a model no feeding rule fits: its inputs and the dataset's features, with shapes."""
+    inputs = _declared_inputs(model) or []
+    described = ", ".join(f"{name} {_shape_text(tuple(t.shape))} {t.dtype}" for name, t in inputs) or "undeclared"
+    total = sum(schema[name].size for name in schema.feature_names if schema[name].dtype != "string")
+    label = f" (and the label {schema.label.name!r})" if schema.label else ""
+    return ModelError(
+        f"model {reference!r} cannot take this dataset's features{': ' + why if why else ''}. The model's inputs: "
+        f"{described}. The dataset's features: {_features_text(schema)}{label}. A model gets the features whose "
+        "names its inputs have (keras.Input(name=...)); a model with one input gets the one feature, or all "
+        f"numeric features as one float matrix (None, {total}) in schema order. Name the inputs after the "
+        "features, or give the model one input of that shape"
+    )
+
+
+def _features_text(schema) -> str:
+    return ", ".join(f"{n} {_shape_text((None, *schema[n].shape))} {schema[n].dtype}" for n in schema.feature_names)
+
+
+def _output_spec(model: keras.Model, schema, reference: str):
+    """The model's output as a symbolic tensor, from symbolic features: builds the model (a
+    subclassed one too) and finds a model that cannot take the features before training."""
+    features = {name: keras.KerasTensor((None, *schema[name].shape), schema[name].dtype)
+                for name in schema.feature_names}
+    try:
+        output = model.compute_output_spec(features)
+    except Exception as exc:  # whatever the user's call raises, it is about feeding it the features
+        raise ModelError(
+            f"model {reference!r} fails on the dataset's features ({_features_text(schema)}): "
+            f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
+        ) from None
+    if not isinstance(output, keras.KerasTensor):
+        raise ModelError(f"model {reference!r} returns {type(output).__name__}; training expects one tensor of "
+                         "predictions (a model with several outputs needs a loss per output, which is not supported)")
+    return output
+
+
+def loss_name(config: TrainingConfig, schema) -> str:
+    """``config.loss``, else mean squared error for a float label and sparse categorical
+    cross-entropy for an integer (class) label."""
+    if config.loss is not None:
+        return config.loss
+    label = schema.label
+    return CLASSIFICATION_LOSS if label is not None and label.dtype == "int64" else REGRESSION_LOSS
+
+
+def check_output(shape, schema, loss: str, reference: str = "model") -> None:
+    """Refuse a model whose output ``shape`` (``(None, ...)``) does not fit the label and the
+    loss, naming both shapes; TensorFlow would otherwise fail deep inside the first step
+    ("Incompatible shapes: [64] vs. [64,5]") or, worse, broadcast silently."""
+    label = schema.label
+    if label is None:
+        return
+    shape = tuple(shape)
+    per_example = shape[1:]
+    scalar = label.shape in ((), (1,))
+    what = (f"label {label.name!r} is a scalar {label.dtype}" if scalar
+            else f"label {label.name!r} is {label.dtype} of shape {_shape_text(label.shape)} per example")
+    if "sparse" in loss.lower():
+        if scalar and len(per_example) == 1 and (per_example[0] is None or per_example[0] >= 2):
+            return
+        raise ModelError(
+            f"model {reference!r} outputs {_shape_text(shape)} but {what}, a class index for the loss {loss}: "
+            "the model must output (None, num_classes), one score per class, num_classes >= 2 (e.g. a last "
+            "layer Dense(num_classes, activation='softmax')). For regression on this label pass "
+            "loss='mean_squared_error'"
+        )
+    expected = [(), (1,)] if scalar else [label.shape]
+    if any(len(per_example) == len(e) and all(d is None or d == w for d, w in zip(per_example, e))
+           for e in expected):
+        return
+    wanted = " or ".join(_shape_text((None, *e)) for e in expected)
+    raise ModelError(
+        f"model {reference!r} outputs {_shape_text(shape)} but {what}: with the loss {loss} the model must "
+        f"output {wanted}, one prediction per example"
+        + (" (e.g. a last layer Dense(1))" if scalar else "")
+        + (". For classes, prepare the label as int64 class indices" if label.dtype != "int64" and scalar else "")
+    )
+
+
 def resolve_loss(config: TrainingConfig, schema):
     """The Keras loss of the run: ``config.loss`` if set, else mean squared error for a float
     label and sparse categorical cross-entropy for an integer (class) label."""
-    name = config.loss
-    if name is None:
-        label = schema.label
-        name = CLASSIFICATION_LOSS if label is not None and label.dtype == "int64" else REGRESSION_LOSS
+    name = loss_name(config, schema)
     try:
         return keras.losses.get(name)
     except ValueError:
@@ -209,7 +471,7 @@ def restore_model(run_dir_or_checkpoint: str | os.PathLike, config: TrainingConf
 
 
 __all__ = [
-    "ModelError", "build_model", "check_checkpoint", "checkpoint_weights", "compute_loss", "latest_checkpoint",
-    "linear_regression", "mlp_classifier", "model_function", "resolve_checkpoint", "resolve_loss",
-    "restore_model", "weight_key",
+    "FeatureAdapter", "ModelError", "build_model", "check_checkpoint", "check_output", "checkpoint_weights",
+    "compute_loss", "feed_features", "latest_checkpoint", "linear_regression", "loss_name", "mlp_classifier",
+    "model_function", "resolve_checkpoint", "resolve_loss", "restore_model", "weight_key",
 ]
