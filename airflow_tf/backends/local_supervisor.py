@@ -42,7 +42,6 @@ TICK = 0.25
 WAKE_SIGNALS = {signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 PR_SET_PDEATHSIG = 1
 PROGRESS_TAIL_BYTES = 64 * 1024
-TRAINING_ROLES = ("chief", "worker")
 CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
@@ -135,7 +134,10 @@ class Task:
     last_progress: float = 0.0
     """Monotonic time of the task's last sign of progress (its start, a new global step, CPU time)."""
     progress_mark: Any = None
-    """What progress is measured against: the chief's global step, another trainer's CPU time."""
+    """What progress is measured against: the chief's global step, else CPU time."""
+    start_step: int | None = None
+    stepping: bool = False
+    """The chief reported a step since it started (before that, starting up, it counts CPU time)."""
     stalled: bool = False
 
     def status(self) -> TaskStatus:
@@ -231,9 +233,8 @@ class Supervisor:
                 return
         task.start_time = process_start_time(task.proc.pid)
         task.phase, task.exit_code = Phase.RUNNING, None
-        # The chief must move the global step on from where it is; others start with no CPU time.
-        task.progress_mark = (self.progress or {}).get("global_step") if task is self.chief else None
-        task.last_progress, task.stalled = time.monotonic(), False
+        task.start_step = (self.progress or {}).get("global_step")
+        task.last_progress, task.progress_mark, task.stepping, task.stalled = time.monotonic(), None, False, False
 
     def stop(self, tasks: list[Task]) -> None:
         """SIGTERM, then SIGKILL after a short grace; returns when every one is reaped."""
@@ -330,15 +331,19 @@ class Supervisor:
 
     def check_progress(self) -> None:
         """Restart (under its restart policy) a training task with no progress for
-        ``progress_timeout`` seconds: the chief's global step must change; the other trainers,
-        which report no steps of their own, must use CPU time (a stopped or hung process uses none)."""
+        ``progress_timeout`` seconds. Once the chief reports steps, its global step must change;
+        the other trainers, which report no steps of their own, and a chief still starting up
+        must use CPU time (a stopped process, or one blocked for good, uses none)."""
         timeout = self.spec.progress_timeout
         if timeout is None or not self.running:
             return
         now = time.monotonic()
-        trainers = [t for t in self.tasks if t.role in TRAINING_ROLES and t.proc is not None]
+        step = (self.progress or {}).get("global_step")
+        trainers = [t for t in self.tasks if t.role in self.spec.training_roles() and t.proc is not None]
         for task in trainers:
-            mark = (self.progress or {}).get("global_step") if task is self.chief else cpu_ticks(task.proc.pid)
+            if task is self.chief and not task.stepping and step != task.start_step:
+                task.stepping, task.progress_mark = True, None
+            mark = step if task.stepping else cpu_ticks(task.proc.pid)
             if mark is not None and mark != task.progress_mark:
                 task.progress_mark, task.last_progress = mark, now
         # Others first: a stalled worker also stalls the chief's global step in sync mode.
@@ -353,13 +358,15 @@ class Supervisor:
             self.exited(task, task.exit_code)
 
     def stop_idle_ps(self) -> None:
-        """Once no training task runs any more, stop the parameter servers (and an evaluator)
-        after ``ps_grace_seconds``: nothing needs them, and nobody else may come to stop them."""
-        if not self.running or any(t.role in TRAINING_ROLES and not t.terminal and not t.deleted for t in self.tasks):
+        """Once no training task runs any more, stop the parameter servers (and an evaluator, and
+        in coordinator mode the workers) after ``ps_grace_seconds``: nothing needs them, and
+        nobody else may come to stop them."""
+        training = self.spec.training_roles()
+        if not self.running or any(t.role in training and not t.terminal and not t.deleted for t in self.tasks):
             return
         now = time.monotonic()
         self.workers_done_at = self.workers_done_at or now
-        idle = [t for t in self.tasks if t.proc is not None and t.role not in TRAINING_ROLES]
+        idle = [t for t in self.tasks if t.proc is not None and t.role not in training]
         if idle and now - self.workers_done_at >= self.spec.ps_grace_seconds:
             self.stop(idle)
             for t in idle:

@@ -15,8 +15,6 @@ from airflow_tf.cluster.progress import describe as describe_progress
 
 from .base import Backend, GroupRef
 
-TRAINING_ROLES = ("chief", "worker")
-
 
 def wait_for_group(backend: Backend, ref: GroupRef, *, timeout: float | None = None, interval: float = 0.5,
                    success_policy: str | None = None,
@@ -118,7 +116,7 @@ def run_group(backend: Backend, spec: GroupSpec, *, logs_dir: str | os.PathLike 
         outcome, status = wait_for_group(backend, ref, interval=interval, on_status=on_status)
         report = None
         if outcome.succeeded:
-            backend.teardown(ref, [role for role in spec.roles if role not in TRAINING_ROLES])
+            backend.teardown(ref, [role for role in spec.roles if role not in spec.training_roles()])
         else:
             report = failure_report(backend, ref, outcome, tail_lines)
         return RunResult(ref, outcome, status, report)

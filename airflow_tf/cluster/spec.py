@@ -227,6 +227,13 @@ class GroupSpec:
             for index in range(self.replicas(role)):
                 yield role, index
 
+    def training_roles(self) -> tuple[str, ...]:
+        """The roles whose tasks train and exit when done; the others serve until stopped (the
+        ps, and in coordinator mode also the workers the chief drives)."""
+        if self.training is not None and self.training.mode == "coordinator":
+            return ("chief",)
+        return ("chief", "worker")
+
     def chief_task(self) -> tuple[str, int]:
         """The task that checkpoints: the chief if there is one, else worker 0."""
         return ("chief", 0) if self.replicas("chief") else ("worker", 0)
