@@ -35,13 +35,13 @@ NS = "bench"
 
 def script(emu: KubeEmulator, group: str, workers: int, seconds: float, offset: float, finished: dict) -> None:
     """The cluster's side: everything starts, then the workers finish evenly spaced."""
-    emu.run(NS, f"{group}-ps-0")
+    emu.run(NS, emu.pod(NS, f"{group}-ps", 0))  # pods are the Job controller's, named <job>-<index>-<random>
     for i in range(workers):
-        emu.run(NS, f"{group}-worker-{i}")
+        emu.run(NS, emu.pod(NS, f"{group}-worker", i))
     time.sleep(offset)
     for i in range(workers):
         time.sleep(seconds / workers)
-        emu.succeed(NS, f"{group}-worker-{i}")
+        emu.succeed(NS, emu.pod(NS, f"{group}-worker", i))
     finished["at"] = time.monotonic()
 
 
