@@ -210,3 +210,20 @@ def test_the_seeds_sequential_model_next_to_a_dag_trains_through_airflow_tf_run(
     metadata = json.loads((Path(export["path"]) / METADATA_FILE).read_text())
     assert metadata["model_code"]["sha256"] == manifest["sha256"]
     assert metadata["signature"]["inputs"] == ["x"], "the export serves the feature, whatever the model's input"
+
+
+@pytest.mark.slow
+def test_a_model_whose_output_does_not_fit_the_label_is_refused_before_any_step(linear_dataset, train, tmp_path):
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "wide_model.py").write_text(MODELS)
+    run_dir = tmp_path / "run"
+    code = snapshot_model_code("wide_model:five_outputs", str(run_dir), [str(dags)])
+    run = train("own-wide", linear_dataset, run_dir, workers=1, steps=50, model="wide_model:five_outputs",
+                code_dir=code.path)
+    assert not run.succeeded
+    reason = "model 'wide_model:five_outputs' outputs (None, 5) but label 'y' is a scalar float32"
+    assert reason in run.report, run.report
+    assert reason in run.lines("worker-0", "status=refused")[0]
+    assert not run.lines("worker-0", "session ready"), "no step ran"
+    assert models.latest_checkpoint(run_dir) is None
