@@ -19,12 +19,14 @@ from pathlib import Path
 from airflow.sdk import DAG, task
 from airflow_tf.operators import PrepareTFRecordsOperator
 
-for dag_id, source in (("prepare_ok", {good!r}), ("prepare_bad", {bad!r})):
+for dag_id, source, text in (("prepare_ok", {good!r}, ""), ("prepare_bad", {bad!r}, ""),
+                             ("prepare_text", {mixed!r}, "code")):
     with DAG(dag_id, schedule=None, start_date=datetime(2024, 1, 1), catchup=False,
-             params={{"name": "templated", "fraction": 0.25}}) as dag:
+             params={{"name": "templated", "fraction": 0.25, "text": text}}) as dag:
         prepare = PrepareTFRecordsOperator(
             task_id="prepare", input=source, output={output!r}, name="{{{{ params.name }}}}", label="y",
             eval_fraction="{{{{ params.fraction }}}}", shards="3", progress_every=0,
+            string_columns="{{{{ params.text }}}}",
         )
 
         @task
@@ -41,11 +43,13 @@ def test_operator_runs_in_airflow_with_templates_progress_and_xcom(tmp_path):
     good = write_linear_regression_csv(tmp_path / "raw" / "lr.csv", rows=20000, seed=3)
     bad = tmp_path / "raw" / "ragged.csv"
     bad.write_text("x,y\n1,2\n3\n")
+    mixed = tmp_path / "raw" / "mixed.csv"  # a code column of numbers, with letters deep down
+    mixed.write_text("code,y\n" + "".join(f"{'A7' if i == 1500 else i},{i % 2}\n" for i in range(2000)))
     output, result = tmp_path / "datasets", tmp_path / "xcom.json"
     dags = tmp_path / "dags"
     dags.mkdir()
     (dags / "prepare_dags.py").write_text(textwrap.dedent(DAG_FILE.format(
-        good=str(good), bad=str(bad), output=str(output), result=str(result))))
+        good=str(good), bad=str(bad), mixed=str(mixed), output=str(output), result=str(result))))
     env = airflow_env(tmp_path, dags)
     init_airflow(env)
 
@@ -65,3 +69,10 @@ def test_operator_runs_in_airflow_with_templates_progress_and_xcom(tmp_path):
     assert "state=failed" in failed.stdout
     assert f"{bad} line 3: expected 2 fields (the header's), found 1" in failed.stdout
     assert not (output / "templated" / "2").exists()
+
+    # string_columns (templated) reads the code column as text: committed as the next version.
+    text = dags_test(env, "prepare_text")
+    assert "state=success" in text.stdout, text.stdout[-4000:]
+    summary = json.loads(result.read_text())
+    assert summary["dataset_uri"] == str((output / "templated" / "2").resolve())
+    assert summary["schema"]["features"][0] == {"name": "code", "dtype": "string", "shape": []}
