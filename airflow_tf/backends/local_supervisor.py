@@ -154,7 +154,7 @@ class Supervisor:
         saved = read_json(group.spec)
         self.spec = GroupSpec.from_dict(saved["spec"])
         self.isolation: dict[str, Any] = {"network": "shared", "warning": None}
-        self.workers_done_at: float | None = None
+        self.done_at: float | None = None
         self.tasks = [
             Task(role, index, task_name(self.spec.name, role, index), self.spec.roles[role].restart_policy)
             for role, index in self.spec.tasks()
@@ -192,7 +192,7 @@ class Supervisor:
             self.check_owner()
             self.read_progress()
             self.check_progress()
-            self.stop_idle_ps()
+            self.stop_when_done()
             if all(t.terminal or t.deleted for t in self.tasks):
                 self.running = False
             self.write_state()
@@ -357,21 +357,35 @@ class Supervisor:
             self.stop([task])
             self.exited(task, task.exit_code)
 
-    def stop_idle_ps(self) -> None:
-        """Once no training task runs any more, stop the parameter servers (and an evaluator, and
-        in coordinator mode the workers) after ``ps_grace_seconds``: nothing needs them, and
-        nobody else may come to stop them."""
+    def stop_when_done(self) -> None:
+        """Once no training task runs any more, or the group has failed for good, stop what
+        still runs after ``ps_grace_seconds``: the parameter servers (and an evaluator, and in
+        coordinator mode the workers) never exit by themselves, workers of a failed group train
+        for nothing, and nobody else may come to stop them."""
+        if not self.running:
+            return
         training = self.spec.training_roles()
-        if not self.running or any(t.role in training and not t.terminal and not t.deleted for t in self.tasks):
+        outcome = evaluate(self.status(), self.spec.success_policy)
+        failed = outcome.done and not outcome.succeeded
+        if not failed and any(t.role in training and not t.terminal and not t.deleted for t in self.tasks):
             return
         now = time.monotonic()
-        self.workers_done_at = self.workers_done_at or now
-        idle = [t for t in self.tasks if t.proc is not None and t.role not in training]
-        if idle and now - self.workers_done_at >= self.spec.ps_grace_seconds:
-            self.stop(idle)
-            for t in idle:
+        self.done_at = self.done_at or now
+        live = [t for t in self.tasks if t.proc is not None]
+        if not live or now - self.done_at < self.spec.ps_grace_seconds:
+            return
+        if any(t.role in training for t in live):
+            # Said for the group as a whole: stopped workers must not look like the cause.
+            self.failure = self.failure or f"{outcome.reason}; the rest of the group was stopped"
+        self.stop(live)
+        grace = self.spec.ps_grace_seconds
+        for t in live:
+            if t.role in training:
+                t.phase, t.reason = Phase.FAILED, "stopped by the supervisor: the group had failed"
+            else:
                 t.phase = Phase.SUCCEEDED
-                t.reason = f"stopped by the supervisor {self.spec.ps_grace_seconds:g} s after the workers finished"
+                t.reason = (f"stopped by the supervisor {grace:g} s after the group failed" if failed else
+                            f"stopped by the supervisor {grace:g} s after the workers finished")
 
     def serve_requests(self) -> None:
         pending = sorted(self.group.requests.glob("*.json"), key=lambda p: p.stat().st_mtime)
