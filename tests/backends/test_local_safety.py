@@ -271,6 +271,26 @@ def test_the_supervisor_stops_the_ps_after_the_workers_without_anyone_watching(l
     assert backend.teardown(ref) == ["alone-ps-0", "alone-worker-0", "alone-worker-1"]
 
 
+def test_the_supervisor_stops_the_rest_of_a_group_that_failed_for_good(local_state_dir, group_processes,
+                                                                       wait_until):
+    worker = program("""
+        import os, sys, time
+        if os.environ['AIRFLOW_TF_TASK'].endswith('-1'):
+            sys.exit('the model does not fit the data')
+        time.sleep(600)
+        """)
+    backend = LocalBackend()
+    ref = backend.launch(group("halfdead", worker, ps_grace_seconds=0.5))
+    wait_until(lambda: not group_processes(local_state_dir), 20, what="the rest of the group to stop by itself")
+    status = backend.status(ref)
+    outcome = wait_for_group(backend, ref, timeout=1)[0]
+    assert outcome.reason.startswith("task halfdead-worker-1 (worker 1) failed: exit code 1")
+    assert outcome.reason.endswith("; the rest of the group was stopped")
+    assert status.task("worker", 0).reason == "stopped by the supervisor: the group had failed"
+    assert status.task("ps", 0).reason == "stopped by the supervisor 0.5 s after the group failed"
+    backend.teardown(ref)
+
+
 # -- the progress watchdog ------------------------------------------------------------------
 def test_a_task_with_no_progress_is_restarted_then_fails_the_group_by_name(local_state_dir, wait_until):
     backend = LocalBackend()

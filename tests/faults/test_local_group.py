@@ -110,13 +110,17 @@ def test_a_rerun_after_the_launcher_was_sigkilled_starts_afresh_and_keeps_every_
     first_log = (run_dir / "logs" / "attempt-1" / "rerun-worker-0.log").read_text()
     assert SESSION_READY.search(first_log), "the killed attempt's logs are copied to the run directory"
 
-    second = airflow_tf_run(*args, "--steps", "300")
+    # More workers than cores this time: a warning on stderr, and the run goes ahead.
+    workers = len(os.sched_getaffinity(0)) + 1
+    second = airflow_tf_run(*args, "--steps", "300", "--workers", str(workers))
     out, err = second.communicate(timeout=240)
     assert second.returncode == 0, err
+    assert f"airflow-tf run: warning: training group 'rerun' has {workers} training tasks for" in err
+    assert "NOT network-isolated" not in err
     summary = json.loads(out)
     assert summary["succeeded"] is True and summary["logs"] == str(run_dir / "logs" / "attempt-2")
     assert (run_dir / "logs" / "attempt-1" / "rerun-worker-0.log").read_text() == first_log, "never overwritten"
-    assert SESSION_READY.search((run_dir / "logs" / "attempt-2" / "rerun-worker-0.log").read_text())
+    assert SESSION_READY.search((run_dir / "logs" / "attempt-2" / f"rerun-worker-{workers - 1}.log").read_text())
     assert os.listdir(local_state_dir) == [], "no stale group state is left"
 
 
