@@ -2,9 +2,11 @@
 with the LocalExecutor, on a private PostgreSQL (``scripts/postgres``) or, when PostgreSQL
 cannot serve, on SQLite.
 
-``scripts/stack`` runs it in the foreground for a person; the real-stack tests import
-:class:`AirflowStack` and drive the same code. Every component runs in its own process group,
-so :meth:`AirflowStack.stop` also ends the task processes the LocalExecutor forked."""
+``scripts/stack`` runs it in the foreground for a person, restarting a component that dies;
+the real-stack tests import :class:`AirflowStack` and drive the same code. Every component
+runs in a session of its own, which holds everything it forks (LocalExecutor workers, their
+task processes, log servers) but not the training groups the local backend starts (they get
+sessions of their own): ending a component's session ends exactly that component."""
 
 from __future__ import annotations
 
@@ -17,14 +19,25 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 USERNAME = "admin"
+# After SIGTERM a component finishes its own shutdown (marks its job ended, stops its log
+# server) within a second; what follows is the interpreter freeing Airflow's large heap, 5-30 s
+# of CPU on a busy machine with nothing left to save. So everything still running this long
+# after SIGTERM is killed.
+STOP_GRACE = 3.0
+# A component that dies this often within RESTART_WINDOW seconds is not restarted again.
+RESTART_LIMIT = 5
+RESTART_WINDOW = 600.0
 
 
 class StackError(RuntimeError):
@@ -68,6 +81,7 @@ class AirflowStack:
         self.url = f"http://127.0.0.1:{self.port}"
         self.password = ""
         self.processes: dict[str, subprocess.Popen] = {}
+        self.restarts: dict[str, list[float]] = {c: [] for c in COMPONENTS}
         # As root, PostgreSQL runs as 'postgres', which must be able to enter this directory.
         self.postgres_dir = Path(postgres_dir or self.home / "postgres").resolve()
         self._pg_dir: Path | None = None
@@ -127,35 +141,53 @@ class AirflowStack:
         self._ensure_password()
         self._airflow("db", "migrate", log="db-migrate.log", timeout=timeout)
         for component in COMPONENTS:
-            log = open(self.home / "logs" / f"{component}.log", "ab")
-            self.processes[component] = subprocess.Popen(
-                [str(self.bin / "airflow"), component],
-                env=self._env,
-                cwd=self.home,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-            log.close()
+            self._spawn(component)
         self.wait_healthy(timeout)
+        self.warm_up(timeout)
 
-    def stop(self, grace: float = 20.0) -> None:
-        """SIGTERM every component's process group, SIGKILL what is left after ``grace``."""
+    def stop(self, grace: float = STOP_GRACE) -> tuple[float, float]:
+        """Ends every component at once: SIGTERM to everything in their sessions, SIGKILL to
+        what is left after ``grace`` seconds; then stops the database. Returns the seconds each
+        of the two took."""
+        began = time.monotonic()
+        sessions = {proc.pid for proc in self.processes.values()}
+        _signal_sessions(sessions, signal.SIGTERM)
+        if not self._wait_sessions_ended(sessions, grace):
+            _signal_sessions(sessions, signal.SIGKILL)
+            self._wait_sessions_ended(sessions, 30.0)
         for proc in self.processes.values():
-            _signal_group(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for proc in self.processes.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            # Children (LocalExecutor task processes, log servers) may outlive their leader.
-            _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
         self.processes.clear()
+        airflow_stopped = time.monotonic()
         if self._pg_dir is not None:
             subprocess.run([str(ROOT / "scripts" / "postgres"), "stop", str(self._pg_dir)], check=False)
+        return airflow_stopped - began, time.monotonic() - airflow_stopped
+
+    def restart_exited(self) -> list[str]:
+        """Restarts every component whose process has exited, after killing everything left in
+        its session (a scheduler restarted while its old LocalExecutor workers live on finds the
+        database locked and queues nothing). Returns one line per restart; raises
+        :class:`StackError` for a component that died RESTART_LIMIT times within RESTART_WINDOW."""
+        restarted = []
+        for name, proc in list(self.processes.items()):
+            if proc.poll() is None:
+                continue
+            _signal_sessions({proc.pid}, signal.SIGKILL)
+            self._wait_sessions_ended({proc.pid}, 30.0)
+            now = time.monotonic()
+            recent = [t for t in self.restarts[name] if now - t < RESTART_WINDOW]
+            how = _exit_description(proc.returncode)
+            if len(recent) >= RESTART_LIMIT:
+                raise StackError(
+                    f"airflow {name} {how}, the {len(recent) + 1}th time within {RESTART_WINDOW / 60:.0f} minutes; "
+                    f"not restarting it again:\n{self.log_tail(name)}"
+                )
+            self.restarts[name] = [*recent, now]
+            new = self._spawn(name)
+            if name == "api-server":
+                threading.Thread(target=self.warm_up, args=(240.0,), daemon=True).start()
+            restarted.append(f"airflow {name} (pid {proc.pid}) {how}; restarted it as pid {new.pid}")
+        return restarted
 
     def __enter__(self) -> "AirflowStack":
         try:
@@ -191,6 +223,20 @@ class AirflowStack:
             f"logs are in {self.home / 'logs'}"
         )
 
+    def warm_up(self, timeout: float) -> None:
+        """Sends the task execution API its first request. It builds its versioned routes then
+        (Cadwyn, on the API server's event loop): 5-40 s of CPU on a busy machine during which
+        the API server answers nobody, and the first tasks' calls time out if they come first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.url}/execution/health", timeout=max(1.0, deadline - time.monotonic())):
+                    return
+            except urllib.error.HTTPError:  # it answered
+                return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(1)
+
     def log_tail(self, component: str, lines: int = 40) -> str:
         path = self.home / "logs" / f"{component}.log"
         if not path.exists():
@@ -198,6 +244,32 @@ class AirflowStack:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     # -- pieces ---------------------------------------------------------------------------
+    def _spawn(self, component: str) -> subprocess.Popen:
+        with open(self.home / "logs" / f"{component}.log", "ab") as log:
+            proc = subprocess.Popen(
+                [str(self.bin / "airflow"), component],
+                env=self._env,
+                cwd=self.home,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.processes[component] = proc
+        return proc
+
+    def _wait_sessions_ended(self, sessions: set[int], timeout: float) -> bool:
+        """Until no live process is left in ``sessions``; reaps the components meanwhile."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for proc in self.processes.values():
+                proc.poll()
+            if not session_members(sessions):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+
     def _database_url(self) -> str:
         if self.database in ("auto", "postgres"):
             self._pg_dir = self.postgres_dir
@@ -241,11 +313,31 @@ class AirflowStack:
             raise StackError(f"airflow {' '.join(args)} failed ({done.returncode}):\n{tail}")
 
 
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+def session_members(sessions: set[int]) -> list[psutil.Process]:
+    """Live processes (not zombies) in the sessions ``sessions``: a component's session id is
+    its leader's pid, and stays so for what it forked after the leader died."""
+    members = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getsid(proc.pid) in sessions and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return members
+
+
+def _signal_sessions(sessions: set[int], sig: int) -> None:
+    for proc in session_members(sessions):
+        try:
+            proc.send_signal(sig)
+        except psutil.Error:
+            pass
+
+
+def _exit_description(returncode: int) -> str:
+    if returncode < 0:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    return f"exited with {returncode}"
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -274,30 +366,41 @@ def main(argv: list[str] | None = None) -> int:
     env = {"AIRFLOW_TF_STORAGE": str(storage), "AIRFLOW_TF_STATE_DIR": str(storage / "groups")}
     stack = AirflowStack(home, args.dags, port=args.port, database=args.database, env=env)
     stopping = False
+    starting = True
 
     def on_signal(signum: int, frame: object) -> None:
         nonlocal stopping
         stopping = True
+        if starting:  # do not wait for the start to finish
+            raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
         stack.start()
+        starting = False
         print(
             f"Airflow is up at {stack.url} (user {USERNAME}, password {stack.password}; "
             f"database: {stack.database}; logs: {home / 'logs'}). Ctrl-C stops it.",
             flush=True,
         )
         while not stopping:
-            for name, proc in stack.processes.items():
-                if proc.poll() is not None:
-                    raise StackError(f"airflow {name} exited with {proc.returncode}:\n{stack.log_tail(name)}")
+            for line in stack.restart_exited():
+                print(f"scripts/stack: {line}", file=sys.stderr, flush=True)
             time.sleep(1)
     except StackError as exc:
         print(f"scripts/stack: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        pass
     finally:
-        stack.stop()
+        starting = False
+        airflow_took, database_took = stack.stop()
+        print(
+            f"scripts/stack: stopped Airflow in {airflow_took:.1f}s and its database in {database_took:.1f}s",
+            file=sys.stderr,
+            flush=True,
+        )
     return 0
 
 
