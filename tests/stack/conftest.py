@@ -1,13 +1,24 @@
 """The real Airflow stack for these tests: API server, scheduler, DAG processor and triggerer
 (LocalExecutor) on loopback, on a private PostgreSQL from Debian, started once per session by
 the same code as ``scripts/stack``. DAGs are driven the way users drive them: REST API v2
-with a token from ``POST /auth/token``, schedules, and the web UI in Chromium."""
+with a token from ``POST /auth/token``, schedules, and the web UI in Debian's Chromium driven
+by Playwright for Python.
+
+Fixtures: ``stack`` (the session's stack: :class:`Stack`), ``signed_in_page`` (a Chromium page
+signed in to it), ``browser`` (the session's Chromium), ``script_stack`` (runs
+``scripts/stack`` itself in a private home: :class:`ScriptStack`)."""
 
 from __future__ import annotations
 
+import os
+import queue
+import re
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -19,10 +30,17 @@ import requests
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from airflow_stack import USERNAME, AirflowStack  # noqa: E402
+from airflow_stack import USERNAME, AirflowStack, free_port, session_members  # noqa: E402
 
 TEST_DAGS = Path(__file__).parent / "dags"
 TERMINAL = ("success", "failed")
+ARTIFACTS = ROOT / "test-artifacts"
+# Debian's chromium package; Playwright drives it as it is (no browser download).
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
 
 
 class AirflowAPI:
@@ -131,7 +149,7 @@ def stack(tmp_path_factory) -> Stack:
         postgres_dir=pg_parent / "data",
         env={"AIRFLOW_TF_STORAGE": str(storage), "AIRFLOW_TF_STATE_DIR": str(state_dir)},
     )
-    artifacts = ROOT / "test-artifacts"
+    artifacts = ARTIFACTS
     artifacts.mkdir(exist_ok=True)
     try:
         airflow.start()
@@ -187,3 +205,160 @@ def no_training_left(request):
         except psutil.NoSuchProcess:
             pass
     assert not left, "training processes left running after the test:\n" + "\n".join(described)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's Chromium (``CHROMIUM``, default /usr/bin/chromium), headless, driven by the
+    ``playwright`` package; one browser for the session, closed at its end."""
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: ./scripts/test installs Debian's chromium (as root)"
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def signed_in_page(stack, browser, request):
+    """A Playwright ``Page`` in a fresh browser context (own cookies, 1400x900), signed in to the
+    session's stack as the simple auth manager's user through the login form, left on the
+    Airflow home page. Navigate with ``page.goto(f"{stack.airflow.url}/dags/<dag_id>")``.
+    Every wait defaults to 60 s. When the test fails, a screenshot of the page is saved as
+    ``test-artifacts/<test name>-error.png``; save your own with
+    ``page.screenshot(path=stack.artifacts / "<name>.png", full_page=True)``."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    try:
+        page.goto(stack.airflow.url)
+        page.get_by_label("Username").fill(USERNAME)
+        page.get_by_label("Password").fill(stack.airflow.password)
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_url(lambda url: "/login" not in url and url.startswith(stack.airflow.url))
+        yield page
+    finally:
+        if getattr(request.node, "failed", True):
+            name = re.sub(r"[^\w.-]+", "_", request.node.name)
+            try:
+                page.screenshot(path=str(ARTIFACTS / f"{name}-error.png"), full_page=True)
+            except Exception as exc:  # the page may be what broke
+                warnings.warn(f"no screenshot of the failed page: {exc}")
+        context.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Lets fixtures see whether their test failed (``request.node.failed``)."""
+    report = yield
+    if report.when == "call":
+        item.failed = report.failed
+    return report
+
+
+class ScriptStack:
+    """``scripts/stack`` run as a person runs it, in its own home and database, its output
+    collected line by line (:meth:`wait_for_line`)."""
+
+    def __init__(self, root: Path, dags: Path) -> None:
+        self.home = root / "home"
+        self.port = free_port()
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str] = queue.Queue()
+        self.process = subprocess.Popen(
+            [str(ROOT / "scripts" / "stack"), "--home", str(self.home), "--dags", str(dags),
+             "--port", str(self.port), "--database", "postgres"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self._queue.put(line.rstrip("\n"))
+
+    def wait_for_line(self, pattern: str, timeout: float) -> re.Match:
+        """The first match of ``pattern`` in an output line not read before; fails with the output
+        if it does not come, or if scripts/stack exits first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self._queue.get(timeout=1)
+            except queue.Empty:
+                if self.process.poll() is not None and self._queue.empty():
+                    break
+                continue
+            self.lines.append(line)
+            if match := re.search(pattern, line):
+                return match
+        raise AssertionError(f"scripts/stack printed no line matching {pattern!r} within {timeout:.0f}s:\n" + "\n".join(self.lines[-60:]))
+
+    def api(self, username: str, password: str) -> AirflowAPI:
+        return AirflowAPI(self.url, username, password)
+
+    def components(self) -> dict[str, psutil.Process]:
+        """The live Airflow component processes, by component name."""
+        found = {}
+        for child in psutil.Process(self.process.pid).children():
+            cmdline = child.cmdline()
+            if len(cmdline) >= 2 and cmdline[-2].endswith("/airflow"):
+                found[cmdline[-1]] = child
+        return found
+
+    def processes(self) -> list[psutil.Process]:
+        """Every live process of this stack: the components and all they forked, and the database."""
+        members = session_members({p.pid for p in self.components().values()})
+        pid_file = self.home / "postgres" / "postmaster.pid"
+        if pid_file.exists():
+            try:
+                postmaster = psutil.Process(int(pid_file.read_text().split()[0]))
+                members += [postmaster, *postmaster.children(recursive=True)]
+            except (psutil.Error, ValueError):
+                pass
+        return members
+
+    def kill(self) -> None:
+        """SIGKILL of scripts/stack and everything it runs (the fixture's last resort)."""
+        leftovers = self.processes()
+        for proc in [psutil.Process(self.process.pid), *leftovers]:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        self.process.wait()
+
+
+@pytest.fixture
+def script_stack():
+    """Starts ``scripts/stack`` on the test DAGs (tests/stack/dags) with a free port in a new
+    home (under /tmp, which the ``postgres`` user can enter); yields the :class:`ScriptStack`
+    at once (wait for "Airflow is up" yourself); at the end stops what is left of it and keeps
+    its logs in test-artifacts/script-stack-*.log."""
+    root = Path(tempfile.mkdtemp(prefix="airflow-tf-script-stack-"))
+    root.chmod(0o755)
+    dags = root / "dags"
+    dags.mkdir()
+    for source in TEST_DAGS.glob("*.py"):
+        (dags / source.name).symlink_to(source)
+    running = ScriptStack(root, dags)
+    try:
+        yield running
+    finally:
+        if running.process.poll() is None:
+            running.process.send_signal(signal.SIGINT)
+            try:
+                running.process.wait(60)
+            except subprocess.TimeoutExpired:
+                running.kill()
+        while not running._queue.empty():
+            running.lines.append(running._queue.get())
+        print("scripts/stack printed:\n" + "\n".join(running.lines))
+        ARTIFACTS.mkdir(exist_ok=True)
+        for log in (running.home / "logs").glob("*.log"):
+            shutil.copy(log, ARTIFACTS / f"script-stack-{log.name}")
+        if (running.home / "postgres" / "PG_VERSION").exists():
+            subprocess.run([str(ROOT / "scripts" / "postgres"), "stop", str(running.home / "postgres")], check=False)
+        shutil.rmtree(root, ignore_errors=True)
