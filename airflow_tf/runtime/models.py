@@ -138,7 +138,8 @@ def _import_from_first(code_dir: str, module_name: str) -> None:
     top = module_name.split(".")[0]
     loaded = sys.modules.get(top)
     origin = getattr(loaded, "__file__", None) or ""
-    if loaded is not None and not os.path.abspath(origin).startswith(directory + os.sep):
+    in_snapshot = os.path.exists(os.path.join(directory, top + ".py")) or os.path.isdir(os.path.join(directory, top))
+    if loaded is not None and in_snapshot and not os.path.abspath(origin).startswith(directory + os.sep):
         for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
             del sys.modules[name]
     if snapshot is not None:

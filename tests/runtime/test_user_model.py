@@ -105,7 +105,8 @@ def test_inputs_named_after_features_get_them_reshaped_and_the_model_its_kwargs(
     assert model(batch(MIXED)).shape == (4, 1)
     assert build("everything", MIXED)(batch(MIXED)).shape == (4, 1)
     with pytest.raises(models.ModelError, match=r"model 'user_models:named': model_kwargs \{\} do not fit its "
-                                                r"arguments \(schema, units\) \(missing a required argument: 'units'\)"):
+                                                r"arguments \(schema, units\) \(missing a required argument: "
+                                                r"'units'\)"):
         build("named", MIXED)
 
 
@@ -115,7 +116,8 @@ def test_a_model_that_cannot_take_the_features_is_refused_listing_inputs_and_fea
     message = str(refused.value)
     assert "model 'user_models:two_inputs' cannot take this dataset's features" in message
     assert "The model's inputs: pixels (None, 3) float32, extra (None, 2) float32." in message
-    assert "The dataset's features: x (None,) float32, v (None, 3) float32, k (None,) int64 (and the label 'y')" in message
+    assert ("The dataset's features: x (None,) float32, v (None, 3) float32, k (None,) int64 "
+            "(and the label 'y')") in message
     assert "all numeric features as one float matrix (None, 5) in schema order" in message
     # One input of the wrong width: two values where the dataset has five.
     with pytest.raises(models.ModelError, match=r"inputs: \S+ \(None, 2\) float32\. The dataset's features: x"):
@@ -123,7 +125,8 @@ def test_a_model_that_cannot_take_the_features_is_refused_listing_inputs_and_fea
 
 
 def test_an_output_that_does_not_fit_the_label_is_refused_naming_both_shapes(user_models):
-    with pytest.raises(models.ModelError, match=r"model 'user_models:five_outputs' outputs \(None, 5\) but label 'y' "
+    with pytest.raises(models.ModelError, match=r"model 'user_models:five_outputs' outputs \(None, 5\) but "
+                                                r"label 'y' "
                                                 r"is a scalar float32: with the loss mean_squared_error the model must "
                                                 r"output \(None,\) or \(None, 1\)"):
         build("five_outputs", LINE)
