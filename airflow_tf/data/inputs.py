@@ -175,11 +175,6 @@ def _csv_line(path: Path, row: int) -> int:
     return row + 2
 
 
-def _string_hint(name: str) -> str:
-    return (f"if {name!r} is a text column, pass string_columns=[{name!r}] (CLI: --string-columns {name}) "
-            "or declare it as string in a schema")
-
-
 def _check_text_column(path: Path, name: str, column: pa.Array) -> None:
     """A column pyarrow inferred as text must hold no numbers: it widens a whole column to
     string for one value that does not parse, wherever in the file that value is."""
@@ -199,7 +194,8 @@ def _check_text_column(path: Path, name: str, column: pa.Array) -> None:
                 f"({count:,} of its {total:,} values are numbers)")
     raise InputDataError(
         f"{Source(path, 'csv', 0, total).where(row)}, column {name!r}: {what}; "
-        f"fix the value, or {_string_hint(name)}"
+        f"fix the value, or if {name!r} is a text column, pass string_columns=[{name!r}] "
+        f"(CLI: --string-columns {name}) or declare it as string in a schema"
     )
 
 

@@ -160,9 +160,10 @@ def shard_counts(splits: dict[str, np.ndarray], record_bytes: float, shards: int
     rule = f"at least {MIN_ROWS_PER_SHARD} rows each, {MAX_SHARDS:,} files at most"
     target = (target_shard_mb or DEFAULT_TARGET_SHARD_MB) * (1 << 20)
     if shards is not None and shards > limit:
+        fewer = " or fewer" if limit > 1 else ""
         raise DataError(
             f"shards={shards:,} is too many for {train_rows:,} train rows (about {train_rows / shards:,.1f} "
-            f"rows per file); at most {limit:,} train files are allowed ({rule}): use shards={limit}{' or fewer' if limit > 1 else ''}, "
+            f"rows per file); at most {limit:,} train files are allowed ({rule}): use shards={limit}{fewer}, "
             f"or leave shards out to size files by target_shard_mb (default {DEFAULT_TARGET_SHARD_MB:g} MB)"
         )
     by_size = math.ceil(train_rows * record_bytes / target)

@@ -145,7 +145,8 @@ def test_too_many_shards_is_refused_with_the_numbers_and_a_value_that_works(tmp_
     assert_nothing_committed(tmp_path / "out")
     suggested = float(re.search(r"use target_shard_mb=([0-9.]+)", str(caught.value)).group(1))
     assert prepare_dataset(path, tmp_path / "out", "rows", label="y", shards=24)["shards"] == {"train": 24, "eval": 6}
-    assert prepare_dataset(path, tmp_path / "out", "rows", label="y", target_shard_mb=suggested)["shards"]["train"] <= 24
+    by_size = prepare_dataset(path, tmp_path / "out", "rows", label="y", target_shard_mb=suggested)
+    assert by_size["shards"]["train"] <= 24
 
 
 # A prepare run in its own process that waits, once its temporary directory holds written
@@ -241,7 +242,8 @@ def test_two_concurrent_runs_asking_for_the_same_version_commit_one_and_fail_the
     results = sorted(_run_two_at_once(tmp_path, source, version="3"), key=lambda r: r[0])
     (ok, out, _), (failed, _, err) = results
     assert ok == 0 and failed != 0
-    assert re.search(r"DatasetExistsError: dataset version .*/shared/3 was created while this one was being written", err)
+    assert re.search(r"DatasetExistsError: dataset version .*/shared/3 was created while this one was being "
+                     "written", err)
     root = tmp_path / "out" / "shared"
     assert sorted(p.name for p in root.iterdir()) == ["3"]
     assert json.loads((root / "3" / "_SUCCESS").read_text())["version"] == "3" == json.loads(out)["version"]
