@@ -37,8 +37,11 @@ OPTIMIZERS = {
     "adagrad": keras.optimizers.Adagrad,
     "rmsprop": keras.optimizers.RMSprop,
 }
-MAX_CHUNK_STEPS = 2000
-"""Steps scheduled between two joins; the chief reports and checkpoints between chunks."""
+STEPS_PER_CLOSURE = 10
+"""Training steps one scheduled function runs on a worker: scheduling a function costs a round
+trip to the worker, which a small model's step would otherwise spend most of its time on."""
+MAX_CHUNK_CLOSURES = 500
+"""Functions scheduled between two joins; the chief reports and checkpoints between chunks."""
 RESTARTS_ENV = "AIRFLOW_TF_COORDINATOR_RESTARTS"
 MAX_RESTARTS = 5
 """Restarts of the chief after losing a ps, before it gives up (the ps may be gone for good)."""
@@ -79,16 +82,18 @@ class _EagerRun:
         return tf.nest.map_structure(lambda x: self.loss if x is self.LOSS else x.numpy(), fetches)
 
 
-def _after_steps(hooks: list, eager: _EagerRun, losses: list[float], step: int) -> bool:
-    """Feeds a chunk's losses to the hooks as if each were one session step; whether a hook
-    asked to stop."""
-    for offset, loss in enumerate(losses):
+def _after_steps(hooks: list, eager: _EagerRun, losses: list[tuple[int, float]], step: int) -> bool:
+    """Feeds a chunk's ``(steps, mean loss)`` per scheduled function to the hooks as if each were
+    one session run; whether a hook asked to stop."""
+    before = step - sum(steps for steps, _ in losses)
+    for steps, loss in losses:
         eager.loss = loss
+        before += steps
         for hook in hooks:
             context = tf.compat.v1.train.SessionRunContext(None, eager)
             results = eager.run(hook.before_run(context).fetches)
             if isinstance(results, dict) and "step" in results:
-                results["step"] = step - len(losses) + offset
+                results["step"] = before - 1  # the hooks read the step as it was before the run
             hook.after_run(context, tf.compat.v1.train.SessionRunValues(results, None, None))
             if context.stop_requested:
                 return True
@@ -159,7 +164,8 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:
     trainable = [w.value for w in model.trainable_weights]
 
     @tf.function
-    def worker_step(iterator):
+    def worker_steps(iterator, steps):
+        """``steps`` training steps on one worker; their mean loss."""
         def replica_step(features, labels):
             with tf.GradientTape() as tape:
                 loss = compute_loss(loss_fn, labels, model(features, training=True))
@@ -167,8 +173,11 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:
             global_step.assign_add(1)
             return loss
 
-        per_replica = strategy.run(replica_step, args=next(iterator))
-        return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+        total = tf.constant(0.0)
+        for _ in tf.range(steps):
+            per_replica = strategy.run(replica_step, args=next(iterator))
+            total += tf.cast(strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None), tf.float32)
+        return total / tf.cast(steps, tf.float32)
 
     log(f"airflow-tf variables {placement(variables)}")
     step = int(global_step.numpy())
@@ -192,18 +201,22 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:
         if config.on_nan == "fail":
             raise NonFiniteError(reason)
         log(f"airflow-tf {reason} (on_nan=stop); the last finite checkpoint is kept")
-    saved_at, chunk = time.monotonic(), min(10, MAX_CHUNK_STEPS)
+
+    saved_at, chunk = time.monotonic(), 2  # the first chunk is small: the first report comes early
     while step < target:
-        began = time.monotonic()
-        count = min(chunk, target - step)
-        results = [coordinator.schedule(worker_step, args=(iterator,)) for _ in range(count)]
+        began, scheduled = time.monotonic(), []
+        for _ in range(chunk):
+            steps = min(STEPS_PER_CLOSURE, target - step - sum(k for k, _ in scheduled))
+            if steps <= 0:
+                break
+            scheduled.append((steps, coordinator.schedule(worker_steps, args=(iterator, tf.constant(steps)))))
         coordinator.join()
         step = int(global_step.numpy())
-        if _after_steps([non_finite, progress], eager, [float(r.fetch()) for r in results], step):
+        if _after_steps([non_finite, progress], eager, [(k, float(r.fetch())) for k, r in scheduled], step):
             break
         # Aim a chunk at one log interval, so the report keeps its pace.
-        per_step = (time.monotonic() - began) / count
-        chunk = max(1, min(MAX_CHUNK_STEPS, int(config.log_every_secs / max(per_step, 1e-6))))
+        per_closure = (time.monotonic() - began) / len(scheduled)
+        chunk = max(1, min(MAX_CHUNK_CLOSURES, int(config.log_every_secs / max(per_closure, 1e-6))))
         if time.monotonic() - saved_at >= config.checkpoint_every_secs:
             save(step)
             saved_at = time.monotonic()

@@ -107,5 +107,5 @@ def test_a_worker_with_two_towers_trains_the_seed_line_with_variables_on_the_ps(
     (placed,) = run.lines("worker-0", "airflow-tf variables ")
     assert "/job:ps/task:0=" in placed and "/job:worker" not in placed
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(run.run_dir)))
-    w, b = float(reader.get_tensor("model/000_kernel").squeeze()), float(reader.get_tensor("model/001_bias"))
+    w, b = (float(reader.get_tensor(name).squeeze()) for name in ("model/000_kernel", "model/001_bias"))
     assert abs(w - 2.0) < 0.1 and abs(b - 10.0) < 0.1, f"learned y = {w:.3f}x + {b:.3f}"
