@@ -48,11 +48,11 @@ SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def isolate_network(unshare=None) -> str | None:
+def isolate_network() -> str | None:
     """Move this single-threaded process (and every child it starts later) into a new network
     namespace with only loopback, up. As root a network namespace suffices; otherwise a user
     namespace owning it maps this user to itself. Returns None, or why it was refused."""
-    unshare = unshare or _libc.unshare
+    unshare = _libc.unshare
     refused = []
     if os.geteuid() == 0:
         if unshare(CLONE_NEWNET) == 0:

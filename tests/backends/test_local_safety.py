@@ -18,7 +18,6 @@ import pytest
 from processes import can_connect, environ_of, external_address
 
 from airflow_tf.backends.local import LocalBackend, read_json, task_environment
-from airflow_tf.backends.local_supervisor import isolate_network, isolation_warning
 from airflow_tf.backends.wait import completion_event, wait_for_group
 from airflow_tf.cluster import GroupSpec, Phase, RoleSpec
 from airflow_tf.backends import BackendError
@@ -133,13 +132,47 @@ def test_both_ways_into_a_private_network_namespace(who):
         child.communicate()
 
 
-def test_a_refused_namespace_is_one_warning_naming_risk_and_remedy():
-    # A stand-in for unshare: this machine allows namespaces, a locked-down container would not.
-    refused = isolate_network(unshare=lambda flags: -1)
-    assert "unshare(CLONE_NEWUSER|CLONE_NEWNET)" in refused
-    text = isolation_warning("demo", refused)
-    assert "'demo' is NOT network-isolated" in text and "without authentication" in text
-    assert "user.max_user_namespaces" in text and "CAP_SYS_ADMIN" in text and "isolate_network=False" in text
+# Refuses unshare(2) with EPERM for this process and its children, as the default seccomp
+# profile of Docker and Kubernetes does for a container without CAP_SYS_ADMIN (x86-64 numbers).
+NO_UNSHARE_LAUNCHER = """
+import ctypes, json, logging, sys, time
+class Filter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+class Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+SYS_UNSHARE, EPERM = 272, 1
+rules = (Filter * 4)(Filter(0x20, 0, 0, 0), Filter(0x15, 0, 1, SYS_UNSHARE),
+                     Filter(0x06, 0, 0, 0x00050000 | EPERM), Filter(0x06, 0, 0, 0x7fff0000))
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0 and libc.prctl(22, 2, ctypes.byref(Program(4, rules)), 0, 0) == 0
+logging.basicConfig(level=logging.WARNING, format="WARNING %(message)s", stream=sys.stderr)
+from airflow_tf.backends.local import LocalBackend
+from airflow_tf.cluster import GroupSpec
+backend = LocalBackend(sys.argv[1])
+ref = backend.launch(GroupSpec.from_dict(json.loads(sys.argv[2])))
+while len(backend.processes(ref)) < 3:
+    time.sleep(0.05)
+print(json.dumps(backend.status(ref).counts()), flush=True)
+backend.teardown(ref, ["ps", "worker"])
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the seccomp filter of this test is written for x86-64")
+def test_where_the_system_refuses_a_namespace_the_group_runs_with_one_warning(local_state_dir):
+    spec = group("exposed", SERVE_FOREVER)
+    launch = subprocess.run([sys.executable, "-c", NO_UNSHARE_LAUNCHER, str(local_state_dir),
+                             json.dumps(spec.to_dict())], capture_output=True, text=True, timeout=120)
+    assert launch.returncode == 0, launch.stderr
+    assert json.loads(launch.stdout)["worker"]["Running"] == 2, "the group still runs"
+    warnings = [line for line in launch.stderr.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 1, launch.stderr
+    assert "training group 'exposed' is NOT network-isolated" in warnings[0]
+    assert "unshare(CLONE_NEWUSER|CLONE_NEWNET): Operation not permitted" in warnings[0]
+    assert "without authentication" in warnings[0] and "read and write their files" in warnings[0]
+    assert "user.max_user_namespaces" in warnings[0] and "CAP_SYS_ADMIN" in warnings[0]
+    state = state_of(local_state_dir, "exposed")
+    assert state["isolation"]["network"] == "shared" and state["isolation"]["warning"] in warnings[0]
+    LocalBackend().teardown(LocalBackend().find("exposed"))
 
 
 def test_remote_storage_with_isolation_is_refused(local_state_dir, linear_dataset, tmp_path):
