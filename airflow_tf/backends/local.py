@@ -225,14 +225,19 @@ def archive_logs(path: Path) -> Path | None:
     if not target:
         return None
     target = Path(target)
-    target.mkdir(parents=True, exist_ok=True)
-    name = group.path.name if not group.path.name.startswith(".") else saved["spec"]["name"]
-    for source in [*sorted(group.logs.glob("*.log")), group.supervisor_log]:
-        if source.exists():
+    name = saved["spec"]["name"]
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        for source in [*sorted(group.logs.glob("*.log")), group.supervisor_log]:
             copy = target / f"{name}-{source.name}"
-            tmp = copy.with_name(f".{copy.name}.tmp")
-            shutil.copyfile(source, tmp)
+            tmp = copy.with_name(f".{copy.name}.{os.getpid()}.tmp")
+            try:
+                shutil.copyfile(source, tmp)
+            except FileNotFoundError:  # no such log, or the group was deleted meanwhile (and archived)
+                continue
             os.replace(tmp, copy)
+    except OSError as err:
+        log.warning("could not copy the logs of group %r to %s: %s", name, target, err)
     return target
 
 
