@@ -1,7 +1,12 @@
-"""Errors that refuse a task before it trains. Kept free of TensorFlow so that every role
-(a ps task too) can catch them without importing Keras."""
+"""Errors of a training task, and the one-line reason a failed task reports. Kept free of
+TensorFlow so that every role (a ps task too) can use them without importing Keras."""
 
 from __future__ import annotations
+
+import re
+
+REASON_LIMIT = 500
+"""Characters of a failure reason kept on the task's last log line."""
 
 
 class ModelError(ValueError):
@@ -11,3 +16,34 @@ class ModelError(ValueError):
 
 class TaskConfigError(ValueError):
     """TF_CONFIG is missing or malformed, or the options do not fit the cluster."""
+
+
+class NonFiniteError(RuntimeError):
+    """The loss or the variables became NaN/inf (``loss became NaN at global step N``)."""
+
+
+_NODE = re.compile(r"^Node: '(?P<node>[^']+)'$")
+_NOISE = re.compile(r"^(Graph execution error:|Detected at node .* defined at|File \"|\[\[|$)")
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The cause of ``exc`` in one line: for a TensorFlow error its message without the graph's
+    stack frames (``InvalidArgumentError: Incompatible shapes: [64] vs. [64,5] (node sub)``),
+    which is what a user needs in the sensor's failure message."""
+    text = getattr(exc, "message", None)
+    if not isinstance(text, str):
+        text = str(exc)
+    text = text.split("\n\nOriginal stack trace for", 1)[0]
+    node, cause = None, []
+    for line in (line.strip() for line in text.splitlines()):
+        match = _NODE.match(line)
+        if match:
+            node = match.group("node")
+        elif not _NOISE.match(line):
+            cause.append(line)
+    reason = " ".join(" ".join(cause).split()) or type(exc).__name__
+    if not isinstance(exc, (ModelError, TaskConfigError, NonFiniteError)):
+        reason = f"{type(exc).__name__}: {reason}"
+    if node:
+        reason += f" (node {node})"
+    return reason if len(reason) <= REASON_LIMIT else reason[:REASON_LIMIT - 3] + "..."

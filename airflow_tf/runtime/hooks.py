@@ -1,5 +1,6 @@
-"""Session hooks of a training task: stopping at the target step, and the chief's progress
-report (log lines, ``progress.json``, TensorBoard scalars)."""
+"""Session hooks of a training task: stopping at the target step, stopping or failing on a
+non-finite loss (and never checkpointing non-finite variables), and the chief's progress report
+(log lines, ``progress.json``, TensorBoard scalars)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import tensorflow as tf
 
 from airflow_tf.cluster.progress import format_progress
 
+from .errors import NonFiniteError
 from .task import log
 
 PROGRESS_FILE = "progress.json"
@@ -40,10 +42,13 @@ class StopAtTarget(tf.compat.v1.train.SessionRunHook):
         self._global_step = global_step
         self._target = target
         self.last_step: int | None = None
+        self.sessions = 0
 
     def after_create_session(self, session, coord):
         self.last_step = int(session.run(self._global_step))
-        log(f"airflow-tf session ready global_step={self.last_step} target_step={self._target}")
+        self.sessions += 1
+        again = " (recreated: a step timed out or a ps was lost)" if self.sessions > 1 else ""
+        log(f"airflow-tf session ready global_step={self.last_step} target_step={self._target}{again}")
         if self.last_step >= self._target:
             coord.request_stop()
 
@@ -59,38 +64,119 @@ class StopAtTarget(tf.compat.v1.train.SessionRunHook):
                 run_context.request_stop()
 
 
+def describe_non_finite(value: float) -> str:
+    return "NaN" if math.isnan(value) else "inf"
+
+
+class NonFiniteLossHook(tf.compat.v1.train.SessionRunHook):
+    """Checks every step's loss. A NaN/inf loss fails the task (``on_nan="fail"``) or stops it
+    (``"stop"``). Placed before the checkpoint saver, whose save of that step then never runs;
+    :class:`FiniteSaver` refuses the non-finite variables themselves."""
+
+    def __init__(self, global_step, loss, on_nan: str):
+        self._global_step = global_step
+        self._loss = loss
+        self._on_nan = on_nan
+        self.stopped: str | None = None
+        """Why the task stopped early (``on_nan="stop"``), or None."""
+
+    def before_run(self, run_context):
+        return tf.compat.v1.train.SessionRunArgs({"step": self._global_step, "loss": self._loss})
+
+    def after_run(self, run_context, run_values):
+        loss = float(run_values.results["loss"])
+        if math.isfinite(loss):
+            return
+        reason = f"loss became {describe_non_finite(loss)} at global step {int(run_values.results['step']) + 1}"
+        if self._on_nan == "fail":
+            raise NonFiniteError(reason)
+        self.stopped = reason
+        log(f"airflow-tf {reason}: stopping (on_nan=stop); the last finite checkpoint is kept")
+        run_context.request_stop()
+
+
+class FiniteSaver(tf.compat.v1.train.Saver):
+    """A Saver that never writes a checkpoint of non-finite variables: it checks them first
+    (``all_finite``, a boolean op over every floating-point variable) and then fails the task
+    (``on_nan="fail"``) or skips the save, logging it (``"stop"``)."""
+
+    def __init__(self, var_list: dict, on_nan: str, **kwargs):
+        super().__init__(var_list=var_list, **kwargs)
+        self._on_nan = on_nan
+        floats = [v for v in var_list.values() if v.dtype.base_dtype.is_floating]
+        self._all_finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in floats])
+                                         if floats else tf.constant([True]))
+
+    def save(self, sess, save_path, global_step=None, *args, **kwargs):
+        if not sess.run(self._all_finite):
+            step = int(sess.run(global_step)) if tf.is_tensor(global_step) else global_step
+            reason = f"variables became NaN/inf at global step {step} (the loss diverged); not checkpointed"
+            if self._on_nan == "fail":
+                raise NonFiniteError(reason)
+            log(f"airflow-tf {reason} (on_nan=stop); the last finite checkpoint is kept")
+            return None
+        return super().save(sess, save_path, global_step, *args, **kwargs)
+
+
+class Window:
+    """Losses and the global step since a point in time: the mean loss and the group's
+    throughput over it."""
+
+    def __init__(self, now: float, step: int):
+        self.start, self.step = now, step
+        self.losses: list[float] = []
+
+    def close(self, now: float, step: int, examples_per_step: int) -> tuple[float | None, float | None]:
+        """(mean loss, examples/s) since the start; starts the next window at (now, step)."""
+        rate = (step - self.step) * examples_per_step / (now - self.start) if now > self.start and step > self.step \
+            else None
+        loss = math.fsum(self.losses) / len(self.losses) if self.losses else None  # NaN shows a diverged run
+        self.start, self.step, self.losses = now, step, []
+        return loss, rate
+
+
 class ProgressHook(tf.compat.v1.train.SessionRunHook):
-    """The chief's report: the first step at once, then every ``every_secs`` seconds.
+    """The chief's report: a log line and ``progress.json`` at the first step, then every
+    ``every_secs`` seconds; TensorBoard scalars (loss, examples/s, learning rate) at each report
+    and every ``summary_every_steps`` global steps, so a short run's curve has many points.
 
     Throughput is the group's, from the global step's rate: every global step consumes
     ``examples_per_step`` examples (one batch, or ``replicas_to_aggregate`` batches in sync mode)."""
 
-    def __init__(self, global_step, loss, target: int, examples_per_step: int, run_dir: str, every_secs: float):
+    def __init__(self, global_step, loss, target: int, examples_per_step: int, run_dir: str, every_secs: float,
+                 summary_every_steps: int, learning_rate: float):
         self._global_step = global_step
         self._loss = loss
         self._target = target
         self._examples_per_step = examples_per_step
         self._run_dir = run_dir
         self._every_secs = every_secs
-        self._losses: list[float] = []
+        self._summary_every_steps = summary_every_steps
+        self._learning_rate = learning_rate
         self.last_loss: float | None = None
-        self._last_report: tuple[float, int] | None = None
+        self._report: Window | None = None
+        self._summary: Window | None = None
         self._rate = 0.0
         self._first = True
 
     def after_create_session(self, session, coord):
-        self._last_report = (time.monotonic(), int(session.run(self._global_step)))
+        now, step = time.monotonic(), int(session.run(self._global_step))
+        self._report, self._summary = Window(now, step), Window(now, step)
         self._first = True
 
     def before_run(self, run_context):
         return tf.compat.v1.train.SessionRunArgs({"step": self._global_step, "loss": self._loss})
 
     def after_run(self, run_context, run_values):
-        self._losses.append(float(run_values.results["loss"]))
-        now = time.monotonic()
-        if self._first or now - self._last_report[0] >= self._every_secs:
+        loss = float(run_values.results["loss"])
+        self._report.losses.append(loss)
+        self._summary.losses.append(loss)
+        step, now = int(run_values.results["step"]) + 1, time.monotonic()
+        if self._first or now - self._report.start >= self._every_secs:
             self._first = False
-            self.report(int(run_values.results["step"]) + 1, now)
+            self.report(step, now)
+        elif step // self._summary_every_steps > self._summary.step // self._summary_every_steps:
+            self.summarize(step, now)
 
     def end(self, session):
         # Runs after the checkpoint saver's end (hooks end in order), so the final checkpoint exists.
@@ -98,13 +184,9 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         self.report(int(session.run(self._global_step)), time.monotonic(), done=True, checkpoint=checkpoint)
 
     def report(self, step: int, now: float, done: bool = False, **extra) -> None:
-        then, then_step = self._last_report
-        if now > then and step > then_step:
-            self._rate = (step - then_step) * self._examples_per_step / (now - then)
-        self._last_report = (now, step)
-        if self._losses:
-            self.last_loss = math.fsum(self._losses) / len(self._losses)  # NaN shows a diverged run
-            self._losses = []
+        loss, rate = self._report.close(now, step, self._examples_per_step)
+        self.last_loss = loss if loss is not None else self.last_loss
+        self._rate = rate if rate is not None else self._rate
         steps_per_sec = self._rate / self._examples_per_step
         eta = max(0, self._target - step) / steps_per_sec if steps_per_sec > 0 else None
         log(format_progress(step, self._target, self._rate, self.last_loss, eta))
@@ -116,12 +198,20 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
             "done": done, "time": time.time(), **extra,
         }
         write_json_atomic(os.path.join(self._run_dir, PROGRESS_FILE), report)
-        values = [tf.compat.v1.Summary.Value(tag="examples_per_sec", simple_value=self._rate)]
-        if self.last_loss is not None:
-            values.append(tf.compat.v1.Summary.Value(tag="loss", simple_value=self.last_loss))
+        self.summarize(step, now, flush=done)
+
+    def summarize(self, step: int, now: float, flush: bool = False) -> None:
+        """TensorBoard scalars over the steps since the last ones (the same event files feed
+        serving's training_curve.png)."""
+        loss, rate = self._summary.close(now, step, self._examples_per_step)
+        values = [tf.compat.v1.Summary.Value(tag="learning_rate", simple_value=self._learning_rate)]
+        if rate is not None:
+            values.append(tf.compat.v1.Summary.Value(tag="examples_per_sec", simple_value=rate))
+        if loss is not None:
+            values.append(tf.compat.v1.Summary.Value(tag="loss", simple_value=loss))
         writer = tf.compat.v1.summary.FileWriterCache.get(self._run_dir)
         writer.add_summary(tf.compat.v1.Summary(value=values), step)
-        if done:
+        if flush:
             writer.flush()
 
 

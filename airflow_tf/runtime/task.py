@@ -11,18 +11,21 @@ import os
 import signal
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from airflow_tf.cluster.training import TrainingConfig
 
-from .errors import ModelError, TaskConfigError
+from .errors import ModelError, NonFiniteError, TaskConfigError, failure_reason
 
 TF_CONFIG = "TF_CONFIG"
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 CONFIG_ERROR = 2
 """Exit code of a task refused before it starts (bad options, TF_CONFIG, dataset or model):
 a program error, which the ``ExitCode`` restart policy does not retry."""
+TRAINING_FAILED = 1
+"""Exit code of a task whose training failed (a TensorFlow error, a NaN loss); not retried either."""
 
 
 def log(message: str) -> None:
@@ -114,6 +117,9 @@ def session_config(task: Task, config: TrainingConfig):
     )
     if task.type != "ps" and config.mode != "coordinator":  # there the chief's strategy sets them
         proto.device_filters.extend(["/job:ps", task.device])
+        # Every step is bounded: one stuck on an unresponsive ps raises DeadlineExceededError
+        # and the session is recreated (see .training) instead of blocking for ever.
+        proto.operation_timeout_in_ms = max(1, round(config.operation_timeout_secs * 1000))
         from .towers import cpu_devices_needed
 
         if cpu_devices_needed(config.devices_per_worker):  # CPU towers (no GPUs): one device each
@@ -194,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         log(f"airflow-tf task exit role={task.type} index={task.index} status=refused reason={message!r}")
         return CONFIG_ERROR
     except Exception as exc:
+        # The traceback first and the cause last: the log's last line is what the backends
+        # report as the task's failure reason (a traceback ends in a frame of TensorFlow's).
+        if not isinstance(exc, NonFiniteError):
+            traceback.print_exc()
+            sys.stderr.flush()
         log(f"airflow-tf task exit role={task.type} index={task.index} status=failed "
-            f"error={type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
-        raise
+            f"reason={failure_reason(exc)!r}")
+        return TRAINING_FAILED

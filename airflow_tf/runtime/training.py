@@ -2,8 +2,10 @@
 
 Every trainer builds its own graph: the variables are placed on the ps tasks (round robin, by
 ``replica_device_setter``), the input pipeline and the computation on this task. The chief
-initialises the variables or restores them from the newest checkpoint in the run directory,
-checkpoints every ``checkpoint_every_secs`` seconds and at the end, and reports progress."""
+initialises the variables or restores them from the newest intact checkpoint in the run
+directory, checkpoints every ``checkpoint_every_secs`` seconds and at the end (never non-finite
+variables), and reports progress. A NaN/inf loss fails or stops the task (``on_nan``); a step
+longer than ``operation_timeout_secs`` recreates the session, as a lost ps does."""
 
 from __future__ import annotations
 
@@ -12,12 +14,13 @@ import os
 from collections import defaultdict
 
 import tensorflow as tf
+from tensorflow.python.training import monitored_session
 
 from airflow_tf.cluster.training import TrainingConfig
 from airflow_tf.data import count_examples, make_dataset
 
 from .errors import ModelError, TaskConfigError
-from .hooks import ProgressHook, StopAtTarget, SyncReplicasHook
+from .hooks import FiniteSaver, NonFiniteLossHook, ProgressHook, StopAtTarget, SyncReplicasHook
 from .models import (build_model, check_checkpoint, compute_loss, latest_checkpoint, resolve_checkpoint,
                      resolve_loss, weight_key)
 from .task import Task, log, session_config
@@ -31,6 +34,14 @@ WORKER_POLL_SECS = 0.2
 default, 30 s, makes a worker that starts before the chief idle half a minute)."""
 WORKER_MAX_WAIT_SECS = 30 * 60
 KEEP_CHECKPOINTS = 5
+CORRUPT_SUFFIX = ".corrupt"
+
+# MonitoredSession recreates its session (the chief restoring the newest checkpoint) when a ps
+# is lost (Aborted/Unavailable). A step that ran past operation_timeout_secs (DeadlineExceeded:
+# a ps that stopped answering) is the same fault, so it recovers the same way instead of
+# failing the task. TensorFlow reads this tuple at each ``except``; there is no public option.
+if tf.errors.DeadlineExceededError not in monitored_session._PREEMPTION_ERRORS:
+    monitored_session._PREEMPTION_ERRORS += (tf.errors.DeadlineExceededError,)
 
 OPTIMIZERS = {
     "sgd": tf.compat.v1.train.GradientDescentOptimizer,
@@ -100,6 +111,51 @@ def placement(variables: dict[str, tf.Variable]) -> str:
     return " ".join(f"{device}={','.join(names)}" for device, names in sorted(by_device.items()))
 
 
+def checkpoint_is_intact(prefix: str) -> str | None:
+    """None when every tensor of the checkpoint reads back (index and data, checksums included),
+    else what is wrong with it."""
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+    except (tf.errors.OpError, IndexError, ValueError, RuntimeError) as exc:
+        # The checkpoint reader raises plain IndexError/ValueError/RuntimeError for C++ statuses
+        # (a truncated data file: "Read less bytes than requested").
+        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+    return None
+
+
+def recover_checkpoints(run_dir: str) -> None:
+    """Make the newest intact checkpoint the run's latest: newer ones that do not read back (a
+    data file truncated by a full disk or a killed copy) get their files renamed with a
+    ``.corrupt`` suffix (kept, for inspection) and are logged. Refuses a run directory whose
+    checkpoints are all unreadable rather than silently starting over."""
+    state = tf.train.get_checkpoint_state(run_dir)
+    if state is None:
+        return
+    prefixes = list(dict.fromkeys([*state.all_model_checkpoint_paths, state.model_checkpoint_path]))
+    prefixes = [p if os.path.isabs(p) else os.path.join(run_dir, p) for p in prefixes]
+    skipped = []
+    while prefixes:
+        problem = checkpoint_is_intact(prefixes[-1])
+        if problem is None:
+            break
+        prefix = prefixes.pop()
+        for path in tf.io.gfile.glob(prefix + ".*"):
+            if not path.endswith(CORRUPT_SUFFIX):
+                os.replace(path, path + CORRUPT_SUFFIX)
+        skipped.append(prefix)
+        log(f"airflow-tf checkpoint {prefix} is unreadable ({problem}); skipped, its files renamed *{CORRUPT_SUFFIX}")
+    if not skipped:
+        return
+    if not prefixes:
+        raise ModelError(f"no checkpoint in {run_dir} reads back (skipped {', '.join(skipped)}); restore the run "
+                         "directory from a backup, or train into a new run_dir")
+    names = [os.path.basename(p) for p in prefixes]  # relative, as the Saver writes them: the run dir can move
+    tf.compat.v1.train.update_checkpoint_state(run_dir, names[-1], all_model_checkpoint_paths=names)
+    log(f"airflow-tf resuming from the newest intact checkpoint {prefixes[-1]}")
+
+
 class WorkerSessionCreator(tf.compat.v1.train.SessionCreator):
     """A non-chief session: waits for the chief to initialise the variables, polling every
     ``poll_secs`` (``tf.compat.v1.train.WorkerSessionCreator`` polls every 30 s)."""
@@ -132,6 +188,7 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
     target = target_step(config, examples_per_step)
     if task.is_chief:
         os.makedirs(config.run_dir, exist_ok=True)
+        recover_checkpoints(config.run_dir)
     # Decided once, before the session restores anything: only the chief writes checkpoints.
     resume_from = latest_checkpoint(config.run_dir) if os.path.isdir(config.run_dir) else None
 
@@ -168,8 +225,8 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
         # Saving and restoring run on this task, so only the chief needs the run directory.
         with tf.device(task.device):
             variables = checkpoint_variables(model)
-            saver = tf.compat.v1.train.Saver(
-                var_list=variables, max_to_keep=KEEP_CHECKPOINTS, save_relative_paths=True
+            saver = FiniteSaver(
+                variables, config.on_nan, max_to_keep=KEEP_CHECKPOINTS, save_relative_paths=True
             )
             init_fn, start = None, f"restoring {resume_from}" if resume_from else "new"
             if task.is_chief and resume_from:
@@ -191,14 +248,16 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
             f"start={start if task.is_chief else 'from the chief'}")
 
         stop = StopAtTarget(global_step, target)
+        non_finite = NonFiniteLossHook(global_step, loss, config.on_nan)
         hooks = [stop]
         if config.sync:
             hooks.append(SyncReplicasHook(optimizer, task.is_chief))
+        hooks.append(non_finite)  # before the saver: a step with a NaN loss is never checkpointed
         progress = None
         tf_config = session_config(task, config)
         if task.is_chief:
             progress = ProgressHook(global_step, loss, target, examples_per_step, config.run_dir,
-                                    config.log_every_secs)
+                                    config.log_every_secs, config.summary_every_steps, config.learning_rate)
             hooks += [
                 tf.compat.v1.train.CheckpointSaverHook(
                     config.run_dir, save_secs=config.checkpoint_every_secs, saver=saver
@@ -228,6 +287,8 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
         tf.compat.v1.summary.FileWriterCache.clear()  # closes the event files
 
     summary = {"role": task.type, "index": task.index, "status": "succeeded", "global_step": stop.last_step}
+    if non_finite.stopped:
+        summary.update(status="stopped", reason=repr(f"{non_finite.stopped} (on_nan=stop)"))
     if progress is not None:
         summary["loss"] = progress.last_loss
         summary["checkpoint"] = latest_checkpoint(config.run_dir)

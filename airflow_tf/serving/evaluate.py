@@ -5,12 +5,14 @@ TensorFlow is imported inside the functions: Airflow-side code imports this modu
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
 from typing import Any, Callable, Mapping
 
 from airflow_tf.cluster import TrainingConfig
+from airflow_tf.cluster.model_code import model_code_record
 
 from .blessing import TASK_METRICS, baseline_metric_for, decide, validate_thresholds
 from .curves import plot_training_curve
@@ -67,6 +69,7 @@ def evaluate_checkpoint(run_dir: str | os.PathLike[str], dataset_uri: str, confi
         "checkpoint": checkpoint,
         "global_step": checkpoint_step(checkpoint),
         "dataset": str(dataset_uri),
+        "model_code": model_code_record(config.code_dir),  # the code's sha256 makes the run reproducible
         "split": EVAL_SPLIT,
         "examples": examples,
         "task": task,
@@ -86,7 +89,20 @@ def evaluate_checkpoint(run_dir: str | os.PathLike[str], dataset_uri: str, confi
         png = plot_training_curve(run_path, run_path / PLOT_FILE, metrics, title=title)
         result["plot"] = str(png) if png else None
     write_json(run_path / METRICS_FILE, result)  # last: its presence means the evaluation is complete
+    refuse_non_finite(metrics, f"checkpoint {checkpoint}")
     return result
+
+
+def refuse_non_finite(metrics: Mapping[str, Any], what: str) -> None:
+    """Raise :class:`EvaluationError` naming every metric that is NaN or infinite."""
+    bad = {name: value for name, value in metrics.items()
+           if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isfinite(value)}
+    if bad:
+        raise EvaluationError(
+            f"{what}: eval metric(s) {', '.join(f'{name}={value}' for name, value in bad.items())} are not finite: "
+            "the model diverged (NaN/inf weights or predictions). It is not blessed and cannot be exported; "
+            "train again with a lower learning_rate, or with on_nan='stop' to keep the last finite checkpoint"
+        )
 
 
 def evaluate_saved_model(export_path: str | os.PathLike[str], dataset_uri: str,

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from airflow_tf.cluster import TrainingConfig
+from airflow_tf.cluster.model_code import model_code_record
 
-from .evaluate import checkpoint_step, from_logits, read_metrics, task_of, training_config
+from .evaluate import (EvaluationError, checkpoint_step, from_logits, read_metrics, refuse_non_finite, task_of,
+                       training_config)
 from .files import local_path, write_json
 from .versions import METADATA_FILE, WARM_START_DIR, model_dir, publish, staging_dir
 
@@ -43,7 +45,8 @@ def export_saved_model(run_dir: str | os.PathLike[str], dataset_uri: str, config
 
     ``metrics``: the evaluation result (default: the run's ``metrics.json``). An unblessed or
     unevaluated model raises :class:`NotBlessedError` before anything is written, unless
-    ``force``. The version is 1 + the highest existing one; an existing version is never
+    ``force``. A model with a non-finite metric, weight or prediction raises :class:`ExportError`,
+    ``force`` or not. The version is 1 + the highest existing one; an existing version is never
     replaced. Returns ``{"path", "version", "model_name", ...}``."""
     from airflow_tf.data import load_schema
     from airflow_tf.runtime import models
@@ -59,6 +62,10 @@ def export_saved_model(run_dir: str | os.PathLike[str], dataset_uri: str, config
         metrics = read_metrics(run_path)
     _check_blessed(metrics, run_path, checkpoint, force)
     evaluation = dict(metrics or {})
+    try:
+        refuse_non_finite(evaluation.get("metrics") or {}, f"run {run_path}")
+    except EvaluationError as exc:
+        raise ExportError(f"{exc}; nothing was exported (force does not override this)") from None
 
     checkpoint = models.resolve_checkpoint(checkpoint or evaluation.get("checkpoint") or run_path)
     schema = load_schema(dataset_uri)
@@ -67,6 +74,7 @@ def export_saved_model(run_dir: str | os.PathLike[str], dataset_uri: str, config
     logits = from_logits(models.resolve_loss(config, schema))
     features = _eval_batch(dataset_uri, verify_examples)
     expected = model(features, training=False)
+    _check_finite(model, checkpoint, expected)
     task = task_of(schema, expected)
 
     directory = model_dir(serving_base, model_name)
@@ -84,6 +92,7 @@ def export_saved_model(run_dir: str | os.PathLike[str], dataset_uri: str, config
         "blessed": bool(evaluation.get("blessed", False)),
         "forced": bool(force and not evaluation.get("blessed", False)),
         "training_config": config.to_dict(),
+        "model_code": model_code_record(config.code_dir),
         "warm_start_checkpoint": str(WARM_START_DIR),
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -132,6 +141,21 @@ def _check_blessed(metrics: Mapping[str, Any] | None, run_dir: Path, checkpoint:
             f"checkpoint {checkpoint} is not the one that was evaluated and blessed ({evaluated}); evaluate it "
             f"first, export the blessed one (checkpoint=None), or {how}"
         )
+
+
+def _check_finite(model: Any, checkpoint: str, predictions: Any) -> None:
+    """Never export NaN/inf weights or a model that predicts NaN/inf, whatever the metrics said."""
+    import numpy as np
+
+    from airflow_tf.runtime import models
+
+    for index, weight in enumerate(model.weights):
+        if not np.isfinite(np.asarray(weight.numpy())).all():
+            raise ExportError(f"weight {models.weight_key(index, weight)!r} of checkpoint {checkpoint} holds NaN/inf: "
+                              "the model diverged; nothing was exported (force does not override this)")
+    if not np.isfinite(np.asarray(predictions)).all():
+        raise ExportError(f"the model of checkpoint {checkpoint} predicts NaN/inf on eval examples; nothing was "
+                          "exported (force does not override this)")
 
 
 def _check_input_names(schema: Any) -> None:

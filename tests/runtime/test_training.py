@@ -21,6 +21,7 @@ from airflow_tf.runtime import models
 pytestmark = pytest.mark.slow
 
 STEPS = 600
+SUMMARY_EVERY_STEPS = 20
 SESSION_READY = re.compile(r"airflow-tf session ready global_step=(\d+)")
 
 
@@ -46,7 +47,8 @@ def timestamp(line: str) -> datetime:
 
 @pytest.fixture(scope="module")
 def async_run(linear_dataset, train, tmp_path_factory):
-    return train("rt-async", linear_dataset, tmp_path_factory.mktemp("async") / "run", steps=STEPS)
+    return train("rt-async", linear_dataset, tmp_path_factory.mktemp("async") / "run", steps=STEPS,
+                 summary_every_steps=SUMMARY_EVERY_STEPS)
 
 
 def test_async_workers_learn_the_seed_line_and_report_progress(async_run):
@@ -64,7 +66,19 @@ def test_async_workers_learn_the_seed_line_and_report_progress(async_run):
 
     (events,) = async_run.run_dir.glob("events.out.tfevents.*")
     tags = {value.tag for event in tf.compat.v1.train.summary_iterator(str(events)) for value in event.summary.value}
-    assert {"loss", "examples_per_sec"} <= tags, "TensorBoard has no training curves"
+    assert {"loss", "examples_per_sec", "learning_rate"} <= tags, "TensorBoard has no training curves"
+
+
+def test_the_training_curve_has_a_point_every_summary_every_steps(async_run):
+    """The curve TensorBoard and training_curve.png draw, read as serving reads it."""
+    from airflow_tf.serving.curves import read_scalars
+
+    scalars = read_scalars(async_run.run_dir)
+    loss_steps = [step for step, _ in scalars["loss"]]
+    assert len(loss_steps) >= STEPS // SUMMARY_EVERY_STEPS - 2, f"only {len(loss_steps)} points: {loss_steps}"
+    gaps = np.diff(loss_steps)
+    assert gaps.max() <= 2 * SUMMARY_EVERY_STEPS + 2, f"a hole in the curve: {loss_steps}"
+    assert np.allclose([value for _, value in scalars["learning_rate"]], async_run.config.learning_rate)
 
 
 def test_restored_model_predicts_like_the_training_graph(async_run, linear_dataset):

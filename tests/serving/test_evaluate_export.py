@@ -249,3 +249,41 @@ def test_a_run_without_checkpoint_is_refused_with_the_run_dir_named(linear_datas
     with pytest.raises(Exception, match=f"{empty}.*no checkpoint"):
         evaluate_checkpoint(empty, linear_dataset, config)
     assert not (empty / "metrics.json").exists()
+
+
+def _poison_checkpoint(run_dir, key="model/000_kernel"):
+    """Rewrite the run's latest checkpoint with NaN in one weight, as a diverged run would have
+    saved it before the runtime refused to (older runs, or a checkpoint copied in)."""
+    import tensorflow as tf
+
+    from airflow_tf.runtime import models
+
+    prefix = models.latest_checkpoint(run_dir)
+    reader = tf.train.load_checkpoint(prefix)
+    values = {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+    values[key] = np.full_like(values[key], np.nan)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        variables = {name: tf.compat.v1.Variable(value, name=name.replace("/", "_")) for name, value in values.items()}
+        session.run(tf.compat.v1.global_variables_initializer())
+        tf.compat.v1.train.Saver(variables, save_relative_paths=True).save(session, prefix)
+
+
+def test_non_finite_metrics_are_refused_naming_the_metric_and_never_exported(run, linear_dataset, tmp_path):
+    from airflow_tf.serving import EvaluationError
+
+    run_dir, config = run
+    _poison_checkpoint(run_dir)
+    with pytest.raises(EvaluationError, match=r"eval metric\(s\) loss=nan, mse=nan, mae=nan are not finite"):
+        evaluate_checkpoint(run_dir, linear_dataset, config, plot=False)
+    recorded = json.loads((run_dir / "metrics.json").read_text())
+    assert recorded["blessed"] is False and any("mse is nan" in reason for reason in recorded["reasons"])
+
+    serving_base = tmp_path / "models"
+    with pytest.raises(NotBlessedError):
+        export_saved_model(run_dir, linear_dataset, config, serving_base, "linear")
+    # force overrides blessing, never finiteness: neither the metrics nor the weights let it through
+    with pytest.raises(ExportError, match="mse=nan are not finite"):
+        export_saved_model(run_dir, linear_dataset, config, serving_base, "linear", force=True)
+    with pytest.raises(ExportError, match="weight 'model/000_kernel' of checkpoint .* holds NaN/inf"):
+        export_saved_model(run_dir, linear_dataset, config, serving_base, "linear", metrics={}, force=True)
+    assert not serving_base.exists()
