@@ -59,14 +59,14 @@ def snapshot_model_code(model: str, run_dir: str, search_path: list[str] | None 
     library or of an installed distribution (site-packages, dist-packages, editable installs:
     the training image provides those), and for a module the launcher cannot find (it may exist
     only in the training image). Otherwise copies the module file, or its whole top-level
-    package (without ``__pycache__``, compiled files and hidden files such as ``.git`` or
-    ``.env``), atomically; the same content is copied once. Raises :class:`ModelCodeError` for
+    package (without ``__pycache__``, compiled files, hidden files such as ``.git`` or ``.env``,
+    and links to files outside the package), atomically; the same content is copied once. Raises :class:`ModelCodeError` for
     code above ``max_bytes`` or a submodule that is not where its package is."""
     module_name, sep, function = model.partition(":")
     if not sep:
         return None  # a built-in model
-    if not module_name or not function:
-        raise ModelCodeError(f"model {model!r}: use 'package.module:function'")
+    if not all(part.isidentifier() for part in module_name.split(".")) or not function.isidentifier():
+        raise ModelCodeError(f"model {model!r}: use 'package.module:function' (Python names separated by dots)")
     top = module_name.split(".")[0]
     search = list(sys.path if search_path is None else search_path)
     source = _top_level_source(model, module_name, search)
@@ -208,6 +208,9 @@ def _files(source: Path) -> list[tuple[Path, Path]]:
         for name in sorted(names):
             path = Path(directory) / name
             if name.startswith(".") or name.endswith(SKIPPED_SUFFIXES) or not path.is_file():
+                continue
+            if path.is_symlink() and not path.resolve().is_relative_to(source):
+                log.warning("model code: not copying %s, a link to %s outside the package", path, path.resolve())
                 continue
             files.append((Path(source.name) / path.relative_to(source), path))
     return files

@@ -83,6 +83,8 @@ def test_a_package_is_copied_whole_without_caches_and_hidden_files(dags, tmp_pat
     (package / ".git" / "config").write_text("[core]\n")
     (package / ".env").write_text("API_TOKEN=secret\n")
     (package / "vocab.txt").write_text("a\nb\n")
+    (tmp_path / "secret.key").write_text("private")
+    (package / "key.pem").symlink_to(tmp_path / "secret.key")
 
     code = snapshot_model_code("team_models.vision.nets:build", str(tmp_path / "run"), [str(dags)])
     copied = sorted(p.relative_to(code.path).as_posix() for p in Path(code.path).rglob("*") if p.is_file())
@@ -118,6 +120,12 @@ def test_code_above_the_size_limit_is_refused_naming_the_directory_and_size(dags
 def test_installed_builtin_and_unknown_modules_are_not_copied(model, tmp_path):
     assert snapshot_model_code(model, str(tmp_path / "run")) is None
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("model", ["../../etc/passwd:x", "my model:build", "my_model:", "pkg..mod:build"])
+def test_a_reference_that_is_not_a_python_path_is_refused(model, tmp_path):
+    with pytest.raises(ModelCodeError, match="use 'package.module:function'"):
+        snapshot_model_code(model, str(tmp_path / "run"))
 
 
 def test_a_corrupt_manifest_is_a_clear_error(dags, tmp_path):
