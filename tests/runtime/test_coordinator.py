@@ -26,7 +26,7 @@ SESSION_READY = re.compile(r"airflow-tf session ready global_step=(\d+)")
 def coordinator_group(name, dataset, run_dir, steps, **training) -> GroupSpec:
     config = TrainingConfig(dataset=dataset, run_dir=str(run_dir), mode="coordinator", steps=steps, batch_size=32,
                             learning_rate=0.05, checkpoint_every_secs=0.5, log_every_secs=0.5, **training)
-    return GroupSpec.for_training(name, config, ps=1, workers=2, active_deadline_seconds=300)
+    return GroupSpec.for_training(name, config, ps=1, workers=2, active_deadline_seconds=600)
 
 
 def checkpoint_step(run_dir) -> int:
@@ -46,7 +46,7 @@ def test_run_mode_coordinator_trains_the_seed_line_and_the_checkpoint_evaluates(
         [sys.executable, "-m", "airflow_tf.cli", "run", "--mode", "coordinator", "--dataset", linear_dataset,
          "--ps", "1", "--workers", "2", "--steps", "400", "--learning-rate", "0.05", "--batch-size", "32",
          "--log-every-secs", "0.5", "--run-dir", str(run_dir), "--name", "coord-cli"],
-        capture_output=True, text=True, timeout=400,
+        capture_output=True, text=True, timeout=600,
     )
     assert cli.returncode == 0, cli.stderr[-3000:]
     summary = json.loads(cli.stdout)
@@ -80,11 +80,11 @@ def test_a_killed_worker_rejoins_and_the_chief_finishes(local_state_dir, linear_
     run_dir = tmp_path / "run"
     ref = backend.launch(coordinator_group("coord-killw", linear_dataset, run_dir, steps=3000))
     try:
-        wait_until(lambda: (backend.status(ref).progress or {}).get("global_step", 0) > 0, 180,
+        wait_until(lambda: (backend.status(ref).progress or {}).get("global_step", 0) > 0, 300,
                    what="the chief to schedule steps")
         os.kill(backend.processes(ref)["coord-killw-worker-1"], signal.SIGKILL)
 
-        outcome, status = wait_for_group(backend, ref, timeout=300)
+        outcome, status = wait_for_group(backend, ref, timeout=420)
         assert outcome.succeeded, outcome.reason
         assert status.task("worker", 1).restarts == 1
         assert status.task("chief", 0).restarts == 0, "the chief carried on through the worker's death"
@@ -98,10 +98,10 @@ def test_a_killed_ps_restarts_the_chief_from_the_checkpoint(local_state_dir, lin
     run_dir = tmp_path / "run"
     ref = backend.launch(coordinator_group("coord-killps", linear_dataset, run_dir, steps=3000))
     try:
-        saved = wait_until(lambda: checkpoint_step(run_dir), 180, what="a first checkpoint")
+        saved = wait_until(lambda: checkpoint_step(run_dir), 300, what="a first checkpoint")
         os.kill(backend.processes(ref)["coord-killps-ps-0"], signal.SIGKILL)
 
-        outcome, status = wait_for_group(backend, ref, timeout=300)
+        outcome, status = wait_for_group(backend, ref, timeout=420)
         assert outcome.succeeded, outcome.reason
         starts = [int(s) for s in SESSION_READY.findall(backend.logs(ref, "chief", 0))]
         assert len(starts) >= 2 and starts[-1] >= saved, f"the chief did not restore the checkpoint: {starts}"
