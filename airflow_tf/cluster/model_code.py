@@ -86,7 +86,7 @@ def snapshot_model_code(model: str, run_dir: str, search_path: list[str] | None 
             "package in the training image"
         )
 
-    runs_code = Path(_local(run_dir)) / CODE_DIR
+    runs_code = Path(os.path.abspath(_local(run_dir))) / CODE_DIR
     runs_code.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=runs_code))
     try:
