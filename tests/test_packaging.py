@@ -1,0 +1,91 @@
+"""Packaging: the Airflow side installs and works without TensorFlow.
+
+A fresh virtual environment gets only ``airflow-tf[airflow]`` (pinned by constraints.txt,
+from the package registry or pip's cache), then imports every operator, sensor, trigger and
+backend and parses the example DAGs with Airflow's own DagBag while ``import tensorflow``
+fails. This is what an Airflow image for a Kubernetes deployment carries
+(images/airflow/Dockerfile): evaluation and export run on the cluster in the training image.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+CHECK = textwrap.dedent('''
+    import importlib, json, pkgutil, sys
+
+    import airflow_tf
+    # Every module of the package but the training side (runtime, serving), found by walking
+    # it, so a new module is checked too.
+    training_side = ("airflow_tf.runtime", "airflow_tf.serving")
+    names = ["airflow_tf"] + [m.name for m in pkgutil.walk_packages(airflow_tf.__path__, "airflow_tf.")
+                              if not m.name.startswith(training_side)]
+    for name in names:
+        importlib.import_module(name)
+    from airflow_tf.operators import (EvaluateModelOperator, ExportSavedModelOperator,  # noqa: F401
+                                      LaunchTFClusterOperator, PrepareTFRecordsOperator, TeardownTFClusterOperator)
+    from airflow_tf.sensors import WorkerCompletionSensor  # noqa: F401
+    from airflow_tf.triggers import WorkerCompletionTrigger  # noqa: F401
+    from airflow_tf.backends import get_backend
+    get_backend("kubernetes", kubernetes_conn_id=None, namespace="ml")
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras"))
+    try:
+        import tensorflow  # noqa: F401
+        tensorflow_importable = True
+    except ImportError:
+        tensorflow_importable = False
+
+    from airflow.dag_processing.dagbag import DagBag
+    bag = DagBag(dag_folder=sys.argv[1])
+    print(json.dumps({"modules": len(names), "tensorflow_modules": loaded,
+                      "tensorflow_importable": tensorflow_importable, "dags": sorted(bag.dag_ids),
+                      "import_errors": bag.import_errors}))
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_airflow_side_installs_imports_and_parses_the_dags_without_tensorflow(tmp_path):
+    # A copy of what the package is built from, so the build leaves the work tree untouched.
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "constraints.txt"):
+        shutil.copy(REPO / name, source / name)
+    shutil.copytree(REPO / "airflow_tf", source / "airflow_tf", ignore=shutil.ignore_patterns("__pycache__"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q",
+         "-c", str(source / "constraints.txt"), f"{source}[airflow]"],
+        capture_output=True, text=True, timeout=1500)
+    assert install.returncode == 0, f"pip install .[airflow] failed:\n{install.stdout[-3000:]}\n{install.stderr[-5000:]}"
+    installed = subprocess.run([str(python), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True,
+                               check=True).stdout.lower()
+    assert "tensorflow" not in installed and "keras" not in installed, "the airflow extra pulled in TensorFlow"
+
+    home = tmp_path / "airflow-home"
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "AIRFLOW_HOME": str(home),
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+           "AIRFLOW_TF_STORAGE": str(tmp_path / "storage")}
+    run = subprocess.run([str(python), "-c", CHECK, str(REPO / "dags")], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, f"the Airflow side failed without TensorFlow:\n{run.stderr[-5000:]}"
+    import json
+
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["tensorflow_importable"] is False
+    assert report["tensorflow_modules"] == [], "importing the Airflow side loaded TensorFlow"
+    assert report["import_errors"] == {}
+    expected = {path.stem for path in (REPO / "dags").glob("tf_*.py")}
+    assert expected <= set(report["dags"]), f"example DAGs not parsed: {sorted(expected - set(report['dags']))}"
+    assert report["modules"] > 20
