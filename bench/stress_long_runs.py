@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 TF_WARNINGS = re.compile(r"RunStep still blocked|received twice|No response from RunGraph|DEADLINE|Deadline|"
-                         r"UnavailableError|operation_timeout|Timed out", re.I)
+                         r"UnavailableError|operation_timeout|Timed out|recreated|status=failed", re.I)
 
 
 def prepare(root: Path) -> str:

@@ -23,7 +23,11 @@ class NonFiniteError(RuntimeError):
 
 
 _NODE = re.compile(r"^Node: '(?P<node>[^']+)'$")
-_NOISE = re.compile(r"^(Graph execution error:|Detected at node .* defined at|File \"|\[\[|$)")
+_NOISE = re.compile(r"^(Graph execution error:|Detected at node .* defined at|File \"|\[\[|=+$|$)")
+_LOG_LINE = re.compile(r"^[IWEF]\d{4} ")
+"""A line of TensorFlow's C++ log, quoted under "Recent warning and error logs:"."""
+_DEBUG_DUMP = re.compile(r"\s*goo\.gle/debug\w*\s.*$")
+"""The request proto TensorFlow appends to some messages."""
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -39,8 +43,8 @@ def failure_reason(exc: BaseException) -> str:
         match = _NODE.match(line)
         if match:
             node = match.group("node")
-        elif not _NOISE.match(line):
-            cause.append(line)
+        elif not (_NOISE.match(line) or _LOG_LINE.match(line) or line == "Recent warning and error logs:"):
+            cause.append(_DEBUG_DUMP.sub("", line))
     reason = " ".join(" ".join(cause).split()) or type(exc).__name__
     if not isinstance(exc, (ModelError, TaskConfigError, NonFiniteError)):
         reason = f"{type(exc).__name__}: {reason}"

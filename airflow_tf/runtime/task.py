@@ -26,6 +26,19 @@ CONFIG_ERROR = 2
 a program error, which the ``ExitCode`` restart policy does not retry."""
 TRAINING_FAILED = 1
 """Exit code of a task whose training failed (a TensorFlow error, a NaN loss); not retried either."""
+GRPC_NO_RETRIES = "grpc.enable_retries=0"
+"""gRPC channel option for every channel TensorFlow opens (``TF_GRPC_DEFAULT_OPTIONS``). gRPC's
+own retries re-send a RunGraph request the other task has already received; TensorFlow refuses
+the copy ("The same RunGraph (Worker) request was received twice") and the step then fails or
+waits for ever for the first one's reply (seen in long runs under load). Without them a broken
+call fails as UnavailableError, which the session recovers from."""
+
+
+def grpc_default_options(current: str | None) -> str:
+    """``TF_GRPC_DEFAULT_OPTIONS`` with gRPC retries off, unless the user chose a setting."""
+    if not current:
+        return GRPC_NO_RETRIES
+    return current if "grpc.enable_retries=" in current else f"{current},{GRPC_NO_RETRIES}"
 
 
 def log(message: str) -> None:
@@ -187,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"airflow_tf.runtime: error: {exc}", file=sys.stderr, flush=True)
         return CONFIG_ERROR
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ info and warnings drown the task log
+    os.environ["TF_GRPC_DEFAULT_OPTIONS"] = grpc_default_options(os.environ.get("TF_GRPC_DEFAULT_OPTIONS"))
     log(f"airflow-tf task start role={task.type} index={task.index} pid={os.getpid()} "
         f"cluster={json.dumps(task.cluster, sort_keys=True, separators=(',', ':'))}")
     log_exit_on_signal(task)

@@ -37,11 +37,13 @@ KEEP_CHECKPOINTS = 5
 CORRUPT_SUFFIX = ".corrupt"
 
 # MonitoredSession recreates its session (the chief restoring the newest checkpoint) when a ps
-# is lost (Aborted/Unavailable). A step that ran past operation_timeout_secs (DeadlineExceeded:
-# a ps that stopped answering) is the same fault, so it recovers the same way instead of
-# failing the task. TensorFlow reads this tuple at each ``except``; there is no public option.
-if tf.errors.DeadlineExceededError not in monitored_session._PREEMPTION_ERRORS:
-    monitored_session._PREEMPTION_ERRORS += (tf.errors.DeadlineExceededError,)
+# is lost (Aborted/Unavailable). A step that ran past operation_timeout_secs is the same fault:
+# it surfaces as DeadlineExceeded, or as Cancelled when the master cancelled the step's other
+# partitions first. It recovers the same way instead of failing the task. TensorFlow reads
+# this tuple at each ``except``; there is no public option.
+for _error in (tf.errors.DeadlineExceededError, tf.errors.CancelledError):
+    if _error not in monitored_session._PREEMPTION_ERRORS:
+        monitored_session._PREEMPTION_ERRORS += (_error,)
 
 OPTIMIZERS = {
     "sgd": tf.compat.v1.train.GradientDescentOptimizer,

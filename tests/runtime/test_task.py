@@ -126,3 +126,41 @@ def test_a_ps_serves_until_sigterm_then_logs_its_exit_and_dies_of_the_signal(tmp
     finally:
         ps.kill()
         ps.wait()
+
+
+class _OpError(Exception):
+    """Stands in for a TensorFlow OpError: the reason reads its ``message`` attribute."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+def test_a_failure_reason_is_tensorflows_cause_without_logs_frames_or_request_dumps():
+    # As TensorFlow 2.21 reported a step whose RunGraph request was delivered twice (a long run).
+    message = (
+        "Graph execution error:\n\n=====================\nCANCELLED: From /job:worker/replica:0/task:0:\n"
+        "RecvFromRemoteAsync is cancelled.\n\t [[{{node linear_regression_2/linear_1/Cast/ReadVariableOp_S49}}]]\n"
+        "Recent warning and error logs:\n  W0000 00:00:1795385804.285718   29773 local_rendezvous.cc:412] "
+        "Local rendezvous is aborting with status: ABORTED: Cleanup 29268989599338807\n"
+        "ABORTED: From /job:ps/replica:0/task:0:\nThe same RunGraph (Worker) request was received twice. "
+        'goo.gle/debugstr   graph_handle: "0000000000000008" step_id: 64400341697762656 request_id: 1337\n'
+        "====================="
+    )
+    from airflow_tf.runtime.errors import ModelError, failure_reason
+
+    assert failure_reason(_OpError(message)) == (
+        "_OpError: CANCELLED: From /job:worker/replica:0/task:0: RecvFromRemoteAsync is cancelled. "
+        "ABORTED: From /job:ps/replica:0/task:0: The same RunGraph (Worker) request was received twice."
+    )
+    assert failure_reason(ModelError("checkpoint x has no weight 'model/000_kernel'")) == \
+        "checkpoint x has no weight 'model/000_kernel'"
+    assert len(failure_reason(RuntimeError("x" * 5000))) == 500
+
+
+def test_tasks_open_grpc_channels_without_grpcs_own_retries():
+    from airflow_tf.runtime.task import grpc_default_options
+
+    assert grpc_default_options(None) == "grpc.enable_retries=0"
+    assert grpc_default_options("grpc.keepalive_time_ms=60000") == "grpc.keepalive_time_ms=60000,grpc.enable_retries=0"
+    assert grpc_default_options("grpc.enable_retries=1") == "grpc.enable_retries=1", "the user's choice wins"
