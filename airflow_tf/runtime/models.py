@@ -338,9 +338,12 @@ def _output_spec(model: keras.Model, schema, reference: str):
     try:
         output = model.compute_output_spec(features)
     except Exception as exc:  # whatever the user's call raises, it is about feeding it the features
+        text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+        # Keras wraps the call's own error in advice about compute_output_spec: keep the cause.
+        text = text.split("Error encountered:")[-1]
         raise ModelError(
             f"model {reference!r} fails on the dataset's features ({_features_text(schema)}): "
-            f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
+            f"{type(exc).__name__}: {' '.join(text.split())[:500]}"
         ) from None
     if not isinstance(output, keras.KerasTensor):
         raise ModelError(f"model {reference!r} returns {type(output).__name__}; training expects one tensor of "

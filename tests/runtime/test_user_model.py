@@ -48,6 +48,17 @@ def named(schema, units):
     x, v = keras.Input((1,), name="x"), keras.Input((3,), name="v")
     return keras.Model({"x": x, "v": v}, keras.layers.Dense(units)(keras.layers.Concatenate()([x, v])))
 
+class ByName(keras.Model):
+    def __init__(self, feature):
+        super().__init__()
+        self.feature, self.dense = feature, keras.layers.Dense(1)
+
+    def call(self, features):
+        return self.dense(keras.ops.expand_dims(features[self.feature], -1))
+
+def subclassed(feature="x"):
+    return ByName(feature)
+
 def everything(**kwargs):
     assert "schema" in kwargs, "a **kwargs function gets the schema too"
     return keras.Sequential([keras.layers.Dense(kwargs.get("units", 1))])
@@ -108,6 +119,13 @@ def test_inputs_named_after_features_get_them_reshaped_and_the_model_its_kwargs(
                                                 r"arguments \(schema, units\) \(missing a required argument: "
                                                 r"'units'\)"):
         build("named", MIXED)
+
+
+def test_a_subclassed_model_gets_the_features_dict_and_a_wrong_key_is_refused_before_training(user_models):
+    assert build("subclassed", MIXED)(batch(MIXED)).shape == (4, 1)
+    with pytest.raises(models.ModelError, match=r"model 'user_models:subclassed' fails on the dataset's features "
+                                                r"\(x \(None,\) float32\): KeyError: 'z'"):
+        build("subclassed", LINE, model_kwargs={"feature": "z"})
 
 
 def test_a_model_that_cannot_take_the_features_is_refused_listing_inputs_and_features(user_models):
