@@ -71,7 +71,7 @@ def test_nothing_reaches_the_group_from_outside_and_tasks_hold_no_secrets(local_
     backend = LocalBackend()
     ref = backend.launch(linear_group("walled", linear_dataset, tmp_path / "run", steps=600))
     try:
-        wait_until(lambda: training(backend, ref, 0) and training(backend, ref, 1), 120, what="both workers to train")
+        wait_until(lambda: training(backend, ref, 0) and training(backend, ref, 1), 600, what="both workers to train")
         state = read_json(local_state_dir / "walled" / "state.json")
         assert state["isolation"]["network"] == "private"
         for name, task in state["processes"].items():
@@ -80,7 +80,7 @@ def test_nothing_reaches_the_group_from_outside_and_tasks_hold_no_secrets(local_
                                                            for k in env), f"{name} holds an Airflow secret"
             if address is not None:  # the probe itself is checked in tests/backends/test_local_safety.py
                 assert not can_connect(address, task["port"]), f"{name}'s gRPC port is reachable at {address}"
-        outcome, status = wait_for_group(backend, ref, timeout=180)
+        outcome, status = wait_for_group(backend, ref, timeout=600)
         assert outcome.succeeded, outcome.reason
         assert status.progress["global_step"] >= 600
     finally:
@@ -101,10 +101,10 @@ def test_a_rerun_after_the_launcher_was_sigkilled_starts_afresh_and_keeps_every_
     first = airflow_tf_run(*args, "--steps", "1000000")
     try:
         backend = LocalBackend()
-        wait_until(lambda: (ref := backend.find("rerun")) and training(backend, ref, 0), 120, what="training")
+        wait_until(lambda: (ref := backend.find("rerun")) and training(backend, ref, 0), 600, what="training")
         first.kill()
         first.communicate()
-        wait_until(lambda: not group_processes(local_state_dir), 10, what="the group to stop with its launcher")
+        wait_until(lambda: not group_processes(local_state_dir), 60, what="the group to stop with its launcher")
     finally:
         first.kill()
     first_log = (run_dir / "logs" / "attempt-1" / "rerun-worker-0.log").read_text()
@@ -113,7 +113,7 @@ def test_a_rerun_after_the_launcher_was_sigkilled_starts_afresh_and_keeps_every_
     # More workers than cores this time: a warning on stderr, and the run goes ahead.
     workers = len(os.sched_getaffinity(0)) + 1
     second = airflow_tf_run(*args, "--steps", "300", "--workers", str(workers))
-    out, err = second.communicate(timeout=240)
+    out, err = second.communicate(timeout=900)
     assert second.returncode == 0, err
     assert f"airflow-tf run: warning: training group 'rerun' has {workers} training tasks for" in err
     assert "NOT network-isolated" not in err
@@ -128,9 +128,9 @@ def test_a_sigstopped_worker_is_restarted_and_training_completes(local_state_dir
     backend = LocalBackend()
     ref = backend.launch(linear_group("frozen", linear_dataset, tmp_path / "run", steps=1500, progress_timeout=30))
     try:
-        wait_until(lambda: training(backend, ref, 1), 120, what="worker 1 to train")
+        wait_until(lambda: training(backend, ref, 1), 600, what="worker 1 to train")
         os.kill(backend.processes(ref)["frozen-worker-1"], signal.SIGSTOP)
-        outcome, status = wait_for_group(backend, ref, timeout=240)
+        outcome, status = wait_for_group(backend, ref, timeout=900)
         assert outcome.succeeded, outcome.reason
         stopped = status.task("worker", 1)
         assert stopped.restarts == 1 and "no progress for 30 s" in stopped.reason
@@ -145,12 +145,12 @@ def test_a_stuck_chief_fails_the_group_by_name_once_the_budget_is_spent(local_st
     ref = backend.launch(linear_group("stuck", linear_dataset, tmp_path / "run", steps=1_000_000,
                                       progress_timeout=30, backoff_limit=0))
     try:
-        wait_until(lambda: backend.status(ref).progress, 120, what="the chief's first progress report")
+        wait_until(lambda: backend.status(ref).progress, 600, what="the chief's first progress report")
         os.kill(backend.processes(ref)["stuck-worker-0"], signal.SIGSTOP)  # alive, but no step ever ends
-        outcome, _ = wait_for_group(backend, ref, timeout=120)
+        outcome, _ = wait_for_group(backend, ref, timeout=600)
         assert not outcome.succeeded and outcome.failed_task.name == "stuck-worker-0"
         assert "no progress for 30 s" in outcome.reason and "backoff limit of 0" in outcome.reason
-        wait_until(lambda: not group_processes(local_state_dir), 30, what="the rest of the group to stop by itself")
+        wait_until(lambda: not group_processes(local_state_dir), 60, what="the rest of the group to stop by itself")
     finally:
         backend.teardown(ref)
 
@@ -163,11 +163,11 @@ def test_a_launch_killed_after_creating_its_group_takes_the_group_with_it(local_
         assert launch.stdout.readline().strip() == "launched"
         backend = LocalBackend()
         ref = backend.find("orphan")
-        wait_until(lambda: len(backend.processes(ref)) == 3, 60, what="the group's tasks")
+        wait_until(lambda: len(backend.processes(ref)) == 3, 300, what="the group's tasks")
     finally:
         launch.kill()
         launch.communicate()
-    wait_until(lambda: not group_processes(local_state_dir), 10, what="the group to stop with its launch")
+    wait_until(lambda: not group_processes(local_state_dir), 60, what="the group to stop with its launch")
     status = backend.status(ref)
     assert f"launching process (pid {launch.pid}) exited before handing the group over" in status.failure
     backend.teardown(ref)
@@ -177,9 +177,9 @@ def test_the_supervisor_stops_the_ps_after_the_workers_with_no_airflow_left(loca
                                                                            group_processes, wait_until):
     run_dir = tmp_path / "run"
     launch = launcher(local_state_dir, linear_group("unattended", linear_dataset, run_dir, steps=300), hand_over=True)
-    assert launch.wait(timeout=120) == 0, "the launch hands the group over and returns"
+    assert launch.wait(timeout=300) == 0, "the launch hands the group over and returns"
     # Nobody watches from here on: no sensor, no teardown.
-    wait_until(lambda: not group_processes(local_state_dir), 240, what="the whole group to end by itself")
+    wait_until(lambda: not group_processes(local_state_dir), 900, what="the whole group to end by itself")
     backend = LocalBackend()
     ref = backend.find("unattended")
     status = backend.status(ref)
