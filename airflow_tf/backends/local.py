@@ -177,7 +177,10 @@ def check_capacity(spec: GroupSpec) -> None:
     for role, role_spec in spec.roles.items():
         requested = role_spec.resources.get("requests", {}).get("memory")
         if requested is not None:
-            per_role[role] = memory_mb(requested)
+            try:
+                per_role[role] = memory_mb(requested)
+            except BackendError as err:
+                raise BackendError(f"roles.{role}.resources.requests.memory: {err}") from None
         elif role_spec.command is None and role != "evaluator":  # the runtime's evaluator exits at once
             per_role[role] = TASK_MEMORY_MB
     needed = sum(per_role.get(role, 0) for role, _ in spec.tasks())
@@ -338,6 +341,8 @@ class LocalBackend:
             except OSError as err:
                 if err.errno in (errno.EEXIST, errno.ENOTEMPTY):
                     # Another launcher won the race: attach to its group.
+                    if logs_dir:
+                        os.rmdir(logs_dir)
                     return self._ref(spec.name, spec.success_policy)
                 raise
         finally:
