@@ -134,7 +134,9 @@ class AirflowStack:
         return env
 
     # -- lifecycle ------------------------------------------------------------------------
-    def start(self, timeout: float = 240.0) -> None:
+    def start(self, timeout: float = 600.0) -> None:
+        """Each step (db migrate, healthy, execution API warm) may take ``timeout`` seconds:
+        db migrate alone took over 4 minutes here at load average 50."""
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "logs").mkdir(exist_ok=True)
         self._env = self.environment(self._database_url())
@@ -143,7 +145,8 @@ class AirflowStack:
         for component in COMPONENTS:
             self._spawn(component)
         self.wait_healthy(timeout)
-        self.warm_up(timeout)
+        if not self.warm_up(timeout):
+            raise StackError(f"the task execution API at {self.url}/execution/ did not answer within {timeout:.0f}s")
 
     def stop(self, grace: float = STOP_GRACE) -> tuple[float, float]:
         """Ends every component at once: SIGTERM to everything in their sessions, SIGKILL to
@@ -223,19 +226,21 @@ class AirflowStack:
             f"logs are in {self.home / 'logs'}"
         )
 
-    def warm_up(self, timeout: float) -> None:
-        """Sends the task execution API its first request. It builds its versioned routes then
-        (Cadwyn, on the API server's event loop): 5-40 s of CPU on a busy machine during which
-        the API server answers nobody, and the first tasks' calls time out if they come first."""
+    def warm_up(self, timeout: float) -> bool:
+        """Sends the task execution API its first request; True once it answered. It builds its
+        versioned routes then (Cadwyn, on the API server's event loop): 5-160 s of CPU on a busy
+        machine during which the API server answers nobody, and the first tasks' calls time out
+        if they come first."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(f"{self.url}/execution/health", timeout=max(1.0, deadline - time.monotonic())):
-                    return
+                    return True
             except urllib.error.HTTPError:  # it answered
-                return
+                return True
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 time.sleep(1)
+        return False
 
     def log_tail(self, component: str, lines: int = 40) -> str:
         path = self.home / "logs" / f"{component}.log"

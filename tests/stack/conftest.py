@@ -227,12 +227,14 @@ def signed_in_page(stack, browser, request):
     """A Playwright ``Page`` in a fresh browser context (own cookies, 1400x900), signed in to the
     session's stack as the simple auth manager's user through the login form, left on the
     Airflow home page. Navigate with ``page.goto(f"{stack.airflow.url}/dags/<dag_id>")``.
-    Every wait defaults to 60 s. When the test fails, a screenshot of the page is saved as
+    Waits default to 120 s and page loads to 180 s: the UI's JavaScript bundle alone took a
+    minute to load here on a busy machine. When the test fails, a screenshot of the page is saved as
     ``test-artifacts/<test name>-error.png``; save your own with
     ``page.screenshot(path=stack.artifacts / "<name>.png", full_page=True)``."""
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()
-    page.set_default_timeout(60_000)
+    page.set_default_timeout(120_000)
+    page.set_default_navigation_timeout(180_000)
     try:
         page.goto(stack.airflow.url)
         page.get_by_label("Username").fill(USERNAME)
