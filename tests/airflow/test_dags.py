@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -16,6 +18,25 @@ pytestmark = pytest.mark.slow
 
 def task_states(home, dag_id: str, output: str) -> dict[str, str]:
     return _task_states(home.env, dag_id, output)
+
+
+def asset_events(home) -> dict[str, list[dict]]:
+    """Asset name -> its events (oldest first), read from the Airflow database of ``home``."""
+    code = """
+import json
+from sqlalchemy import select
+from airflow.models.asset import AssetEvent, AssetModel
+from airflow.utils.session import create_session
+with create_session() as session:
+    rows = session.execute(select(AssetModel.name, AssetEvent.source_task_id, AssetEvent.extra)
+                           .join(AssetModel, AssetEvent.asset_id == AssetModel.id).order_by(AssetEvent.id)).all()
+print(json.dumps([[name, task, extra] for name, task, extra in rows]))
+"""
+    done = subprocess.run([sys.executable, "-c", code], env=home.env, capture_output=True, text=True, check=True)
+    events: dict[str, list[dict]] = {}
+    for name, task, extra in json.loads(done.stdout.strip().splitlines()[-1]):
+        events.setdefault(name, []).append({"source_task_id": task, "extra": extra})
+    return events
 
 
 def test_linear_regression_dag_exports_a_model_close_to_2x_plus_10(airflow_home, tmp_path, group_processes):
@@ -86,6 +107,17 @@ def test_continuous_retraining_warm_starts_and_exports_only_a_better_model(airfl
     assert sorted(p.name for p in models.iterdir()) == ["1"], "nothing served yet: the first good model is exported"
     served_metrics = json.loads((models / "1" / "assets.extra" / "airflow_tf.json").read_text())["metrics"]
     assert predict(str(models / "1"), {"x": [0.0, 5.0]}) == pytest.approx([10.0, 20.0], abs=0.5)
+    # The chain: prepare announced the dataset version, export the model version ...
+    events = asset_events(airflow_home)
+    dataset_event = events["airflow_tf.dataset.linear_regression_stream"][-1]
+    assert dataset_event["source_task_id"] == "prepare" and dataset_event["extra"]["rows"] == 5000
+    model_event = events["airflow_tf.model.linear_regression_retrained"][-1]
+    assert model_event["extra"]["version"] == 1 and model_event["extra"]["path"] == str(models / "1")
+    assert model_event["extra"]["metrics"]["blessed"] is True
+    # ... on which the deployment DAG is scheduled; run by hand it deploys the latest export.
+    assert run_state(airflow_home.run("tf_deploy_linear_model", tmp_path).stdout) == "success"
+    deployed = json.loads((tmp_path / "storage" / "deployed" / "linear_regression_retrained.json").read_text())
+    assert deployed["version"] == 1
 
     assert run_state(airflow_home.run("tf_ingest_linear_data", tmp_path).stdout) == "success"
     second = airflow_home.run("tf_continuous_retraining", tmp_path, conf=conf)
