@@ -235,7 +235,8 @@ class LaunchTFClusterOperator(BaseOperator):
             map_index=-1 if map_index is None else int(map_index), code_hash=self._code_hash,
         ).to_dict()
         # Last: until the group is handed over, a launch killed now (before its XCom exists)
-        # takes its group down with it instead of leaving it running unreferenced.
+        # takes its group down with it instead of leaving it running unreferenced. A backend
+        # with nothing to untie (kubernetes) need not define it.
         hand_over = getattr(backend, "hand_over", None)
         if hand_over is not None:
             hand_over(ref)
