@@ -182,6 +182,8 @@ def _check_text_column(path: Path, name: str, column: pa.Array) -> None:
     count, total = pc.sum(numeric).as_py() or 0, len(column)
     if not 0 < count < total:  # all text (or, in theory, all numbers that pyarrow still refused)
         return
+    if not pc.any(pc.match_substring_regex(pc.filter(column, numeric), r"\d")).as_py():
+        return  # words such as "Nan" or "Inf" among text: no digits, not a column of numbers
     is_number = numeric.to_numpy(zero_copy_only=False)
     if count >= total - count:  # mostly numbers: the text is the odd one out
         row = int(np.argmin(is_number))

@@ -91,6 +91,10 @@ def test_a_text_column_with_a_stray_number_and_lines_counted_as_an_editor_does(t
     assert_nothing_committed(tmp_path / "out")
     summary = prepare_dataset(path, tmp_path / "out", "cities", label="y", string_columns="city")
     assert summary["schema"]["features"][0]["dtype"] == "string" and summary["rows"] == 53
+    # Names that pyarrow would read as NaN or infinity do not make a text column numeric.
+    names = tmp_path / "names.csv"
+    names.write_text("name,y\nAda,0\nNan,1\nInf,0\nLin,1\n")
+    assert prepare_dataset(names, tmp_path / "out", "names", label="y")["schema"]["features"][0]["dtype"] == "string"
 
 
 def test_string_columns_misuse_is_refused(tmp_path, write_csv, assert_nothing_committed):
