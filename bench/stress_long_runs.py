@@ -112,7 +112,8 @@ def main() -> int:
                     os.killpg(r["proc"].pid, signal.SIGTERM)
         for r in runs:
             warnings = []
-            for log in r["state_dir"].rglob("*.log"):
+            # A finished group's logs are copied to <run_dir>/logs/attempt-N/ and its state removed.
+            for log in [*r["state_dir"].rglob("*.log"), *(r["run_dir"] / "logs").rglob("*.log")]:
                 warnings += [f"{log.name}: {line}" for line in log.read_text(errors="replace").splitlines()
                              if TF_WARNINGS.search(line)]
             result = {"name": r["name"], "exit": r["proc"].returncode, "seconds": round(time.monotonic() - r["start"]),

@@ -64,10 +64,6 @@ class StopAtTarget(tf.compat.v1.train.SessionRunHook):
                 run_context.request_stop()
 
 
-def describe_non_finite(value: float) -> str:
-    return "NaN" if math.isnan(value) else "inf"
-
-
 class NonFiniteLossHook(tf.compat.v1.train.SessionRunHook):
     """Checks every step's loss. A NaN/inf loss fails the task (``on_nan="fail"``) or stops it
     (``"stop"``). Placed before the checkpoint saver, whose save of that step then never runs;
@@ -87,7 +83,8 @@ class NonFiniteLossHook(tf.compat.v1.train.SessionRunHook):
         loss = float(run_values.results["loss"])
         if math.isfinite(loss):
             return
-        reason = f"loss became {describe_non_finite(loss)} at global step {int(run_values.results['step']) + 1}"
+        value = "NaN" if math.isnan(loss) else "inf"
+        reason = f"loss became {value} at global step {int(run_values.results['step']) + 1}"
         if self._on_nan == "fail":
             raise NonFiniteError(reason)
         self.stopped = reason
