@@ -11,6 +11,7 @@ from airflow_tf.backends import BackendError, GroupRef, backend_for, get_backend
 from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name, label_value
 from airflow_tf.cluster.results import LaunchResult
 from airflow_tf.cluster.training import dataset_uri_of
+from airflow_tf.plugins.links import TensorBoardLink
 from airflow_tf.storage import runs_dir
 
 from .common import no_retry_for, resolved_backend_options
@@ -109,6 +110,7 @@ class LaunchTFClusterOperator(BaseOperator):
         "group_name",
     )
     template_fields_renderers = {"model_kwargs": "json", "backend_options": "json"}
+    operator_extra_links = (TensorBoardLink(),)
     ui_color = "#ffcc80"
 
     def __init__(self, *, dataset: Any, model: str = "linear_regression", steps: int | str | None = None,
