@@ -23,9 +23,9 @@ def tower_count(devices_per_worker: int | None, gpus: int) -> int:
     """``devices_per_worker``, or the worker's GPUs (at least 1) when it is None."""
     if devices_per_worker is None:
         return max(1, gpus)
-    if 1 < gpus < devices_per_worker:
+    if 0 < gpus < devices_per_worker:
         raise TaskConfigError(
-            f"devices_per_worker={devices_per_worker} but this worker has {gpus} GPUs: ask for at most "
+            f"devices_per_worker={devices_per_worker} but this worker has {gpus} GPU(s): ask for at most "
             f"{gpus} towers, or give the worker more GPUs (resources.limits['nvidia.com/gpu'])"
         )
     return devices_per_worker
@@ -77,9 +77,15 @@ def towers_train_op(model, features, labels, forward, loss_of, optimizer, global
         tower_grads.append([g for g, _ in grads])
         updates += state_updates
     # Each tower's gradient is of its share's mean loss: weighting by the share gives the
-    # gradient of the whole batch's mean loss.
+    # gradient of the whole batch's mean loss. An empty share (a batch smaller than the number
+    # of towers) has a NaN mean loss and weighs nothing.
     total = tf.add_n(weights)
-    averaged = [(None if per_tower[0] is None else tf.add_n([g * w for g, w in zip(per_tower, weights)]) / total,
-                 variable) for per_tower, variable in zip(zip(*tower_grads), var_list)]
-    loss = tf.add_n([l * w for l, w in zip(losses, weights)]) / total
+
+    def average(values):
+        return tf.add_n([tf.math.multiply_no_nan(v, tf.cast(w, v.dtype)) for v, w in zip(values, weights)]) / \
+            tf.cast(total, values[0].dtype)
+
+    averaged = [(None if per_tower[0] is None else average(per_tower), variable)
+                for per_tower, variable in zip(zip(*tower_grads), var_list)]
+    loss = average(losses)
     return loss, tf.group(optimizer.apply_gradients(averaged, global_step=global_step), *updates)

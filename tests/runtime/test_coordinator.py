@@ -15,7 +15,7 @@ import pytest
 
 from airflow_tf.backends.local import LocalBackend
 from airflow_tf.backends.wait import wait_for_group
-from airflow_tf.cluster import GroupSpec, TrainingConfig
+from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig
 from airflow_tf.cluster.progress import parse_progress
 
 pytestmark = pytest.mark.slow
@@ -108,3 +108,11 @@ def test_a_killed_ps_restarts_the_chief_from_the_checkpoint(local_state_dir, lin
         assert checkpoint_step(run_dir) >= 6000
     finally:
         backend.teardown(ref)
+
+
+def test_a_coordinator_group_gets_a_chief_whose_exit_decides(linear_dataset, tmp_path):
+    config = TrainingConfig(dataset=linear_dataset, run_dir=str(tmp_path / "run"), steps=10, mode="coordinator")
+    spec = GroupSpec.for_training("coord-spec", config, ps=1, workers=2)
+    assert spec.replicas("chief") == 1 and spec.success_policy == "ChiefOrWorker0"
+    with pytest.raises(SpecError, match="coordinator mode needs one chief"):
+        GroupSpec(name="coord-spec", training=config, roles=spec.roles, success_policy="AllWorkers")

@@ -38,12 +38,12 @@ def cluster():
     return spec, worker.target
 
 
-def train_steps(cluster, towers: int):
+def train_steps(cluster, towers: int, batch: int = BATCH):
     """STEPS steps of a small network on one fixed batch; returns (losses, weights, graph)."""
     spec, target = cluster
     rng = np.random.default_rng(3)
-    x = rng.uniform(-2, 2, (BATCH, 3)).astype(np.float32)
-    y = (x @ np.array([2.0, -1.0, 0.5], np.float32) + 10.0 + rng.normal(0, 0.1, BATCH)).astype(np.float32)
+    x = rng.uniform(-2, 2, (batch, 3)).astype(np.float32)
+    y = (x @ np.array([2.0, -1.0, 0.5], np.float32) + 10.0 + rng.normal(0, 0.1, batch)).astype(np.float32)
     graph = tf.Graph()
     with graph.as_default():
         setter = tf.compat.v1.train.replica_device_setter(cluster=spec, worker_device="/job:worker/task:0")
@@ -88,12 +88,24 @@ def test_two_towers_learn_what_one_device_learns_on_the_same_batch(cluster):
         np.testing.assert_allclose(two, one, rtol=1e-5, atol=1e-6)
 
 
+def test_a_batch_smaller_than_the_towers_trains_like_one_device(cluster):
+    """One example for two towers: the empty share weighs nothing (its NaN mean loss included)."""
+    one_losses, one_weights, _ = train_steps(cluster, towers=1, batch=1)
+    two_losses, two_weights, _ = train_steps(cluster, towers=2, batch=1)
+    assert np.isfinite(two_losses).all()
+    np.testing.assert_allclose(two_losses, one_losses, rtol=1e-5)
+    for two, one in zip(two_weights, one_weights):
+        np.testing.assert_allclose(two, one, rtol=1e-5, atol=1e-6)
+
+
 def test_tower_count_follows_the_gpus_unless_set():
     assert tower_count(None, gpus=0) == 1
     assert tower_count(None, gpus=4) == 4
     assert tower_count(2, gpus=0) == 2  # CPU towers
     assert tower_count(2, gpus=4) == 2
-    with pytest.raises(TaskConfigError, match="devices_per_worker=4 but this worker has 2 GPUs"):
+    with pytest.raises(TaskConfigError, match=r"has 1 GPU\(s\)"):
+        tower_count(2, gpus=1)
+    with pytest.raises(TaskConfigError, match=r"devices_per_worker=4 but this worker has 2 GPU\(s\)"):
         tower_count(4, gpus=2)
 
 
