@@ -116,3 +116,17 @@ def test_a_coordinator_group_gets_a_chief_whose_exit_decides(linear_dataset, tmp
     assert spec.replicas("chief") == 1 and spec.success_policy == "ChiefOrWorker0"
     with pytest.raises(SpecError, match="coordinator mode needs one chief"):
         GroupSpec(name="coord-spec", training=config, roles=spec.roles, success_policy="AllWorkers")
+
+
+def test_coordinator_mode_refuses_towers_it_cannot_build(linear_dataset, tmp_path):
+    from airflow_tf.data import load_schema
+    from airflow_tf.runtime import coordinator
+    from airflow_tf.runtime.errors import TaskConfigError
+    from airflow_tf.runtime.task import Task
+
+    config = TrainingConfig(dataset=linear_dataset, run_dir=str(tmp_path / "run"), steps=10, mode="coordinator",
+                            devices_per_worker=2)
+    task = Task("chief", 0, {"chief": ["localhost:1"], "ps": ["localhost:2"], "worker": ["localhost:3"]})
+    with pytest.raises(TaskConfigError, match="devices_per_worker=2: in coordinator mode"):
+        coordinator.train(config, task, load_schema(linear_dataset))
+    assert not (tmp_path / "run").exists()
