@@ -26,6 +26,8 @@ import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
+from airflow_tf.files import strip_file_scheme
+
 log = logging.getLogger(__name__)
 
 CODE_DIR = "code"
@@ -86,7 +88,7 @@ def snapshot_model_code(model: str, run_dir: str, search_path: list[str] | None 
             "package in the training image"
         )
 
-    runs_code = Path(os.path.abspath(_local(run_dir))) / CODE_DIR
+    runs_code = Path(os.path.abspath(strip_file_scheme(run_dir))) / CODE_DIR
     runs_code.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=runs_code))
     try:
@@ -126,7 +128,7 @@ def model_code_record(code_dir: str | None) -> dict[str, object] | None:
     number of ``files`` and their ``bytes``; None for a run without a snapshot."""
     if not code_dir:
         return None
-    directory = Path(_local(code_dir))
+    directory = Path(strip_file_scheme(code_dir))
     path = directory / MANIFEST_FILE
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -148,10 +150,6 @@ def code_hash(directory: str | os.PathLike[str]) -> str:
         digest.update(path.relative_to(root).as_posix().encode("utf-8") + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()
-
-
-def _local(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
 
 
 def _top_level_source(model: str, module_name: str, search: list[str]) -> Path | None:

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_tf.files import strip_file_scheme
+
 OPTIMIZERS = ("sgd", "adam", "adagrad", "rmsprop")
 BUILTIN_MODELS = ("linear_regression", "mlp_classifier")
 MODES = ("between_graph", "coordinator")
@@ -258,4 +260,4 @@ def dataset_uri_of(value: Any) -> str:
             raise ValueError(f"dataset: no dataset URI in {sorted(value)}; pass the prepare task's output")
     if not isinstance(value, str) or not value:
         raise ValueError(f"dataset: expected a dataset directory or URI, got {value!r}")
-    return value[len("file://"):] if value.startswith("file://") else value
+    return strip_file_scheme(value)

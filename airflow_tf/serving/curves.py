@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from .files import atomic_write_bytes
+from airflow_tf.files import atomic_write_bytes
 
 EVENT_FILE_GLOB = "events.out.tfevents.*"
 LOSS_TAG = "loss"

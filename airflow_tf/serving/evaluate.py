@@ -13,10 +13,10 @@ from typing import Any, Callable, Mapping
 
 from airflow_tf.cluster import TrainingConfig
 from airflow_tf.cluster.model_code import model_code_record
+from airflow_tf.files import local_path, read_json, write_json
 
 from .blessing import TASK_METRICS, baseline_metric_for, decide, validate_thresholds
 from .curves import plot_training_curve
-from .files import local_path, read_json, write_json
 from .versions import latest_export
 
 METRICS_FILE = "metrics.json"
@@ -51,7 +51,7 @@ def evaluate_checkpoint(run_dir: str | os.PathLike[str], dataset_uri: str, confi
     from airflow_tf.runtime import models
 
     validate_thresholds(thresholds)  # fail on a typo before minutes of evaluation
-    run_path = local_path(run_dir)
+    run_path = local_path(run_dir, "run_dir")
     config = training_config(config)
     schema = load_schema(dataset_uri)
     checkpoint = models.resolve_checkpoint(checkpoint or run_path)
@@ -118,7 +118,7 @@ def evaluate_saved_model(export_path: str | os.PathLike[str], dataset_uri: str,
 
     from .versions import read_metadata
 
-    path = local_path(export_path)
+    path = local_path(export_path, "export_path")
     schema = load_schema(dataset_uri)
     try:
         signature = tf.saved_model.load(str(path)).signatures["serving_default"]
@@ -259,5 +259,5 @@ def _baseline_summary(baseline: Mapping[str, Any] | None, task: str, metric: str
 
 def read_metrics(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The run's ``metrics.json`` (written by :func:`evaluate_checkpoint`), or None."""
-    path = local_path(run_dir) / METRICS_FILE
+    path = local_path(run_dir, "run_dir") / METRICS_FILE
     return read_json(path) if path.is_file() else None

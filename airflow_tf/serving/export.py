@@ -17,10 +17,10 @@ from typing import Any, Mapping
 
 from airflow_tf.cluster import TrainingConfig
 from airflow_tf.cluster.model_code import model_code_record
+from airflow_tf.files import local_path, write_json
 
 from .evaluate import (EvaluationError, checkpoint_step, from_logits, read_metrics, refuse_non_finite, task_of,
                        training_config)
-from .files import local_path, write_json
 from .versions import METADATA_FILE, WARM_START_DIR, model_dir, publish, staging_dir
 
 SIGNATURE = "serving_default"
@@ -51,7 +51,7 @@ def export_saved_model(run_dir: str | os.PathLike[str], dataset_uri: str, config
     from airflow_tf.data import load_schema
     from airflow_tf.runtime import models
 
-    run_path = local_path(run_dir)
+    run_path = local_path(run_dir, "run_dir")
     config = training_config(config)
     if isinstance(metrics, str):  # a templated operator argument arrives as text
         try:
@@ -107,7 +107,7 @@ def export_saved_model(run_dir: str | os.PathLike[str], dataset_uri: str, config
         "version": version,
         "model_name": model_name,
         "model_dir": str(directory),
-        "serving_base": str(local_path(serving_base)),
+        "serving_base": str(local_path(serving_base, "serving_base")),
         "checkpoint": checkpoint,
         "global_step": metadata["global_step"],
         "task": task,

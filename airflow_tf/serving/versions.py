@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from airflow_tf.cluster import path_component
 
-from .files import local_path, read_json
+from airflow_tf.files import local_path, read_json
 
 METADATA_FILE = Path("assets.extra") / "airflow_tf.json"
 """Where an export records its run, checkpoint, dataset, metrics and training options."""
@@ -34,7 +34,7 @@ def model_dir(serving_base: str | os.PathLike[str], model_name: str) -> Path:
     """``<serving_base>/<model_name>``, with the model name made a safe path component."""
     if not str(model_name).strip():
         raise ValueError("model_name: a model name is required (it becomes a directory under serving_base)")
-    return local_path(serving_base) / path_component(model_name)
+    return local_path(serving_base, "serving_base") / path_component(model_name)
 
 
 def list_versions(directory: str | os.PathLike[str]) -> list[int]:

@@ -1,0 +1,84 @@
+"""The one leaf helper every room may import: local paths from ``file://`` URIs, atomic writes
+of files others read (temporary name beside the target, then rename), JSON.
+
+It imports nothing of the project, nor Airflow or TensorFlow."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, Callable
+
+FILE_SCHEME = "file://"
+
+
+def strip_file_scheme(uri: str | os.PathLike[str]) -> str:
+    """``file:///data/x`` -> ``/data/x``; a plain path, or another scheme's URI, as it is."""
+    text = os.fspath(uri)
+    return text[len(FILE_SCHEME):] if text.startswith(FILE_SCHEME) else text
+
+
+def is_local(uri: str | os.PathLike[str]) -> bool:
+    """A plain path or a ``file://`` URI (not ``gs://``, ``s3://``, ...)."""
+    text = os.fspath(uri)
+    return text.startswith(FILE_SCHEME) or "://" not in text
+
+
+def local_path(uri: str | os.PathLike[str], what: str = "path") -> Path:
+    """A local path from a path or ``file://`` URI; any other scheme is refused, naming ``what``."""
+    if not is_local(uri):
+        raise ValueError(f"{what} {os.fspath(uri)!r}: only local paths and file:// URIs are supported; "
+                         "mount the storage and pass its local path")
+    return Path(strip_file_scheme(uri))
+
+
+@contextmanager
+def atomic_open(path: str | os.PathLike[str], mode: str = "w", *, fsync: bool = True) -> Iterator[IO]:
+    """Open a temporary file beside ``path``; once the block ends without error it replaces
+    ``path`` (readers see the old file or the complete new one), else it is removed. ``fsync``
+    makes the content durable before the rename (files that must survive a machine crash)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as handle:
+            yield handle
+            if fsync:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool = True) -> Path:
+    """Write ``data`` so that readers see either the old file or the complete new one."""
+    with atomic_open(path, "wb", fsync=fsync) as handle:
+        handle.write(data)
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, *, fsync: bool = True) -> Path:
+    with atomic_open(path, "w", fsync=fsync) as handle:
+        handle.write(text)
+    return Path(path)
+
+
+def write_json(path: str | os.PathLike[str], data: Any, *, fsync: bool = True,
+               default: Callable[[Any], Any] | None = None) -> Path:
+    """``data`` as indented, key-sorted UTF-8 JSON, written atomically."""
+    text = json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False, default=default) + "\n"
+    return atomic_write_text(path, text, fsync=fsync)
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """The JSON in ``path``; a file that is not JSON is an error naming it and what to do."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc}); delete or regenerate the file") from exc
