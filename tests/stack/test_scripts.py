@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 from pathlib import Path
 
+import psutil
 import pytest
-from airflow_stack import AirflowStack, StackError  # scripts/ is on sys.path (conftest.py)
+from airflow_stack import RESTART_LIMIT, AirflowStack, StackError  # scripts/ is on sys.path (conftest.py)
 
 POSTGRES = str(Path(__file__).resolve().parents[2] / "scripts" / "postgres")
 
@@ -28,3 +31,39 @@ def test_stack_names_a_missing_dags_folder_and_an_unknown_database(tmp_path):
         AirflowStack(tmp_path / "home", tmp_path / "nope")
     with pytest.raises(StackError, match="database: 'mysql' is not one of auto, postgres, sqlite"):
         AirflowStack(tmp_path / "home", tmp_path, database="mysql")
+
+
+def test_a_component_that_keeps_dying_is_restarted_without_its_leftovers_then_given_up(tmp_path):
+    """The supervision of scripts/stack with a stand-in for the `airflow` command (a real one
+    takes a minute to start each time): it leaves a child behind in its session, as a killed
+    scheduler leaves its LocalExecutor workers, and exits with 3."""
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "airflow").write_text('#!/bin/bash\nsleep 300 &\necho $! >> "$PWD/children"\nexit 3\n')
+    (venv_bin / "airflow").chmod(0o755)
+    stack = AirflowStack(tmp_path / "home", tmp_path, venv=tmp_path / "venv")
+    (stack.home / "logs").mkdir(parents=True)
+    stack._env = {"PATH": os.environ["PATH"]}
+    children = stack.home / "children"
+
+    def left_behind() -> list[int]:
+        pids = [int(p) for p in children.read_text().split()] if children.exists() else []
+        return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+    first = stack._spawn("scheduler")
+    try:
+        for restart in range(1, RESTART_LIMIT + 1):
+            stack.processes["scheduler"].wait(30)
+            while not left_behind():  # the child has written its pid
+                time.sleep(0.05)
+            old, leftovers = stack.processes["scheduler"].pid, left_behind()
+            (line,) = stack.restart_exited()
+            assert line == f"airflow scheduler (pid {old}) exited with 3; restarted it as pid {stack.processes['scheduler'].pid}"
+            alive = [p for p in leftovers if p in left_behind()]
+            assert not alive, "what the dead one left in its session was killed before the restart"
+        stack.processes["scheduler"].wait(30)
+        with pytest.raises(StackError, match=rf"airflow scheduler exited with 3, the {RESTART_LIMIT + 1}th time within 10 minutes; not restarting it again"):
+            stack.restart_exited()
+    finally:
+        stack.stop()
+    assert first.returncode == 3 and not left_behind(), "stop() ended the last one's leftovers too"
