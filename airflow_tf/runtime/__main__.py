@@ -3,7 +3,7 @@
 import os
 import sys
 
-from .task import main
+from .main import main
 
 code = main()
 sys.stdout.flush()

@@ -25,10 +25,11 @@ from airflow_tf.cluster.training import TrainingConfig
 from airflow_tf.data import make_dataset
 
 from .errors import ModelError, NonFiniteError, TaskConfigError
-from .hooks import NonFiniteLossHook, ProgressHook
+from .logs import log
 from .models import (build_model, check_checkpoint, checkpoint_weights, compute_loss, latest_checkpoint,
                      resolve_checkpoint, resolve_loss, weight_key)
-from .task import Task, log
+from .session_hooks import NonFiniteLossHook, ProgressHook
+from .task import Task
 from .training import KEEP_CHECKPOINTS, placement, recover_checkpoints, target_step
 
 OPTIMIZERS = {

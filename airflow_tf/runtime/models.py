@@ -21,9 +21,10 @@ import tensorflow as tf
 
 from airflow_tf.cluster.model_code import ModelCodeError, read_model_code
 from airflow_tf.cluster.training import BUILTIN_MODELS, TrainingConfig
+from airflow_tf.files import strip_file_scheme
 
 from .errors import ModelError
-from .task import log
+from .logs import log
 
 REGRESSION_LOSS = "mean_squared_error"
 CLASSIFICATION_LOSS = "sparse_categorical_crossentropy"
@@ -121,7 +122,7 @@ def _import_from_first(code_dir: str, module_name: str) -> None:
     """Put the run's code directory first on ``sys.path``; a copy of the model's top-level
     module imported from elsewhere before (the DAGs folder in an Airflow worker, another run's
     snapshot) is forgotten, so this run's code is what gets imported."""
-    directory = os.path.abspath(code_dir[len("file://"):] if code_dir.startswith("file://") else code_dir)
+    directory = os.path.abspath(strip_file_scheme(code_dir))
     if not os.path.isdir(directory):
         raise ModelError(
             f"model code directory {directory} does not exist: the launch copies the model's code into the run "

@@ -1,31 +1,18 @@
-"""One task of a training group: read TF_CONFIG, start the TensorFlow server, do the role's work.
-
-``ps`` serves variables until it is killed (TensorFlow has no remote shutdown, so stopping it is
-the orchestrator's job). ``chief``/``worker`` train. ``evaluator`` has nothing to do here:
-evaluation is a separate step of the pipeline, so it logs that and exits 0."""
+"""This task's place in the training group: its role and index from TF_CONFIG, and the
+TensorFlow session options that follow from them."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import sys
-import time
-import traceback
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
 from airflow_tf.cluster.training import TrainingConfig
 
-from .errors import ModelError, NonFiniteError, TaskConfigError, failure_reason
+from .errors import TaskConfigError
 
 TF_CONFIG = "TF_CONFIG"
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
-CONFIG_ERROR = 2
-"""Exit code of a task refused before it starts (bad options, TF_CONFIG, dataset or model):
-a program error, which the ``ExitCode`` restart policy does not retry."""
-TRAINING_FAILED = 1
-"""Exit code of a task whose training failed (a TensorFlow error, a NaN loss); not retried either."""
 GRPC_NO_RETRIES = "grpc.enable_retries=0"
 """gRPC channel option for every channel TensorFlow opens (``TF_GRPC_DEFAULT_OPTIONS``). gRPC's
 own retries re-send a RunGraph request the other task has already received; TensorFlow refuses
@@ -39,12 +26,6 @@ def grpc_default_options(current: str | None) -> str:
     if not current:
         return GRPC_NO_RETRIES
     return current if "grpc.enable_retries=" in current else f"{current},{GRPC_NO_RETRIES}"
-
-
-def log(message: str) -> None:
-    """One line of the task's log, flushed at once (the log is read while the task runs)."""
-    stamp = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    print(f"{stamp} {message}", flush=True)
 
 
 @dataclass(frozen=True)
@@ -138,87 +119,3 @@ def session_config(task: Task, config: TrainingConfig):
         if cpu_devices_needed(config.devices_per_worker):  # CPU towers (no GPUs): one device each
             proto.device_count["CPU"] = cpu_devices_needed(config.devices_per_worker)
     return proto
-
-
-def run(config: TrainingConfig, task: Task) -> int:
-    if task.type == "evaluator":
-        log("airflow-tf task evaluator: nothing to do here (the pipeline evaluates the final checkpoint); exiting")
-        return 0
-    schema = None
-    if task.type != "ps":
-        from airflow_tf.data import load_schema
-
-        schema = load_schema(config.dataset)  # refuses an unfinished dataset before TensorFlow starts
-    import tensorflow as tf
-
-    tf.get_logger().setLevel("ERROR")  # the compat.v1 APIs warn on every use; this log says what happens
-    if config.mode == "coordinator" and task.type == "chief":
-        from .coordinator import run_chief  # its strategy starts the chief's server
-
-        return log_exit(run_chief(config, task, schema))
-    server = tf.distribute.Server(
-        tf.train.ClusterSpec(task.cluster), job_name=task.type, task_index=task.index,
-        protocol="grpc", config=session_config(task, config), start=True,
-    )
-    if task.type == "ps" or config.mode == "coordinator":  # a coordinator's worker runs what the chief sends
-        log(f"airflow-tf task {task.type}:{task.index} serving at {server.target}; it runs until it is stopped")
-        # The server runs on its own threads. A SIGTERM may be delivered to any of them, and
-        # signal.pause() only wakes for the main thread's own signals: wake regularly instead,
-        # so Python runs the handler within a fraction of a second wherever the signal landed.
-        while True:
-            time.sleep(0.1)
-    from .training import train
-
-    return log_exit(train(config, task, server, schema))
-
-
-def log_exit(result: dict) -> int:
-    log("airflow-tf task exit " + " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
-                                           for k, v in result.items()))
-    return 0
-
-
-def log_exit_on_signal(task: Task) -> None:
-    """On SIGTERM/SIGINT, log the exit line, then die of the signal as before: the exit status
-    still says "killed by SIGTERM", so a restart policy treats it as the interruption it is."""
-
-    def handler(signum: int, frame) -> None:
-        log(f"airflow-tf task exit role={task.type} index={task.index} status=stopped "
-            f"signal={signal.Signals(signum).name}")
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, handler)
-
-
-def main(argv: list[str] | None = None) -> int:
-    try:
-        config = TrainingConfig.from_args(argv)
-        task = task_from_env()
-    except (ValueError, TaskConfigError) as exc:
-        print(f"airflow_tf.runtime: error: {exc}", file=sys.stderr, flush=True)
-        return CONFIG_ERROR
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ info and warnings drown the task log
-    os.environ["TF_GRPC_DEFAULT_OPTIONS"] = grpc_default_options(os.environ.get("TF_GRPC_DEFAULT_OPTIONS"))
-    log(f"airflow-tf task start role={task.type} index={task.index} pid={os.getpid()} "
-        f"cluster={json.dumps(task.cluster, sort_keys=True, separators=(',', ':'))}")
-    log_exit_on_signal(task)
-    from airflow_tf.data.errors import DataError
-
-    try:
-        return run(config, task)
-    except (DataError, ModelError, TaskConfigError) as exc:
-        message = " ".join(str(exc).split())
-        print(f"airflow_tf.runtime: error: {message}", file=sys.stderr, flush=True)
-        log(f"airflow-tf task exit role={task.type} index={task.index} status=refused reason={message!r}")
-        return CONFIG_ERROR
-    except Exception as exc:
-        # The traceback first and the cause last: the log's last line is what the backends
-        # report as the task's failure reason (a traceback ends in a frame of TensorFlow's).
-        if not isinstance(exc, NonFiniteError):
-            traceback.print_exc()
-            sys.stderr.flush()
-        log(f"airflow-tf task exit role={task.type} index={task.index} status=failed "
-            f"reason={failure_reason(exc)!r}")
-        return TRAINING_FAILED

@@ -20,10 +20,11 @@ from airflow_tf.cluster.training import TrainingConfig
 from airflow_tf.data import count_examples, make_dataset
 
 from .errors import ModelError, TaskConfigError
-from .hooks import FiniteSaver, NonFiniteLossHook, ProgressHook, StopAtTarget, SyncReplicasHook
+from .logs import log
 from .models import (build_model, check_checkpoint, compute_loss, latest_checkpoint, resolve_checkpoint,
                      resolve_loss, weight_key)
-from .task import Task, log, session_config
+from .session_hooks import FiniteSaver, NonFiniteLossHook, ProgressHook, StopAtTargetHook, SyncReplicasHook
+from .task import Task, session_config
 from .towers import tower_devices, towers_train_op
 
 STOP_GRACE_SECS = 0.5
@@ -249,7 +250,7 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
             f"trainers={trainers} shard={task.trainer_index}/{trainers} towers={len(devices)} target_step={target} "
             f"start={start if task.is_chief else 'from the chief'}")
 
-        stop = StopAtTarget(global_step, target)
+        stop = StopAtTargetHook(global_step, target)
         non_finite = NonFiniteLossHook(global_step, loss, config.on_nan)
         hooks = [stop]
         if config.sync:

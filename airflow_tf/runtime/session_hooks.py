@@ -1,40 +1,25 @@
-"""Session hooks of a training task: stopping at the target step, stopping or failing on a
+"""TensorFlow session hooks (``SessionRunHook``) of a training task: stopping at the target step, stopping or failing on a
 non-finite loss (and never checkpointing non-finite variables), and the chief's progress report
 (log lines, ``progress.json``, TensorBoard scalars)."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import tempfile
 import time
 
 import tensorflow as tf
 
 from airflow_tf.cluster.progress import format_progress
+from airflow_tf.files import write_json
 
 from .errors import NonFiniteError
-from .task import log
+from .logs import log
 
 PROGRESS_FILE = "progress.json"
 
 
-def write_json_atomic(path: str, data: dict) -> None:
-    """Readers of ``path`` see the previous report or this one, never a partial file."""
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".progress.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-class StopAtTarget(tf.compat.v1.train.SessionRunHook):
+class StopAtTargetHook(tf.compat.v1.train.SessionRunHook):
     """Stop when the global step reaches ``target``, including before the first step (a task
     restarted after the target was reached then does no extra step)."""
 
@@ -194,7 +179,7 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
             "loss": self.last_loss if self.last_loss is not None and math.isfinite(self.last_loss) else None,
             "done": done, "time": time.time(), **extra,
         }
-        write_json_atomic(os.path.join(self._run_dir, PROGRESS_FILE), report)
+        write_json(os.path.join(self._run_dir, PROGRESS_FILE), report, fsync=False)  # rewritten often
         self.summarize(step, now, flush=done)
 
     def summarize(self, step: int, now: float, flush: bool = False) -> None:

@@ -1,0 +1,19 @@
+"""The task's log lines: every runtime module logs through here (a leaf: it imports nothing of
+the runtime, so any module may use it)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+
+def log(message: str) -> None:
+    """One line of the task's log, flushed at once (the log is read while the task runs)."""
+    stamp = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    print(f"{stamp} {message}", flush=True)
+
+
+def log_exit(result: dict) -> int:
+    """The task's last line, ``airflow-tf task exit key=value ...`` (what the backends read); 0."""
+    log("airflow-tf task exit " + " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
+                                           for k, v in result.items()))
+    return 0

@@ -1,0 +1,105 @@
+"""The layering rules of docs/development.md hold: ``cluster/`` is pure, ``runtime/`` never
+imports Airflow, and the Airflow side loads no TensorFlow when Airflow imports it (a DAG file
+parsed by the scheduler must not pay TensorFlow's start-up, and the Airflow image need not carry it)."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "airflow_tf"
+TENSORFLOW = {"tensorflow", "keras", "tensorboard"}
+AIRFLOW_SIDE = ["operators", "sensors", "triggers", "backends", "data", "plugins", "task_groups.py", "storage.py"]
+
+
+def _modules(room: str) -> list[Path]:
+    path = PACKAGE / room
+    return [path] if path.suffix == ".py" else sorted(path.rglob("*.py"))
+
+
+def _imports(path: Path, top_level_only: bool = False) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in ``path``; with ``top_level_only``, only
+    those that run when the module is imported (not inside functions or ``if TYPE_CHECKING:``)."""
+    package = ".".join(path.relative_to(PACKAGE.parent).parent.parts)  # what a relative import starts from
+    found: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if top_level_only and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if top_level_only and isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.Import):
+                found.extend((child.lineno, alias.name) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    name = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    name = child.module or ""
+                found.append((child.lineno, name))
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+    return found
+
+
+def _violations(rooms: list[str], bad, top_level_only: bool = False) -> list[str]:
+    return [f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
+            for room in rooms for path in _modules(room)
+            for line, name in _imports(path, top_level_only) if bad(name)]
+
+
+def _root(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_cluster_imports_neither_airflow_nor_tensorflow_nor_another_room():
+    def bad(name: str) -> bool:
+        if _root(name) == "airflow_tf":
+            return not (name.startswith("airflow_tf.cluster") or name == "airflow_tf.files")
+        return _root(name) in {"airflow"} | TENSORFLOW
+
+    assert _violations(["cluster", "files.py"], bad) == []
+
+
+def test_files_helper_is_a_leaf():
+    assert _violations(["files.py"], lambda name: _root(name) in {"airflow", "airflow_tf"} | TENSORFLOW) == []
+
+
+def test_runtime_never_imports_airflow_and_only_cluster_data_and_files_of_the_project():
+    allowed = ("airflow_tf.runtime", "airflow_tf.cluster", "airflow_tf.data", "airflow_tf.files")
+
+    def bad(name: str) -> bool:
+        return _root(name) == "airflow" or (_root(name) == "airflow_tf" and not name.startswith(allowed))
+
+    assert _violations(["runtime"], bad) == []
+
+
+def test_airflow_side_modules_import_no_tensorflow_at_module_level():
+    assert _violations(AIRFLOW_SIDE, lambda name: _root(name) in TENSORFLOW, top_level_only=True) == []
+
+
+def test_importing_the_airflow_side_loads_no_tensorflow():
+    # Transitively too: what the scheduler imports to parse a DAG file must not load TensorFlow.
+    modules = ["airflow_tf.operators", "airflow_tf.sensors", "airflow_tf.triggers", "airflow_tf.backends.local",
+               "airflow_tf.backends.kubernetes", "airflow_tf.data", "airflow_tf.plugins", "airflow_tf.task_groups"]
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
+            + "print(sorted(m for m in sys.modules if m.split('.')[0] in %r))" % sorted(TENSORFLOW))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]", f"TensorFlow modules loaded: {result.stdout[:500]}"
+
+
+def test_runtime_modules_import_each_other_without_a_cycle():
+    # A cycle forces deferred imports that break when hoisted (``python -m airflow_tf.runtime``).
+    graph = {path.stem: {name.rpartition(".")[2] for _, name in _imports(path)
+                         if name.startswith("airflow_tf.runtime.")}
+             for path in _modules("runtime")}
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        raise AssertionError(f"runtime modules import each other in a cycle: {' -> '.join(exc.args[1])}") from None
