@@ -175,11 +175,11 @@ def test_where_the_system_refuses_a_namespace_the_group_runs_with_one_warning(lo
     LocalBackend().teardown(LocalBackend().find("exposed"))
 
 
-def test_remote_storage_with_isolation_is_refused(local_state_dir, linear_dataset, tmp_path):
+def test_remote_storage_with_isolation_is_refused(local_state_dir, tmp_path):
     from airflow_tf.cluster import TrainingConfig
 
-    spec = GroupSpec.for_training("remote", TrainingConfig(dataset=linear_dataset, run_dir="gs://bucket/runs/x",
-                                                                    steps=10))
+    config = TrainingConfig(dataset=str(tmp_path / "data"), run_dir="gs://bucket/runs/x", steps=10)
+    spec = GroupSpec.for_training("remote", config)
     with pytest.raises(BackendError, match="run directory 'gs://bucket/runs/x' is on remote storage.*isolate_network=False"):
         LocalBackend().launch(spec)
     assert not local_state_dir.exists() or os.listdir(local_state_dir) == []
