@@ -56,10 +56,6 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def _uid(obj: dict) -> str | None:
-    return (obj.get("metadata") or {}).get("uid")
-
-
 def _name(obj: dict) -> str:
     return obj["metadata"]["name"]
 

@@ -46,7 +46,6 @@ from jinja2.sandbox import SandboxedEnvironment
 from airflow_tf.cluster import GroupSpec, SpecError, cluster_def, label_value, task_name
 
 TEMPLATES = Path(__file__).with_name("templates")
-MIN_KUBERNETES_VERSION = "1.31"
 
 # Labels and annotations. The group/role labels find and count tasks; the annotations
 # carry what status() needs to judge the group without the spec.
@@ -61,7 +60,6 @@ REPLICAS = f"{PREFIX}/replicas"
 RESTART_POLICY = f"{PREFIX}/restart-policy"
 # Set by the Job controller on every pod of an Indexed Job (label since Kubernetes 1.28).
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
-JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 DEFAULT_SCHEDULE_TIMEOUT = 300.0
