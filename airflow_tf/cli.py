@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Callable
 
 from airflow_tf.cluster.training import add_training_arguments
+from airflow_tf.files import read_json
 
 
 def _print_json(data: Any) -> None:
@@ -161,7 +163,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 128 + signal.Signals[str(sig)].value
     except (SpecError, BackendError, ValueError) as err:  # includes a dataset without _SUCCESS
         raise SystemExit(f"airflow-tf run: {err}")
-    final = _read_json_file(os.path.join(run_dir, "progress.json")) or {}
+    final = _final_progress(run_dir) or {}
     if final.get("time", 0) < started_at:  # left by an earlier run in the same run dir
         final = result.status.progress or {}
     summary = {
@@ -177,12 +179,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.outcome.succeeded else 1
 
 
-def _read_json_file(path: str) -> Any:
+def _final_progress(run_dir: str) -> Any:
     """The chief's ``progress.json`` (final step, loss, checkpoint), or None."""
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (FileNotFoundError, ValueError):
+        return read_json(os.path.join(run_dir, "progress.json"), missing_ok=True)
+    except ValueError:  # not JSON: the summary then takes the last status's progress
         return None
 
 

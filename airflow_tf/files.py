@@ -75,10 +75,15 @@ def write_json(path: str | os.PathLike[str], data: Any, *, fsync: bool = True,
     return atomic_write_text(path, text, fsync=fsync)
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
-    """The JSON in ``path``; a file that is not JSON is an error naming it and what to do."""
+def read_json(path: str | os.PathLike[str], *, missing_ok: bool = False) -> Any:
+    """The JSON in ``path`` (None for a missing file with ``missing_ok``); a file that is not
+    JSON is an error naming it and what to do."""
     path = Path(path)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc}); delete or regenerate the file") from exc
