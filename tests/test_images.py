@@ -16,6 +16,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+import yaml
 from packaging.requirements import Requirement
 
 from airflow_tf.backends.kubernetes_manifests import DEFAULT_USER
@@ -94,9 +95,13 @@ def test_training_images_run_the_task_command_as_the_pod_user(image):
     assert "apache-airflow" not in installs
 
 
-def installed_extras(dockerfile: Path) -> set[str]:
-    """The extras of the project that the Dockerfile's pip install names ("/path[a,b]")."""
+def installed_extras(dockerfile: Path, build_args: dict[str, str] | None = None) -> set[str]:
+    """The extras of the project that the Dockerfile's pip install names ("/path[a,b]"), with
+    ``${ARG}`` taken from ``build_args`` or the ARG's default."""
+    args = dict(a.split("=", 1) for k, a in instructions(dockerfile) if k == "ARG" and "=" in a)
+    args.update(build_args or {})
     installs = " ".join(a for k, a in instructions(dockerfile) if k == "RUN")
+    installs = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), installs)
     found = re.findall(r"/airflow-tf\[([\w,-]+)\]", installs)
     assert len(found) == 1, f"{dockerfile}: one pip install of the project, found {found}"
     return set(found[0].split(","))
@@ -183,3 +188,13 @@ def test_the_training_image_install_needs_no_airflow(tmp_path):
     imported = subprocess.run([python, "-c", walk], cwd=cwd, env=env, capture_output=True, text=True)
     assert imported.returncode == 0, imported.stderr[-3000:]
     assert imported.stdout.strip().startswith(str(site)), "the package came from the fresh environment"
+
+
+def test_compose_builds_the_airflow_image_with_tensorflow_for_its_local_backend():
+    """docker-compose runs groups on the local backend inside the Airflow containers, so its
+    build of the Airflow image adds TensorFlow; the image's own default stays without it."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    build = compose["x-airflow-common"]["build"]
+    assert build["dockerfile"] == "images/airflow/Dockerfile"
+    extras = installed_extras(IMAGES["airflow"], build["args"])
+    assert {"airflow", "tensorflow"} <= extras
