@@ -71,7 +71,10 @@ def test_signed_in_user_sees_the_runs_loss_curve_in_tensorboard_and_signed_out_i
     screenshot.unlink(missing_ok=True)
     page.goto(f"{url}/dags/{DAG_ID}/runs/{run_id}/plugin/tensorboard")
     board = page.frame_locator("iframe")
-    board.get_by_text(name).first.wait_for()  # the view's run filter selects this run
+    board.get_by_text(name).first.wait_for()
+    # The view redirected to TensorBoard filtered to this DAG run's launch.
+    [frame] = [f for f in page.frames if "/tensorboard/" in f.url]
+    assert "runFilter=" in frame.url and name in unquote(frame.url).replace("\\", ""), frame.url
     # TensorBoard draws only the cards in view: the tag filter brings the loss card to the top.
     tag_filter = board.get_by_role("combobox", name="Filter tags (regex)")
     tag_filter.fill("^loss$")
