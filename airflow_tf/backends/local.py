@@ -22,7 +22,6 @@ its logs are copied to ``<run_dir>/logs/attempt-<N>/`` when the group ends or is
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import shutil
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Iterable
 
 from airflow_tf.cluster import GroupSpec, GroupStatus, Phase, TaskStatus
+from airflow_tf.files import atomic_open, is_local, read_json, strip_file_scheme, write_json
 
 from .base import BackendError, GroupRef, poll_watch
 
@@ -68,29 +68,6 @@ def default_state_dir() -> Path:
 
 
 # -- files and processes shared with the supervisor ----------------------------------------
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Readers see the old file or the new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def read_json(path: Path) -> Any:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
-
-
 def process_start_time(pid: int) -> int | None:
     """The kernel's start time of ``pid`` (clock ticks since boot), or None when it is gone
     or a zombie. With the pid it identifies a process even after the pid is reused."""
@@ -223,7 +200,7 @@ def archive_logs(path: Path) -> Path | None:
     """Copy the group's task and supervisor logs into its attempt's logs directory
     (``<run_dir>/logs/attempt-<N>/<group>-<role>-<index>.log``); each file is replaced whole."""
     group = GroupDir(path)
-    saved = read_json(group.spec) or {}
+    saved = read_json(group.spec, missing_ok=True) or {}
     target = saved.get("logs_dir")
     if not target:
         return None
@@ -233,12 +210,11 @@ def archive_logs(path: Path) -> Path | None:
         target.mkdir(parents=True, exist_ok=True)
         for source in [*sorted(group.logs.glob("*.log")), group.supervisor_log]:
             copy = target / f"{name}-{source.name}"
-            tmp = copy.with_name(f".{copy.name}.{os.getpid()}.tmp")
             try:
-                shutil.copyfile(source, tmp)
+                with open(source, "rb") as log_file, atomic_open(copy, "wb", fsync=False) as kept:
+                    shutil.copyfileobj(log_file, kept)
             except FileNotFoundError:  # no such log, or the group was deleted meanwhile (and archived)
                 continue
-            os.replace(tmp, copy)
     except OSError as err:
         log.warning("could not copy the logs of group %r to %s: %s", name, target, err)
     return target
@@ -246,9 +222,7 @@ def archive_logs(path: Path) -> Path | None:
 
 def _local_path(uri: str) -> Path | None:
     """A local directory from a path or ``file://`` URI; None for remote storage."""
-    if uri.startswith("file://"):
-        return Path(uri[len("file://"):])
-    return None if "://" in uri else Path(uri)
+    return Path(strip_file_scheme(uri)) if is_local(uri) else None
 
 
 def _signal_process(pid: int, start_time: int | None, signum: int, group: bool = False) -> None:
@@ -300,7 +274,7 @@ class LocalBackend:
 
     def find(self, name: str) -> GroupRef | None:
         group = self._dir(name)
-        saved = read_json(group.spec)
+        saved = read_json(group.spec, missing_ok=True)
         if saved is None:
             return None
         return self._ref(name, saved["spec"].get("success_policy", "AllWorkers"))
@@ -317,7 +291,7 @@ class LocalBackend:
         when that process exits, even by SIGKILL, the group is torn down."""
         spec.validate()
         group = self._dir(spec.name)
-        saved = read_json(group.spec)
+        saved = read_json(group.spec, missing_ok=True)
         if saved is not None and self._is_live(group, saved):
             return self._ref(spec.name, saved["spec"].get("success_policy", "AllWorkers"))
         _check_inputs(spec)
@@ -333,9 +307,9 @@ class LocalBackend:
                 (staging / sub).mkdir()
             previous = self._retire(group, staging) if saved is not None else 0
             attempt, logs_dir = _reserve_attempt(spec, previous + 1)
-            write_json_atomic(staging / "owner.json", owner)
-            write_json_atomic(staging / "spec.json", {"spec": spec.to_dict(), "launched_at": time.time(),
-                                                       "attempt": attempt, "logs_dir": logs_dir})
+            write_json(staging / "owner.json", owner, fsync=False, default=str)
+            write_json(staging / "spec.json", {"spec": spec.to_dict(), "launched_at": time.time(),
+                                                       "attempt": attempt, "logs_dir": logs_dir}, fsync=False, default=str)
             try:
                 os.rename(staging, group.path)
             except OSError as err:
@@ -355,17 +329,17 @@ class LocalBackend:
         ends or is torn down, whatever happens to that process."""
         group = self._dir(ref.name)
         if group.exists():
-            write_json_atomic(group.owner, None)
+            write_json(group.owner, None, fsync=False, default=str)
 
     def _is_live(self, group: GroupDir, saved: dict[str, Any]) -> bool:
         """Whether a group of this name is running (or still starting): re-attach to it."""
-        state = read_json(group.state)
+        state = read_json(group.state, missing_ok=True)
         if state is None:
             return time.time() - saved["launched_at"] <= NEVER_STARTED_AFTER
         sup = state["supervisor"]
         if sup["state"] != "running" or not is_running(sup["pid"], sup["start_time"]):
             return False
-        owner = read_json(group.owner)
+        owner = read_json(group.owner, missing_ok=True)
         if owner and not is_running(owner["pid"], owner["start_time"]):
             # Its launcher died before handing it over: the supervisor is stopping it now.
             self._wait_gone(sup["pid"], sup["start_time"], TEARDOWN_TIMEOUT)
@@ -381,9 +355,9 @@ class LocalBackend:
         except FileNotFoundError:
             return 0
         old = GroupDir(trash)
-        saved = read_json(old.spec) or {}
+        saved = read_json(old.spec, missing_ok=True) or {}
         attempt = int(saved.get("attempt", 1))
-        state = read_json(old.state) or {}
+        state = read_json(old.state, missing_ok=True) or {}
         stop_processes((p["pid"], p["start_time"]) for p in state.get("processes", {}).values())
         if archive_logs(trash) is None:
             kept = staging / "attempts" / str(attempt)
@@ -411,7 +385,7 @@ class LocalBackend:
         deadline = time.monotonic() + LAUNCH_TIMEOUT
         while started.returncode == 0 and not group.state.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
-        state = read_json(group.state)
+        state = read_json(group.state, missing_ok=True)
         if state is None:
             raise BackendError(
                 f"the supervisor of group {group.path.name!r} did not start; its log "
@@ -423,23 +397,23 @@ class LocalBackend:
 
     def logs_dir(self, ref: GroupRef) -> Path | None:
         """Where this attempt's logs are copied: ``<run_dir>/logs/attempt-<N>/`` (None without a run directory)."""
-        saved = read_json(self._dir(ref.name).spec) or {}
+        saved = read_json(self._dir(ref.name).spec, missing_ok=True) or {}
         return Path(saved["logs_dir"]) if saved.get("logs_dir") else None
 
     # -- status -----------------------------------------------------------------------------
     def status(self, ref: GroupRef) -> GroupStatus:
         group = self._dir(ref.name)
-        saved = read_json(group.spec)
+        saved = read_json(group.spec, missing_ok=True)
         if saved is None:
             return GroupStatus(name=ref.name, exists=False)
-        state = read_json(group.state)
+        state = read_json(group.state, missing_ok=True)
         if state is None:
             return self._not_started(ref.name, saved, group)
         if state["supervisor"]["state"] == "running" and not is_running(
             state["supervisor"]["pid"], state["supervisor"]["start_time"]
         ):
             # It may have written its final state and exited just now: read again.
-            state = read_json(group.state)
+            state = read_json(group.state, missing_ok=True)
             if state["supervisor"]["state"] == "running":
                 status = GroupStatus.from_dict(state["status"])
                 status.failure = status.failure or (
@@ -473,12 +447,12 @@ class LocalBackend:
 
     def processes(self, ref: GroupRef) -> dict[str, int]:
         """Pid of every running task by task name (``tf-x-worker-1``), e.g. to attach a profiler."""
-        state = read_json(self._dir(ref.name).state) or {}
+        state = read_json(self._dir(ref.name).state, missing_ok=True) or {}
         return {name: p["pid"] for name, p in state.get("processes", {}).items() if is_running(p["pid"], p["start_time"])}
 
     def supervisor_pid(self, ref: GroupRef) -> int | None:
         """Pid of the group's supervisor while it runs."""
-        state = read_json(self._dir(ref.name).state) or {}
+        state = read_json(self._dir(ref.name).state, missing_ok=True) or {}
         sup = state.get("supervisor")
         return sup["pid"] if sup and is_running(sup["pid"], sup["start_time"]) else None
 
@@ -500,8 +474,8 @@ class LocalBackend:
     def _wait_for_state(self, group: GroupDir) -> dict[str, Any] | None:
         """A launch in another process may not have its supervisor up yet: give it time."""
         deadline = time.monotonic() + LAUNCH_TIMEOUT
-        while (state := read_json(group.state)) is None and time.monotonic() < deadline:
-            saved = read_json(group.spec)
+        while (state := read_json(group.state, missing_ok=True)) is None and time.monotonic() < deadline:
+            saved = read_json(group.spec, missing_ok=True)
             if saved is None or time.time() - saved["launched_at"] > NEVER_STARTED_AFTER:
                 return None
             time.sleep(0.05)
@@ -513,18 +487,18 @@ class LocalBackend:
         if sup["state"] != "running" or not is_running(sup["pid"], sup["start_time"]):
             return None
         request = uuid.uuid4().hex
-        write_json_atomic(group.requests / f"{request}.json", {"roles": roles})
+        write_json(group.requests / f"{request}.json", {"roles": roles}, fsync=False, default=str)
         _signal_process(sup["pid"], sup["start_time"], signal.SIGUSR1)
         answer_path = group.requests / f"{request}.done"
         deadline = time.monotonic() + TEARDOWN_TIMEOUT
         while time.monotonic() < deadline:
-            answer = read_json(answer_path)
+            answer = read_json(answer_path, missing_ok=True)
             if answer is not None:
                 if roles is None:
                     self._wait_gone(sup["pid"], sup["start_time"])
                 return answer["deleted"]
             if not is_running(sup["pid"], sup["start_time"]):
-                return read_json(answer_path)["deleted"] if answer_path.exists() else None
+                return read_json(answer_path, missing_ok=True)["deleted"] if answer_path.exists() else None
             time.sleep(0.01)
         # A supervisor that does not answer is stuck: kill it (its tasks die with it).
         _signal_process(sup["pid"], sup["start_time"], signal.SIGKILL)
@@ -541,7 +515,7 @@ class LocalBackend:
     def _stop_without_supervisor(self, group: GroupDir, roles: list[str] | None) -> list[str]:
         """The supervisor is gone: stop any task it left (there should be none, its tasks
         die with it) and record the deletion ourselves; nobody else writes the state now."""
-        state = read_json(group.state)
+        state = read_json(group.state, missing_ok=True)
         if state is None:
             return []
         status = GroupStatus.from_dict(state["status"])
@@ -552,7 +526,7 @@ class LocalBackend:
             status.tasks = [t for t in status.tasks if t not in chosen]
             state["status"] = status.to_dict()
             state["processes"] = {n: p for n, p in procs.items() if n not in {t.name for t in chosen}}
-            write_json_atomic(group.state, state)
+            write_json(group.state, state, fsync=False, default=str)
         return [t.name for t in chosen]
 
     def _remove(self, group: GroupDir) -> None:

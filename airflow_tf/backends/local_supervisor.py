@@ -31,10 +31,10 @@ from airflow_tf.cluster import (
     task_name, tf_config_json,
 )
 from airflow_tf.cluster.progress import describe, parse_progress
+from airflow_tf.files import read_json, write_json
 
 from .local import (
-    STATE_DIR_ENV, STOP_GRACE, GroupDir, archive_logs, is_running, process_start_time, read_json, tail_text,
-    write_json_atomic,
+    STATE_DIR_ENV, STOP_GRACE, GroupDir, archive_logs, is_running, process_start_time, tail_text,
 )
 
 TICK = 0.25
@@ -151,7 +151,7 @@ class Task:
 class Supervisor:
     def __init__(self, group: GroupDir) -> None:
         self.group = group
-        saved = read_json(group.spec)
+        saved = read_json(group.spec, missing_ok=True)
         self.spec = GroupSpec.from_dict(saved["spec"])
         self.isolation: dict[str, Any] = {"network": "shared", "warning": None}
         self.done_at: float | None = None
@@ -322,10 +322,10 @@ class Supervisor:
 
     def check_owner(self) -> None:
         """Until the group is handed over (``owner.json`` null), it ends with its launcher."""
-        owner = read_json(self.group.owner)
+        owner = read_json(self.group.owner, missing_ok=True)
         if not owner or not self.running or is_running(owner["pid"], owner["start_time"]):
             return
-        if read_json(self.group.owner) == owner:  # not handed over just before the owner exited
+        if read_json(self.group.owner, missing_ok=True) == owner:  # not handed over just before the owner exited
             self.shutdown(f"the launching process (pid {owner['pid']}) exited before handing the group over, "
                           "so its group was stopped")
 
@@ -393,7 +393,7 @@ class Supervisor:
             answer = path.with_suffix(".done")
             if answer.exists():
                 continue
-            roles = read_json(path)["roles"]
+            roles = read_json(path, missing_ok=True)["roles"]
             chosen = [t for t in self.tasks if not t.deleted and (roles is None or t.role in roles)]
             self.stop(chosen)
             for t in chosen:
@@ -401,7 +401,7 @@ class Supervisor:
             if roles is None:
                 self.running = False
             self.write_state()
-            write_json_atomic(answer, {"deleted": [t.name for t in chosen]})
+            write_json(answer, {"deleted": [t.name for t in chosen]}, fsync=False, default=str)
 
     def read_progress(self) -> None:
         path = self.group.log(self.chief.role, self.chief.index)
@@ -436,7 +436,7 @@ class Supervisor:
             "isolation": self.isolation,
         }
         if state != self.last_written:
-            write_json_atomic(self.group.state, state)
+            write_json(self.group.state, state, fsync=False, default=str)
             self.last_written = state
 
 

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from airflow_tf.cluster import GroupSpec, GroupStatus, Outcome, evaluate
 from airflow_tf.cluster.progress import describe as describe_progress
+from airflow_tf.files import atomic_write_text
 
 from .base import Backend, GroupRef
 
@@ -84,10 +85,7 @@ def save_logs(backend: Backend, ref: GroupRef, spec: GroupSpec, directory: str |
     for role, index in spec.tasks():
         text = backend.logs(ref, role, index)
         if text:
-            target = directory / f"{ref.name}-{role}-{index}.log"
-            tmp = target.with_name(f".{target.name}.tmp")
-            tmp.write_text(text)
-            os.replace(tmp, target)
+            atomic_write_text(directory / f"{ref.name}-{role}-{index}.log", text, fsync=False)
     return directory
 
 

@@ -17,10 +17,11 @@ import textwrap
 import pytest
 from processes import can_connect, environ_of, external_address
 
-from airflow_tf.backends.local import LocalBackend, read_json, task_environment
+from airflow_tf.backends.local import LocalBackend, task_environment
 from airflow_tf.backends.wait import completion_event, wait_for_group
 from airflow_tf.cluster import GroupSpec, Phase, RoleSpec
 from airflow_tf.backends import BackendError
+from airflow_tf.files import read_json
 
 
 def program(code: str) -> list[str]:
@@ -64,7 +65,7 @@ def group(name: str, worker: list[str], ps: list[str] = SERVE_FOREVER, workers: 
 
 
 def state_of(state_dir, name: str) -> dict:
-    return read_json(state_dir / name / "state.json")
+    return read_json(state_dir / name / "state.json", missing_ok=True)
 
 
 # -- isolation ------------------------------------------------------------------------------
@@ -267,7 +268,7 @@ def test_a_launch_killed_before_hand_over_takes_its_group_with_it_and_the_next_l
         assert backend.supervisor_pid(again) not in (None, first_supervisor)
         wait_until(lambda: len(backend.processes(again)) == 3, what="the new attempt's tasks")
         assert backend.status(again).failure is None
-        saved = read_json(local_state_dir / "tied" / "spec.json")
+        saved = read_json(local_state_dir / "tied" / "spec.json", missing_ok=True)
         assert saved["attempt"] == 2
         kept = local_state_dir / "tied" / "attempts" / "1"
         assert (kept / "worker-0.log").read_text() == "attempt 1 was here\n", "the dead attempt's logs are kept"
