@@ -18,6 +18,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from airflow_tf.files import strip_file_scheme
+
 from .errors import InputDataError, SchemaError
 from .schema import FeatureSpec, Schema
 
@@ -55,9 +57,7 @@ def resolve_inputs(inputs: str | os.PathLike | Sequence[str | os.PathLike]) -> l
         raise InputDataError("no input given; pass a file, a directory or a glob such as 'data/*.csv'")
     files: list[Path] = []
     for item in items:
-        text = os.fspath(item)
-        if text.startswith("file://"):
-            text = text[len("file://"):]
+        text = strip_file_scheme(item)
         if any(ch in text for ch in "*?["):
             matches = sorted(globlib.glob(text, recursive=True))
             matched = [Path(m) for m in matches if Path(m).is_file()]

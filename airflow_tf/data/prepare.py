@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import math
 import os
 import shutil
@@ -26,6 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from ..cluster.names import path_component
+from ..files import strip_file_scheme, write_json
 from .encode import encode_examples, record_lengths
 from .errors import DataError, DatasetExistsError, InputDataError, SchemaError
 from .inputs import Table, read_table
@@ -267,16 +267,6 @@ def write_splits(table: Table, splits: dict[str, np.ndarray], counts: dict[str, 
     return manifest
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON atomically (temporary name, fsync, rename)."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-
-
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -420,7 +410,7 @@ def prepare_dataset(
     if not name or not str(name).strip():
         raise DataError("a dataset name is required")
     declared = Schema.coerce(schema) if schema is not None else None
-    root = Path(os.fspath(output).removeprefix("file://")) / path_component(str(name))
+    root = Path(strip_file_scheme(output)) / path_component(str(name))
     version_name = _version_name(version, root)
     final = root / version_name
     if version is not None and final.exists() and not overwrite:
@@ -460,7 +450,7 @@ def prepare_dataset(
             table, splits, counts, temporary, compression, int(workers or os.cpu_count() or 1), record_bytes,
             report=lambda done: reporter("write", done, total, done, done == total),
         )
-        _write_json(temporary / SCHEMA_FILE, table.schema.to_dict())
+        write_json(temporary / SCHEMA_FILE, table.schema.to_dict())
         manifest = {
             "format_version": FORMAT_VERSION,
             "name": str(name),
@@ -474,7 +464,7 @@ def prepare_dataset(
 
         def write_marker(committed_as: str) -> None:  # last: marks the dataset complete
             manifest["version"] = committed_as
-            _write_json(temporary / SUCCESS_FILE, manifest)
+            write_json(temporary / SUCCESS_FILE, manifest)
             _fsync_dir(temporary)
 
         if version is None:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from airflow_tf.files import atomic_open
+
 
 def write_linear_regression_csv(path: str | os.PathLike, rows: int = 1000, seed: int = 0,
                                 noise: float = 0.33) -> Path:
@@ -20,10 +22,7 @@ def write_linear_regression_csv(path: str | os.PathLike, rows: int = 1000, seed:
     x = rng.uniform(-1.0, 1.0, size=int(rows))
     y = 2.0 * x + 10.0 + rng.standard_normal(int(rows)) * noise
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(temporary, "w", encoding="utf-8") as handle:
+    with atomic_open(path, "w", fsync=False) as handle:
         handle.write("x,y\n")
         np.savetxt(handle, np.column_stack([x, y]), fmt="%.9g", delimiter=",")
-    os.replace(temporary, path)
     return path

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from airflow_tf.files import local_path
+
 from .errors import DatasetNotReadyError, SchemaError
 
 FORMAT_VERSION = 1
@@ -176,15 +178,10 @@ class Schema:
 
 def dataset_path(dataset_uri: str | os.PathLike) -> Path:
     """The local directory of a dataset version (``file://`` accepted)."""
-    text = os.fspath(dataset_uri)
-    if text.startswith("file://"):
-        text = text[len("file://"):]
-    elif "://" in text:
-        raise DatasetNotReadyError(
-            f"dataset URI {text!r}: only local paths and file:// URIs are supported; "
-            "mount the storage and pass its local path"
-        )
-    return Path(text)
+    try:
+        return local_path(dataset_uri, "dataset URI")
+    except ValueError as exc:
+        raise DatasetNotReadyError(str(exc)) from None
 
 
 def read_manifest(dataset_uri: str | os.PathLike) -> dict[str, Any]:
