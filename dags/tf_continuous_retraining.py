@@ -118,7 +118,7 @@ with DAG(
         """Points <storage>/deployed/<model>.json at the new version (a stand-in for telling a
         model server to load it); run by hand, it deploys the latest export."""
         from airflow_tf.serving import latest_export
-        from airflow_tf.serving.files import write_json
+        from airflow_tf.files import write_json
         from airflow_tf.storage import models_dir, storage_root
 
         events = [e for es in (triggering_asset_events or {}).values() for e in es]

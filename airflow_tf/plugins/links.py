@@ -13,6 +13,7 @@ from urllib.parse import quote
 from airflow.sdk import BaseOperatorLink
 
 from airflow_tf.cluster.results import LaunchResult
+from airflow_tf.files import strip_file_scheme
 from airflow_tf.storage import runs_dir
 
 URL_PREFIX = "/tensorboard"
@@ -23,7 +24,7 @@ def run_name(run_dir: str, runs: str | None = None) -> str | None:
     """TensorBoard's name of the run in ``run_dir`` (its path below ``runs/``), or None when the
     run directory lies outside the storage's ``runs/`` (TensorBoard does not see it)."""
     runs = os.path.normpath(runs or runs_dir())
-    path = os.path.normpath(run_dir.removeprefix("file://"))
+    path = os.path.normpath(strip_file_scheme(run_dir))
     if os.path.commonpath([runs, path]) != runs or path == runs:
         return None
     return os.path.relpath(path, runs).replace(os.sep, "/")
