@@ -27,7 +27,6 @@ CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".tsv")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 NPZ_SUFFIXES = (".npz",)
 SUPPORTED = CSV_SUFFIXES + PARQUET_SUFFIXES + NPZ_SUFFIXES
-_F32_MAX = float(np.finfo(np.float32).max)
 _CSV_BLOCK = 1 << 20  # pyarrow widens a column's type when a later block needs it
 _NAN_HINT = ("pass allow_nan=True (CLI: --allow-nan), or set \"allow_nan\": true for this "
              "feature in the declared schema, if NaN/infinity are meaningful values")

@@ -20,7 +20,6 @@ FORMAT_VERSION = 1
 DTYPES = ("int64", "float32", "string")
 SCHEMA_FILE = "schema.json"
 SUCCESS_FILE = "_SUCCESS"
-SPLITS = ("train", "eval")
 
 
 @dataclass(frozen=True)
@@ -132,9 +131,6 @@ class Schema:
             "features": [f.to_dict() for f in self.features],
             "label": self.label_name,
         }
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "schema") -> "Schema":
