@@ -285,6 +285,10 @@ class KubernetesBackend:
             log.info("training group %s already exists in namespace %s; re-attached", spec.name, namespace)
         return self._ref(spec.name, spec.success_policy, task_template=root_body["spec"]["template"])
 
+    def hand_over(self, ref: GroupRef) -> None:
+        """Nothing to untie: the group's lifetime is bounded by Kubernetes itself (the root
+        Job's TTL and the parameter servers' deadline), not by the launching process."""
+
     def find(self, name: str) -> GroupRef | None:
         jobs = self._list("jobs", self.namespace, group_selector(name))
         roots = [j for j in jobs if (j["metadata"].get("annotations") or {}).get(ROOT_ANNOTATION) == "true"]

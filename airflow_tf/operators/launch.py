@@ -10,6 +10,7 @@ from airflow.sdk import BaseOperator
 from airflow_tf.backends import BackendError, GroupRef, backend_for, get_backend
 from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name, label_value
 from airflow_tf.cluster.results import LaunchResult
+from airflow_tf.cluster.model_code import snapshot_model_code
 from airflow_tf.cluster.training import dataset_uri_of
 from airflow_tf.plugins.links import TensorBoardLink
 from airflow_tf.storage import runs_dir
@@ -175,8 +176,7 @@ class LaunchTFClusterOperator(BaseOperator):
 
     def build_spec(self, context: Any) -> GroupSpec:
         ti = context["ti"]
-        map_index = getattr(ti, "map_index", -1)
-        map_index = -1 if map_index is None else int(map_index)
+        map_index = _map_index(ti)
         name = self.group_name or group_name(ti.dag_id, ti.task_id, ti.run_id, map_index)
         run_dir = self.run_dir or os.path.join(runs_dir(), name)
         config = TrainingConfig(dataset=dataset_uri_of(self.dataset), run_dir=run_dir,
@@ -199,11 +199,7 @@ class LaunchTFClusterOperator(BaseOperator):
     def _with_model_code(self, config: TrainingConfig) -> TrainingConfig:
         """Snapshots the model's module into the run directory (when it is not an installed
         package), so every task, the evaluation and the export import that code first."""
-        try:
-            from airflow_tf.cluster import model_code
-        except ImportError:  # the snapshot is not part of this version
-            return config
-        snapshot = model_code.snapshot_model_code(config.model, config.run_dir)
+        snapshot = snapshot_model_code(config.model, config.run_dir)
         if snapshot is None:
             return config
         path, digest = snapshot
@@ -230,18 +226,14 @@ class LaunchTFClusterOperator(BaseOperator):
         assert spec.training is not None
         if spec.training.warm_start_from:
             self.log.info("warm start: the model begins from checkpoint %s", spec.training.warm_start_from)
-        map_index = getattr(context["ti"], "map_index", -1)
         result = LaunchResult(
             group=ref.to_dict(), run_dir=spec.training.run_dir, dataset=spec.training.dataset,
             training=spec.training.to_dict(), reattached=existing is not None,
-            map_index=-1 if map_index is None else int(map_index), code_hash=self._code_hash,
+            map_index=_map_index(context["ti"]), code_hash=self._code_hash,
         ).to_dict()
         # Last: until the group is handed over, a launch killed now (before its XCom exists)
-        # takes its group down with it instead of leaving it running unreferenced. A backend
-        # with nothing to untie (kubernetes) need not define it.
-        hand_over = getattr(backend, "hand_over", None)
-        if hand_over is not None:
-            hand_over(ref)
+        # takes its group down with it instead of leaving it running unreferenced.
+        backend.hand_over(ref)
         return result
 
     def on_kill(self) -> None:
@@ -253,3 +245,9 @@ class LaunchTFClusterOperator(BaseOperator):
                 self.log.warning("launch killed: could not tear down group %s: %s", ref.name, exc)
                 return
             self.log.info("launch killed: tore down group %s", ref.name)
+
+
+def _map_index(ti: Any) -> int:
+    """The task instance's map index; -1 when the task is not mapped."""
+    map_index = getattr(ti, "map_index", -1)
+    return -1 if map_index is None else int(map_index)
