@@ -194,12 +194,15 @@ def assess(group: str, jobs: list[dict], pods: list[dict], now: dt.datetime, *,
                 task.phase, task.exit_code, task.reason = Phase.FAILED, oom.exit_code, oom.reason
             if task.phase is Phase.FAILED and not task.reason and task.exit_code is not None:
                 # A plain failed attempt: the Job controller's verdict decides.
+                exited = describe_exit(task.exit_code)
+                if line := _last_log_line(pod):
+                    exited += f"; last log line: {line}"
                 if failed_job or index in failed_indexes:
                     why = _job_failure(job, failed_job) if failed_job else "its restarts are spent (backoffLimitPerIndex)"
-                    task.reason = f"{describe_exit(task.exit_code)}: {why}"
+                    task.reason = f"{exited}: {why}"
                 else:
                     task.phase = Phase.RESTARTING
-                    task.reason = f"{describe_exit(task.exit_code)}; Kubernetes restarts it (Job {name})"
+                    task.reason = f"{exited}; Kubernetes restarts it (Job {name})"
             elif task.phase is Phase.FAILED and task.reason and task.reason.startswith(("Evicted", "Preempted")) \
                     and not failed_job and index not in failed_indexes:
                 task.phase = Phase.RESTARTING  # a disruption: not counted, the pod is replaced
@@ -212,6 +215,15 @@ def assess(group: str, jobs: list[dict], pods: list[dict], now: dt.datetime, *,
     # The task that failed comes before those stopped because of it: it is the reason.
     tasks.sort(key=lambda t: (t.name in stopped, t.role, t.index))
     return GroupStatus(name=group, tasks=tasks, failure=failure, progress=progress)
+
+
+def _last_log_line(pod: dict) -> str | None:
+    """The last line of a terminated container's message: with terminationMessagePolicy
+    FallbackToLogsOnError the kubelet puts the end of a failed container's log there."""
+    kind, state = _container_state(pod)
+    lines = [line.strip() for line in str(state.get("message") or "").splitlines() if line.strip()] \
+        if kind == "terminated" else []
+    return lines[-1][:500] if lines else None
 
 
 def _job_failure(job: dict, condition: dict | None) -> str:

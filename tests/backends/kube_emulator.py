@@ -400,8 +400,15 @@ class KubeEmulator:
 
     def _terminate(self, namespace: str, name: str, phase: str, exit_code: int, reason: str, **pod_fields: Any) -> None:
         with self._lock:
-            c = self._container(namespace, name, {"terminated": {
-                "exitCode": exit_code, "reason": reason, "startedAt": _iso(5), "finishedAt": _now()}})
+            terminated = {"exitCode": exit_code, "reason": reason, "startedAt": _iso(5), "finishedAt": _now()}
+            container = self._objects[("pods", namespace, name)]["spec"]["containers"][0]
+            if exit_code and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+                # The kubelet's rule: a failed container without a termination-log file gets
+                # the end of its log (at most 80 lines, 2048 bytes) as its message.
+                tail = "\n".join(self._logs.get((namespace, name), "").splitlines()[-80:])
+                if tail:
+                    terminated["message"] = tail.encode()[-2048:].decode(errors="ignore")
+            c = self._container(namespace, name, {"terminated": terminated})
             self.set_pod_status(namespace, name, {"phase": phase, "containerStatuses": [c], **pod_fields})
 
     def succeed(self, namespace: str, name: str) -> None:

@@ -273,17 +273,20 @@ def test_a_user_error_fails_the_group_at_once_with_its_reason(emulator, backend)
     ref = backend.launch(make_spec(backoff_limit=5))
     emulator.run(NS, pod(emulator, "worker", 0))
     failing = pod(emulator, "worker", 1)
-    emulator.set_log(NS, failing, "model refused: expected a Keras model\n")
+    log_text = "Traceback (most recent call last):\n  ...\nmodel refused: expected a Keras model\n"
+    emulator.set_log(NS, failing, log_text)
     emulator.fail(NS, failing, exit_code=2)  # the runtime's CONFIG_ERROR: no restart would help
     outcome = evaluate(backend.status(ref))
     assert outcome.done and not outcome.succeeded
     assert outcome.failed_task.name == "tf-mnist-worker-1"
     assert "exit code 2" in outcome.reason and "podFailurePolicy" in outcome.reason
+    # The cause, carried by the pod's status (terminationMessagePolicy), not a traceback frame.
+    assert "last log line: model refused: expected a Keras model" in outcome.reason
     worker_job = emulator.get("jobs", NS, "tf-mnist-worker")
     assert worker_job["status"]["conditions"][-1]["reason"] == "PodFailurePolicy"
     assert [p for p in emulator.objects("pods", NS, f"{ROLE_LABEL}=worker") if p["status"]["phase"] == "Running"] == [], \
         "Kubernetes stopped the other worker"
-    assert backend.logs(ref, "worker", 1) == "model refused: expected a Keras model\n"
+    assert backend.logs(ref, "worker", 1) == log_text
 
 
 def test_watch_sees_a_parameter_server_replaced_after_eviction_and_the_group_goes_on(emulator, backend):

@@ -310,6 +310,30 @@ class ScriptStack:
                 found[cmdline[-1]] = child
         return found
 
+    def wait_for_component(self, name: str, pid: int, timeout: float) -> psutil.Process:
+        """The component ``name`` once it runs as ``pid``; fails with the stack's children and the
+        end of the component's log if it does not within ``timeout`` (e.g. it died at start)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.components().get(name)
+            if found is not None and found.pid == pid:
+                return found
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        children = []
+        for child in psutil.Process(self.process.pid).children():
+            try:
+                children.append(f"{child.pid} {child.status()}: {' '.join(child.cmdline())[:160]}")
+            except psutil.Error as exc:
+                children.append(f"{child.pid}: {exc!r}")
+        log = self.home / "logs" / f"{name}.log"
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log.exists() else "(no log)"
+        raise AssertionError(
+            f"airflow {name} is not running as pid {pid} after {timeout:.0f}s; scripts/stack's children:\n"
+            + "\n".join(children) + f"\nthe end of {log}:\n{tail}"
+        )
+
     def processes(self) -> list[psutil.Process]:
         """Every live process of this stack: the components and all they forked, and the database."""
         members = session_members({p.pid for p in self.components().values()})
