@@ -50,14 +50,16 @@ class StopAtTargetHook(tf.compat.v1.train.SessionRunHook):
 
 
 class NonFiniteLossHook(tf.compat.v1.train.SessionRunHook):
-    """Checks every step's loss. A NaN/inf loss fails the task (``on_nan="fail"``) or stops it
-    (``"stop"``). Placed before the checkpoint saver, whose save of that step then never runs;
-    :class:`FiniteSaver` refuses the non-finite variables themselves."""
+    """Checks every step's loss. A NaN/inf loss fails the task (``on_nan="fail"``: raised before
+    the checkpoint saver's turn, so nothing more is saved) or stops it (``"stop"``: the saver then
+    writes nothing more, not even the final save, since weights can still be finite while the
+    loss is not). :class:`FiniteSaver` also refuses non-finite variables themselves."""
 
-    def __init__(self, global_step, loss, on_nan: str):
+    def __init__(self, global_step, loss, on_nan: str, saver: "FiniteSaver | None" = None):
         self._global_step = global_step
         self._loss = loss
         self._on_nan = on_nan
+        self._saver = saver
         self.stopped: str | None = None
         """Why the task stopped early (``on_nan="stop"``), or None."""
 
@@ -74,6 +76,8 @@ class NonFiniteLossHook(tf.compat.v1.train.SessionRunHook):
             raise NonFiniteError(reason)
         self.stopped = reason
         log(f"airflow-tf {reason}: stopping (on_nan=stop); the last finite checkpoint is kept")
+        if self._saver is not None:
+            self._saver.stop_saving(reason)
         run_context.request_stop()
 
 
@@ -85,11 +89,19 @@ class FiniteSaver(tf.compat.v1.train.Saver):
     def __init__(self, var_list: dict, on_nan: str, **kwargs):
         super().__init__(var_list=var_list, **kwargs)
         self._on_nan = on_nan
+        self._stopped: str | None = None
         floats = [v for v in var_list.values() if v.dtype.base_dtype.is_floating]
         self._all_finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in floats])
                                          if floats else tf.constant([True]))
 
+    def stop_saving(self, reason: str) -> None:
+        """No more checkpoints from now on: the training diverged (``reason``)."""
+        self._stopped = reason
+
     def save(self, sess, save_path, global_step=None, *args, **kwargs):
+        if self._stopped:
+            log(f"airflow-tf not checkpointed: {self._stopped} (on_nan=stop)")
+            return None
         if not sess.run(self._all_finite):
             step = int(sess.run(global_step)) if tf.is_tensor(global_step) else global_step
             reason = f"variables became NaN/inf at global step {step} (the loss diverged); not checkpointed"

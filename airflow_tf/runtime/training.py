@@ -251,7 +251,7 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
             f"start={start if task.is_chief else 'from the chief'}")
 
         stop = StopAtTargetHook(global_step, target)
-        non_finite = NonFiniteLossHook(global_step, loss, config.on_nan)
+        non_finite = NonFiniteLossHook(global_step, loss, config.on_nan, saver)
         hooks = [stop]
         if config.sync:
             hooks.append(SyncReplicasHook(optimizer, task.is_chief))
