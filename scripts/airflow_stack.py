@@ -66,7 +66,7 @@ class AirflowStack:
         database: str = "auto",
         postgres_dir: Path | None = None,
         env: dict[str, str] | None = None,
-        venv: Path = ROOT / ".venv",
+        venv: Path = Path(sys.prefix),  # the environment running this (.venv, or CI's others)
     ) -> None:
         if database not in ("auto", "postgres", "sqlite"):
             raise StackError(f"database: {database!r} is not one of auto, postgres, sqlite")
