@@ -14,11 +14,12 @@ from .errors import TaskConfigError
 TF_CONFIG = "TF_CONFIG"
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 GRPC_NO_RETRIES = "grpc.enable_retries=0"
-"""gRPC channel option for every channel TensorFlow opens (``TF_GRPC_DEFAULT_OPTIONS``). gRPC's
-own retries re-send a RunGraph request the other task has already received; TensorFlow refuses
-the copy ("The same RunGraph (Worker) request was received twice") and the step then fails or
-waits for ever for the first one's reply (seen in long runs under load). Without them a broken
-call fails as UnavailableError, which the session recovers from."""
+"""gRPC channel option for every channel TensorFlow opens (``TF_GRPC_DEFAULT_OPTIONS``). A
+RunGraph request that reaches a task twice is refused as a copy ("The same RunGraph (Worker)
+request was received twice") and the step then fails or waits for ever for the first one's
+reply (seen in long runs). gRPC's own retries can send such a copy; without them a broken call
+fails as UnavailableError, which the session recovers from. The hang still occurred once in 15
+stress runs without them (docs/faults.md), so the operation timeout stays the safety net."""
 
 
 def grpc_default_options(current: str | None) -> str:
