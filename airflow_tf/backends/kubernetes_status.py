@@ -17,7 +17,7 @@ import datetime as dt
 import json
 from typing import Any
 
-from airflow_tf.cluster import GroupStatus, Phase, TaskStatus, describe_exit, task_name
+from airflow_tf.cluster import GroupStatus, Phase, TaskStatus, describe_exit, describe_failure, task_name
 
 from .kubernetes_manifests import (
     DEFAULT_SCHEDULE_TIMEOUT, INDEX_LABEL, KUEUE_QUEUE_LABEL, REPLICAS, ROLE_LABEL, ROOT_ANNOTATION, SCHEDULE_TIMEOUT,
@@ -194,9 +194,9 @@ def assess(group: str, jobs: list[dict], pods: list[dict], now: dt.datetime, *,
                 task.phase, task.exit_code, task.reason = Phase.FAILED, oom.exit_code, oom.reason
             if task.phase is Phase.FAILED and not task.reason and task.exit_code is not None:
                 # A plain failed attempt: the Job controller's verdict decides.
-                exited = describe_exit(task.exit_code)
-                if line := _last_log_line(pod):
-                    exited += f"; last log line: {line}"
+                # With terminationMessagePolicy FallbackToLogsOnError the kubelet puts the end
+                # of a failed container's log into its terminated state's message.
+                exited = describe_failure(task.exit_code, _container_state(pod)[1].get("message"))
                 if failed_job or index in failed_indexes:
                     why = _job_failure(job, failed_job) if failed_job else "its restarts are spent (backoffLimitPerIndex)"
                     task.reason = f"{exited}: {why}"
@@ -215,15 +215,6 @@ def assess(group: str, jobs: list[dict], pods: list[dict], now: dt.datetime, *,
     # The task that failed comes before those stopped because of it: it is the reason.
     tasks.sort(key=lambda t: (t.name in stopped, t.role, t.index))
     return GroupStatus(name=group, tasks=tasks, failure=failure, progress=progress)
-
-
-def _last_log_line(pod: dict) -> str | None:
-    """The last line of a terminated container's message: with terminationMessagePolicy
-    FallbackToLogsOnError the kubelet puts the end of a failed container's log there."""
-    kind, state = _container_state(pod)
-    lines = [line.strip() for line in str(state.get("message") or "").splitlines() if line.strip()] \
-        if kind == "terminated" else []
-    return lines[-1][:500] if lines else None
 
 
 def _job_failure(job: dict, condition: dict | None) -> str:

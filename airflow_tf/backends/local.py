@@ -68,6 +68,12 @@ def default_state_dir() -> Path:
 
 
 # -- files and processes shared with the supervisor ----------------------------------------
+def write_group_file(path: Path, data: Any) -> None:
+    """A group file (spec, owner, state, answers), replaced whole so readers never see half of
+    one; not fsynced: it describes live processes and means nothing after a reboot."""
+    write_json(path, data, fsync=False, default=str)
+
+
 def process_start_time(pid: int) -> int | None:
     """The kernel's start time of ``pid`` (clock ticks since boot), or None when it is gone
     or a zombie. With the pid it identifies a process even after the pid is reused."""
@@ -307,9 +313,9 @@ class LocalBackend:
                 (staging / sub).mkdir()
             previous = self._retire(group, staging) if saved is not None else 0
             attempt, logs_dir = _reserve_attempt(spec, previous + 1)
-            write_json(staging / "owner.json", owner, fsync=False, default=str)
-            write_json(staging / "spec.json", {"spec": spec.to_dict(), "launched_at": time.time(),
-                                                       "attempt": attempt, "logs_dir": logs_dir}, fsync=False, default=str)
+            write_group_file(staging / "owner.json", owner)
+            write_group_file(staging / "spec.json", {"spec": spec.to_dict(), "launched_at": time.time(),
+                                                     "attempt": attempt, "logs_dir": logs_dir})
             try:
                 os.rename(staging, group.path)
             except OSError as err:
@@ -329,7 +335,7 @@ class LocalBackend:
         ends or is torn down, whatever happens to that process."""
         group = self._dir(ref.name)
         if group.exists():
-            write_json(group.owner, None, fsync=False, default=str)
+            write_group_file(group.owner, None)
 
     def _is_live(self, group: GroupDir, saved: dict[str, Any]) -> bool:
         """Whether a group of this name is running (or still starting): re-attach to it."""
@@ -487,7 +493,7 @@ class LocalBackend:
         if sup["state"] != "running" or not is_running(sup["pid"], sup["start_time"]):
             return None
         request = uuid.uuid4().hex
-        write_json(group.requests / f"{request}.json", {"roles": roles}, fsync=False, default=str)
+        write_group_file(group.requests / f"{request}.json", {"roles": roles})
         _signal_process(sup["pid"], sup["start_time"], signal.SIGUSR1)
         answer_path = group.requests / f"{request}.done"
         deadline = time.monotonic() + TEARDOWN_TIMEOUT
@@ -526,7 +532,7 @@ class LocalBackend:
             status.tasks = [t for t in status.tasks if t not in chosen]
             state["status"] = status.to_dict()
             state["processes"] = {n: p for n, p in procs.items() if n not in {t.name for t in chosen}}
-            write_json(group.state, state, fsync=False, default=str)
+            write_group_file(group.state, state)
         return [t.name for t in chosen]
 
     def _remove(self, group: GroupDir) -> None:

@@ -27,14 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from airflow_tf.cluster import (
-    GroupSpec, GroupStatus, Phase, TaskStatus, cluster_def, describe_exit, evaluate, is_retryable_exit,
+    GroupSpec, GroupStatus, Phase, TaskStatus, cluster_def, describe_failure, evaluate, is_retryable_exit,
     task_name, tf_config_json,
 )
 from airflow_tf.cluster.progress import describe, parse_progress
-from airflow_tf.files import read_json, write_json
+from airflow_tf.files import read_json
 
 from .local import (
-    STATE_DIR_ENV, STOP_GRACE, GroupDir, archive_logs, is_running, process_start_time, tail_text,
+    STATE_DIR_ENV, STOP_GRACE, GroupDir, archive_logs, is_running, process_start_time, tail_text, write_group_file,
 )
 
 TICK = 0.25
@@ -112,11 +112,6 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def last_line(path: Path) -> str | None:
-    lines = [line.strip() for line in tail_text(path, 20).splitlines() if line.strip()]
-    return lines[-1] if lines else None
-
-
 @dataclass
 class Task:
     role: str
@@ -151,7 +146,7 @@ class Task:
 class Supervisor:
     def __init__(self, group: GroupDir) -> None:
         self.group = group
-        saved = read_json(group.spec, missing_ok=True)
+        saved = read_json(group.spec)
         self.spec = GroupSpec.from_dict(saved["spec"])
         self.isolation: dict[str, Any] = {"network": "shared", "warning": None}
         self.done_at: float | None = None
@@ -266,10 +261,7 @@ class Supervisor:
         if task.stalled:
             why = f"no progress for {self.spec.progress_timeout:g} s (stopped by the watchdog)"
         else:
-            why = describe_exit(code)
-            line = last_line(self.group.log(task.role, task.index))
-            if line:
-                why += f"; last log line: {line}"
+            why = describe_failure(code, tail_text(self.group.log(task.role, task.index), 20))
         if task.role == "ps" and self.succeeded():
             # Nothing needs a parameter server once training is done.
             task.phase, task.reason = Phase.SUCCEEDED, f"stopped after training finished ({why})"
@@ -393,7 +385,7 @@ class Supervisor:
             answer = path.with_suffix(".done")
             if answer.exists():
                 continue
-            roles = read_json(path, missing_ok=True)["roles"]
+            roles = read_json(path)["roles"]
             chosen = [t for t in self.tasks if not t.deleted and (roles is None or t.role in roles)]
             self.stop(chosen)
             for t in chosen:
@@ -401,7 +393,7 @@ class Supervisor:
             if roles is None:
                 self.running = False
             self.write_state()
-            write_json(answer, {"deleted": [t.name for t in chosen]}, fsync=False, default=str)
+            write_group_file(answer, {"deleted": [t.name for t in chosen]})
 
     def read_progress(self) -> None:
         path = self.group.log(self.chief.role, self.chief.index)
@@ -436,7 +428,7 @@ class Supervisor:
             "isolation": self.isolation,
         }
         if state != self.last_written:
-            write_json(self.group.state, state, fsync=False, default=str)
+            write_group_file(self.group.state, state)
             self.last_written = state
 
 

@@ -67,3 +67,25 @@ def test_a_component_that_keeps_dying_is_restarted_without_its_leftovers_then_gi
     finally:
         stack.stop()
     assert first.returncode == 3 and not left_behind(), "stop() ended the last one's leftovers too"
+
+
+BOOTSTRAP = str(Path(__file__).resolve().parents[2] / "scripts" / "bootstrap")
+OLD_PYTHON = next(iter(sorted(Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")).glob("versions/3.10.*/bin/python3.10"))), None)
+
+
+@pytest.mark.parametrize("interpreter", [
+    pytest.param("/bin/false", id="not-python"),
+    pytest.param(str(OLD_PYTHON), id="python-3.10", marks=pytest.mark.skipif(
+        OLD_PYTHON is None, reason="no Python 3.10 on this machine to try an unsupported version with")),
+])
+def test_bootstrap_refuses_an_unsupported_interpreter_before_touching_the_environment(tmp_path, interpreter):
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / "kept").write_text("the user's environment")
+    done = subprocess.run([BOOTSTRAP], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "AIRFLOW_TF_PYTHON": interpreter, "AIRFLOW_TF_VENV": str(venv)})
+    assert done.returncode == 2
+    assert f"no supported Python at '{interpreter}'; set AIRFLOW_TF_PYTHON" in done.stderr
+    if "3.10" in interpreter:
+        assert "is not supported: pyproject.toml requires >=3.11," in done.stderr
+    assert [p.name for p in venv.iterdir()] == ["kept"], "the environment was left as it was"
