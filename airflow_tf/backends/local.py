@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Iterable
 
 from airflow_tf.cluster import GroupSpec, GroupStatus, Phase, TaskStatus
+from airflow_tf.cluster.memory import TASK_BASELINE_BYTES, mem_available_bytes, memory_bytes
 from airflow_tf.files import atomic_open, is_local, read_json, strip_file_scheme, write_json
 
 from .base import BackendError, GroupRef, poll_watch
@@ -47,9 +48,8 @@ TEARDOWN_TIMEOUT = 15.0
 STOP_GRACE = 1.0
 """Seconds between SIGTERM and SIGKILL when stopping a task."""
 NEVER_STARTED_AFTER = 60.0
-TASK_MEMORY_MB = 512
-"""Expected resident memory of one TensorFlow task (ps or worker): 485-500 MiB measured here
-(TF 2.21, 1 ps + 2 workers training the linear model); override per role with
+TASK_MEMORY_MB = TASK_BASELINE_BYTES // 2**20
+"""Expected resident memory of one TensorFlow task (ps or worker); override per role with
 ``resources.requests.memory``."""
 PASSED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH",
               "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "KERAS_HOME", "KERAS_BACKEND")
@@ -132,25 +132,16 @@ def task_environment(pass_env: Iterable[str] = (), environ: dict[str, str] | Non
 
 def memory_mb(quantity: str) -> float:
     """A Kubernetes memory quantity (``512Mi``, ``2Gi``, ``1G``, ``1000000``) in MiB."""
-    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "": 1}
-    text = str(quantity).strip()
-    number = text.rstrip("KMGTi")
     try:
-        return float(number) * units[text[len(number):]] / 2**20
-    except (KeyError, ValueError):
-        raise BackendError(f"{quantity!r} is not a memory quantity (e.g. 512Mi, 2Gi)") from None
+        return memory_bytes(quantity) / 2**20
+    except ValueError as err:
+        raise BackendError(str(err)) from None
 
 
 def mem_available_mb() -> float | None:
     """``MemAvailable`` of /proc/meminfo in MiB (None where there is no such file)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
+    available = mem_available_bytes()
+    return None if available is None else available / 2**20
 
 
 def check_capacity(spec: GroupSpec) -> None:

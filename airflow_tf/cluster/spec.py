@@ -142,6 +142,10 @@ class GroupSpec:
             if role not in roles:
                 raise SpecError(f"role_options: {role!r} is not a role of this group ({', '.join(roles)})")
             roles[role] = dataclasses.replace(roles[role], **extra)
+        ps_resources = roles["ps"].resources or {}
+        ps_memory = (ps_resources.get("limits") or {}).get("memory") or (ps_resources.get("requests") or {}).get("memory")
+        if training.ps_memory_limit is None and ps_memory is not None:  # what the tables are checked against
+            training = dataclasses.replace(training, ps_memory_limit=str(ps_memory))
         return cls(name=name, roles=roles, training=training, **options)
 
     def to_dict(self) -> dict[str, Any]:

@@ -15,7 +15,12 @@ from typing import Any
 
 from airflow_tf.files import strip_file_scheme
 
-OPTIMIZERS = ("sgd", "adam", "adagrad", "rmsprop")
+from .memory import memory_bytes
+
+OPTIMIZERS = ("sgd", "adam", "adagrad", "rmsprop", "lazy_adam", "ftrl")
+"""``lazy_adam`` is Adam that updates the moments of the embedding rows a step looked up only
+(``adam`` decays every row's moments every step); ``ftrl`` is TensorFlow's FTRL-Proximal."""
+DEFAULT_MIN_SHARD_BYTES = 16 * 2**20
 BUILTIN_MODELS = ("linear_regression", "mlp_classifier")
 MODES = ("between_graph", "coordinator")
 """``between_graph``: every worker builds its own graph (TF1-compat replication, async or sync).
@@ -64,6 +69,13 @@ class TrainingConfig:
     """Summaries (loss, examples/s, learning rate) every N global steps, besides every log_every_secs."""
     code_dir: str | None = None
     """Snapshot of the model's code (written by the launch into the run directory); imported first."""
+    min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES
+    """Embedding tables are split over the ps tasks in shards of at least this many bytes (at most
+    one shard per ps): a table under it stays in one piece."""
+    ps_memory_limit: str | None = None
+    """Memory of one ps task (a quantity: ``4Gi``), against which embedding tables and their
+    optimizer slots are checked before training; default: the ps role's ``resources`` (limits,
+    else requests), else on a local group the memory available on the machine."""
 
     def __post_init__(self) -> None:
         errors = self._coerce_types()
@@ -96,6 +108,11 @@ class TrainingConfig:
         elif self.mode == "coordinator" and self.sync:
             errors.append("sync: coordinator mode updates the parameters asynchronously only; "
                           "drop sync=True or use mode='between_graph'")
+        if self.ps_memory_limit is not None:
+            try:
+                memory_bytes(self.ps_memory_limit)
+            except ValueError as err:
+                errors.append(f"ps_memory_limit: {err}")
         if self.on_nan not in ON_NAN:
             errors.append(f"on_nan: {self.on_nan!r} is not one of {', '.join(ON_NAN)}")
         if errors:
@@ -176,6 +193,7 @@ _NUMERIC_OPTIONS = (
     ("devices_per_worker", 1, 64, True, True),
     ("operation_timeout_secs", 1.0, 86400.0, False, False),
     ("summary_every_steps", 1, 10**9, True, False),
+    ("min_shard_bytes", 1, 2**50, True, False),
 )
 
 
@@ -246,6 +264,11 @@ def add_training_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> 
         help="write summaries every N global steps (and every --log-every-secs)")
     add("--code-dir", dest="code_dir", default=None,
         help="snapshot of the model's code to import first (the launch writes it into the run directory)")
+    add("--min-shard-bytes", dest="min_shard_bytes", type=int, default=DEFAULT_MIN_SHARD_BYTES,
+        help="embedding tables are split over the ps tasks in shards of at least this many bytes")
+    add("--ps-memory-limit", dest="ps_memory_limit", default=None,
+        help="memory of one ps task (e.g. 4Gi) to check embedding tables against before training "
+        "(default: the ps role's resources, else the memory available on a local machine)")
     parser.set_defaults(**defaults)
 
 

@@ -26,3 +26,28 @@ def write_linear_regression_csv(path: str | os.PathLike, rows: int = 1000, seed:
         handle.write("x,y\n")
         np.savetxt(handle, np.column_stack([x, y]), fmt="%.9g", delimiter=",")
     return path
+
+
+def write_clicks_csv(path: str | os.PathLike, rows: int = 200_000, users: int = 120_000, items: int = 150_000,
+                     seed: int = 0) -> Path:
+    """Click logs of a recommender: columns ``user`` and ``item`` (string ids such as ``u1234``,
+    drawn with a long tail as real traffic is: a few ids often, most rarely) and ``clicked``
+    (0/1). Whether a pair is clicked follows a hidden liking of each user and each item, so a
+    model with an embedding per id learns to rank clicks above the rest (AUC above 0.5).
+    Written atomically; returns the path."""
+    if int(rows) < 1 or int(users) < 1 or int(items) < 1:
+        raise ValueError(f"rows, users and items must be at least 1, got {rows}, {users}, {items}")
+    rng = np.random.default_rng(seed)
+    user = np.minimum(rng.zipf(1.3, int(rows)) - 1, int(users) - 1) if users > 1 else np.zeros(int(rows), int)
+    item = np.minimum(rng.zipf(1.3, int(rows)) - 1, int(items) - 1) if items > 1 else np.zeros(int(rows), int)
+    # Ids by a random permutation: the popular ones are spread over the id space, not the first few.
+    user, item = rng.permutation(int(users))[user], rng.permutation(int(items))[item]
+    liking = rng.normal(0.0, 1.5, int(users))[user] + rng.normal(0.0, 1.5, int(items))[item]
+    clicked = (rng.random(int(rows)) < 1.0 / (1.0 + np.exp(-(liking - 1.0)))).astype(np.int64)
+    path = Path(path)
+    with atomic_open(path, "w", fsync=False) as handle:
+        handle.write("user,item,clicked\n")
+        for start in range(0, int(rows), 100_000):
+            stop = start + 100_000
+            handle.writelines(f"u{u},i{i},{c}\n" for u, i, c in zip(user[start:stop], item[start:stop], clicked[start:stop]))
+    return path

@@ -11,7 +11,7 @@ from airflow_tf.backends import BackendError, GroupRef, backend_for, get_backend
 from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name, label_value
 from airflow_tf.cluster.results import LaunchResult
 from airflow_tf.cluster.model_code import snapshot_model_code
-from airflow_tf.cluster.training import dataset_uri_of
+from airflow_tf.cluster.training import DEFAULT_MIN_SHARD_BYTES, dataset_uri_of
 from airflow_tf.plugins.links import TensorBoardLink
 from airflow_tf.storage import runs_dir
 
@@ -24,7 +24,7 @@ TRAINING_OPTIONS = (
     "model", "model_kwargs", "loss", "optimizer", "learning_rate", "batch_size", "steps", "epochs",
     "replicas_to_aggregate", "checkpoint_every_secs", "log_every_secs", "intra_op_threads", "inter_op_threads",
     "seed", "warm_start_from", "mode", "devices_per_worker", "on_nan", "operation_timeout_secs",
-    "summary_every_steps",
+    "summary_every_steps", "min_shard_bytes", "ps_memory_limit",
 )
 
 
@@ -69,7 +69,8 @@ class LaunchTFClusterOperator(BaseOperator):
     :param epochs: passes over the training split, instead of ``steps``.
     :param learning_rate: the optimizer's learning rate.
     :param batch_size: examples per worker per step.
-    :param optimizer: ``sgd``, ``adam``, ``adagrad`` or ``rmsprop``.
+    :param optimizer: ``sgd``, ``adam``, ``adagrad``, ``rmsprop``, ``lazy_adam`` (Adam updating
+        only the embedding rows a step looked up) or ``ftrl``.
     :param loss: Keras loss name; None lets the model decide (mse for regression, sparse
         categorical cross-entropy for classes).
     :param model_kwargs: keyword arguments of the model function.
@@ -93,6 +94,11 @@ class LaunchTFClusterOperator(BaseOperator):
     :param intra_op_threads: threads per TensorFlow op in each task.
     :param inter_op_threads: TensorFlow ops run at once in each task.
     :param seed: random seed of the model and the input pipeline.
+    :param min_shard_bytes: embedding tables are split over the ps tasks in shards of at least
+        this many bytes (at most one shard per ps); default 16 MiB.
+    :param ps_memory_limit: memory of one ps task (``4Gi``) to check embedding tables and their
+        optimizer slots against before training; default: the ps role's ``resources``, else the
+        memory available on a local machine.
     :param run_dir: checkpoints and event files; default ``<storage>/runs/<group name>``.
     :param backend: ``local`` (processes on this machine) or ``kubernetes``.
     :param backend_options: e.g. ``{"state_dir": ...}`` for local, or ``{"kubernetes_conn_id":
@@ -123,7 +129,9 @@ class LaunchTFClusterOperator(BaseOperator):
                  warm_start_from: str | None = None, checkpoint_every_secs: float | str = 10.0,
                  log_every_secs: float | str = 2.0, summary_every_steps: int | str = 100,
                  operation_timeout_secs: float | str = 300.0, intra_op_threads: int | str = 1,
-                 inter_op_threads: int | str = 2, seed: int | str = 0, run_dir: str | None = None,
+                 inter_op_threads: int | str = 2, seed: int | str = 0,
+                 min_shard_bytes: int | str = DEFAULT_MIN_SHARD_BYTES, ps_memory_limit: str | None = None,
+                 run_dir: str | None = None,
                  backend: str = "local", backend_options: dict[str, Any] | None = None, image: str | None = None,
                  role_options: dict[str, dict[str, Any]] | None = None, backoff_limit: int = 3,
                  active_deadline_seconds: float | None = None, success_policy: str = "AllWorkers",
@@ -151,6 +159,8 @@ class LaunchTFClusterOperator(BaseOperator):
         self.intra_op_threads = intra_op_threads
         self.inter_op_threads = inter_op_threads
         self.seed = seed
+        self.min_shard_bytes = min_shard_bytes
+        self.ps_memory_limit = ps_memory_limit
         self.run_dir = run_dir
         self.backend = backend
         self.backend_options = backend_options or {}

@@ -90,9 +90,13 @@ class FiniteSaver(tf.compat.v1.train.Saver):
         super().__init__(var_list=var_list, **kwargs)
         self._on_nan = on_nan
         self._stopped: str | None = None
-        floats = [v for v in var_list.values() if v.dtype.base_dtype.is_floating]
-        self._all_finite = tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in floats])
-                                         if floats else tf.constant([True]))
+        variables = [v for value in var_list.values() for v in (value if isinstance(value, list) else [value])]
+        checks = []
+        for variable in variables:
+            if variable.dtype.base_dtype.is_floating:
+                with tf.compat.v1.colocate_with(variable):  # checked where it lives: one bool travels, not the table
+                    checks.append(tf.reduce_all(tf.math.is_finite(variable)))
+        self._all_finite = tf.reduce_all(tf.stack(checks) if checks else tf.constant([True]))
 
     def stop_saving(self, reason: str) -> None:
         """No more checkpoints from now on: the training diverged (``reason``)."""

@@ -82,6 +82,11 @@ def towers_train_op(model, features, labels, forward, loss_of, optimizer, global
     total = tf.add_n(weights)
 
     def average(values):
+        if isinstance(values[0], tf.IndexedSlices):  # embedding rows: the towers' rows side by side, still sparse
+            return tf.IndexedSlices(
+                tf.concat([tf.math.multiply_no_nan(v.values, tf.cast(w / total, v.values.dtype))
+                           for v, w in zip(values, weights)], axis=0),
+                tf.concat([v.indices for v in values], axis=0), values[0].dense_shape)
         return tf.add_n([tf.math.multiply_no_nan(v, tf.cast(w, v.dtype)) for v, w in zip(values, weights)]) / \
             tf.cast(total, values[0].dtype)
 

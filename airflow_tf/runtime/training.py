@@ -21,8 +21,10 @@ from airflow_tf.data import count_examples, make_dataset
 
 from .errors import ModelError, TaskConfigError
 from .logs import log
+from .embeddings import ShardedTable, check_ps_memory, ps_table_budget, shard_embeddings, trainable_variables
 from .models import (build_model, check_checkpoint, compute_loss, latest_checkpoint, resolve_checkpoint,
                      resolve_loss, weight_key)
+from .optimizers import make_optimizer
 from .session_hooks import FiniteSaver, NonFiniteLossHook, ProgressHook, StopAtTargetHook, SyncReplicasHook
 from .task import Task, session_config
 from .towers import tower_devices, towers_train_op
@@ -45,18 +47,6 @@ CORRUPT_SUFFIX = ".corrupt"
 for _error in (tf.errors.DeadlineExceededError, tf.errors.CancelledError):
     if _error not in monitored_session._PREEMPTION_ERRORS:
         monitored_session._PREEMPTION_ERRORS += (_error,)
-
-OPTIMIZERS = {
-    "sgd": tf.compat.v1.train.GradientDescentOptimizer,
-    "adam": tf.compat.v1.train.AdamOptimizer,
-    "adagrad": tf.compat.v1.train.AdagradOptimizer,
-    "rmsprop": tf.compat.v1.train.RMSPropOptimizer,
-}
-
-
-def make_optimizer(config: TrainingConfig):
-    return OPTIMIZERS[config.optimizer](config.learning_rate)
-
 
 def replicas_to_aggregate(config: TrainingConfig, trainers: int) -> int:
     """Gradients per global step: 1 in async mode; in sync mode the option, else every trainer."""
@@ -94,24 +84,35 @@ def training_forward(model, features):
     return predictions, [op for op in graph.get_operations()[first:] if op.type in STATE_UPDATES]
 
 
-def checkpoint_variables(model) -> dict[str, tf.Variable]:
+def checkpoint_variables(model, tables: list[ShardedTable] = ()) -> dict[str, tf.Variable | list[tf.Variable]]:
     """Every global variable under its checkpoint name: the model's weights by position (see
-    :mod:`.models`), the rest (global step, optimizer slots) by graph name."""
-    named = {weight_key(i, w): w.value for i, w in enumerate(model.weights)}
-    in_model = {v.name for v in named.values()}
+    :mod:`.models`), the rest (global step, optimizer slots) by graph name. A sharded embedding
+    table, and each optimizer slot of it, is the list of its shards under one name: the
+    checkpoint holds it as one tensor (see :mod:`.embeddings`)."""
+    sharded = {id(t.shadow): t.shards for t in tables}
+    named: dict[str, tf.Variable | list[tf.Variable]] = {
+        weight_key(i, w): sharded.get(id(w.value), w.value) for i, w in enumerate(model.weights)}
+    in_model = {v.name for value in named.values() for v in (value if isinstance(value, list) else [value])}
     for variable in tf.compat.v1.global_variables():
-        if variable.name not in in_model:
+        if variable.name in in_model:
+            continue
+        slice_info = variable._save_slice_info
+        if slice_info is not None:  # a shard of an optimizer slot of a sharded table
+            named.setdefault(slice_info.full_name, []).append(variable)
+        else:
             named[variable.op.name] = variable
     return named
 
 
-def placement(variables: dict[str, tf.Variable]) -> str:
-    """``/job:ps/task:0=global_step,model/001_bias /job:ps/task:1=model/000_kernel``."""
+def placement(variables: dict[str, tf.Variable | list[tf.Variable]]) -> str:
+    """``/job:ps/task:0=global_step,model/001_bias /job:ps/task:1=model/000_kernel``; a sharded
+    variable appears on each ps that holds a shard of it."""
     by_device: dict[str, list[str]] = defaultdict(list)
-    for name, variable in sorted(variables.items()):
-        device = tf.DeviceSpec.from_string(variable.device)
-        by_device[f"/job:{device.job}/task:{device.task}"].append(name)
-    return " ".join(f"{device}={','.join(names)}" for device, names in sorted(by_device.items()))
+    for name, value in sorted(variables.items()):
+        for variable in value if isinstance(value, list) else [value]:
+            device = tf.DeviceSpec.from_string(variable.device)
+            by_device[f"/job:{device.job}/task:{device.task}"].append(name)
+    return " ".join(f"{device}={','.join(dict.fromkeys(names))}" for device, names in sorted(by_device.items()))
 
 
 def checkpoint_is_intact(prefix: str) -> str | None:
@@ -210,12 +211,15 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
             )
             features, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
             model = build_model(config, schema)
+            keys = {id(w.value): weight_key(i, w) for i, w in enumerate(model.weights)}
+            tables = shard_embeddings(model, keys, task.ps_count, config.min_shard_bytes)
+            check_ps_memory(tables, config.optimizer, task.ps_count, ps_table_budget(config.ps_memory_limit, task.ps_count))
             optimizer = make_optimizer(config)
             if config.sync:
                 optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
                     optimizer, replicas_to_aggregate=aggregate, total_num_replicas=trainers
                 )
-            loss_fn, var_list = resolve_loss(config, schema), [w.value for w in model.trainable_weights]
+            loss_fn, var_list = resolve_loss(config, schema), trainable_variables(model, tables)
             if len(devices) > 1:  # one tower per device, gradients averaged (see .towers)
                 loss, train_op = towers_train_op(model, features, labels, training_forward,
                                                  lambda y, p: compute_loss(loss_fn, y, p), optimizer,
@@ -227,9 +231,9 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
                                     *state_updates)
         # Saving and restoring run on this task, so only the chief needs the run directory.
         with tf.device(task.device):
-            variables = checkpoint_variables(model)
+            variables = checkpoint_variables(model, tables)
             saver = FiniteSaver(
-                variables, config.on_nan, max_to_keep=KEEP_CHECKPOINTS, save_relative_paths=True
+                variables, config.on_nan, max_to_keep=KEEP_CHECKPOINTS, save_relative_paths=True, sharded=True
             )
             init_fn, start = None, f"restoring {resume_from}" if resume_from else "new"
             if task.is_chief and resume_from:

@@ -25,13 +25,15 @@ METRIC_DIRECTIONS = {
     "mae": LOWER_IS_BETTER,
     "cross_entropy": LOWER_IS_BETTER,
     "accuracy": HIGHER_IS_BETTER,
+    "auc": HIGHER_IS_BETTER,
 }
 TASK_METRICS = {
     "regression": ("loss", "mse", "mae"),
     "classification": ("loss", "accuracy", "cross_entropy"),
+    "binary_classification": ("loss", "auc", "accuracy", "cross_entropy"),
 }
 # The metric a candidate is compared on against the served model when the user picks none.
-DEFAULT_BASELINE_METRIC = {"regression": "mse", "classification": "accuracy"}
+DEFAULT_BASELINE_METRIC = {"regression": "mse", "classification": "accuracy", "binary_classification": "auc"}
 _BOUNDS = ("min", "max")
 
 

@@ -23,7 +23,8 @@ METRICS_FILE = "metrics.json"
 PLOT_FILE = "training_curve.png"
 EVAL_SPLIT = "eval"
 EVAL_BATCH_SIZE = 512
-DEFAULT_LOSS = {"regression": "mean_squared_error", "classification": "sparse_categorical_crossentropy"}
+DEFAULT_LOSS = {"regression": "mean_squared_error", "classification": "sparse_categorical_crossentropy",
+                "binary_classification": "binary_crossentropy"}
 """The loss of an export that does not record how it was trained."""
 
 
@@ -170,14 +171,25 @@ def checkpoint_step(checkpoint: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def task_of(schema: Any, predictions: Any) -> str:
-    """``classification`` when an integer label meets a prediction per class, else ``regression``."""
+def task_of(schema: Any, predictions: Any, loss: Any = None) -> str:
+    """``classification`` when an integer label meets a prediction per class;
+    ``binary_classification`` when an integer (0/1) label meets one probability or logit and
+    the loss is a binary cross-entropy (click models); else ``regression``."""
     label = schema.label
     if label is None:
         raise EvaluationError("the dataset has no label column, so there is nothing to evaluate against; "
                               "prepare it with a label")
     width = predictions.shape[-1] if len(predictions.shape) > 1 else 1
-    return "classification" if label.dtype == "int64" and width > 1 else "regression"
+    if label.dtype == "int64" and width > 1:
+        return "classification"
+    if label.dtype == "int64" and _is_binary_crossentropy(loss):
+        return "binary_classification"
+    return "regression"
+
+
+def _is_binary_crossentropy(loss: Any) -> bool:
+    name = getattr(loss, "name", None) or getattr(loss, "__name__", None) or (loss if isinstance(loss, str) else "")
+    return "binary_crossentropy" in str(name).lower() or "binary_focal" in str(name).lower()
 
 
 def _keras_predict(model: Any) -> Callable[[Mapping[str, Any]], Any]:
@@ -211,10 +223,10 @@ def _evaluate(predict: Callable[[Mapping[str, Any]], Any], dataset_uri: str, sch
             raise EvaluationError(f"{what}: the model returned {type(predictions).__name__}; "
                                   "evaluation expects one tensor of predictions")
         if task is None:
-            task = task_of(schema, predictions)
+            task = task_of(schema, predictions, loss)
             loss = loss or keras.losses.get(DEFAULT_LOSS[task])
             trackers = _metric_trackers(task, from_logits(loss))
-        if task == "regression":
+        if task != "classification":
             label = tf.reshape(tf.cast(label, predictions.dtype), tf.shape(predictions))
         batch = int(tf.shape(label)[0])
         mean_loss.update_state(models.compute_loss(loss, label, predictions), sample_weight=batch)
@@ -241,6 +253,10 @@ def _metric_trackers(task: str, logits: bool) -> dict[str, Any]:
     if task == "classification":
         return {"accuracy": keras.metrics.SparseCategoricalAccuracy(),
                 "cross_entropy": keras.metrics.SparseCategoricalCrossentropy(from_logits=logits)}
+    if task == "binary_classification":
+        return {"auc": keras.metrics.AUC(from_logits=logits),
+                "accuracy": keras.metrics.BinaryAccuracy(threshold=0.0 if logits else 0.5),
+                "cross_entropy": keras.metrics.BinaryCrossentropy(from_logits=logits)}
     return {"mse": keras.metrics.MeanSquaredError(), "mae": keras.metrics.MeanAbsoluteError()}
 
 

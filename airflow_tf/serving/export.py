@@ -75,7 +75,7 @@ def export_saved_model(run_dir: str | os.PathLike[str], dataset_uri: str, config
     features = _eval_batch(dataset_uri, verify_examples)
     expected = model(features, training=False)
     _check_finite(model, checkpoint, expected)
-    task = task_of(schema, expected)
+    task = task_of(schema, expected, models.resolve_loss(config, schema))
 
     directory = model_dir(serving_base, model_name)
     metadata = {

@@ -1,0 +1,186 @@
+"""Embedding tables on the parameter servers, for between-graph training.
+
+A plain ``keras.layers.Embedding`` reads its whole table and gathers on the worker: every step
+moves the entire table from the ps, and the table lives whole on one ps. Here every such layer
+of a user's model gets, after the model is built:
+
+- its table split row-wise into shards over the ps tasks (as many as its size asks for, at
+  least ``min_shard_bytes`` each, at most one per ps), each shard created and initialised on
+  its ps (the initial values never travel);
+- a ``call`` that looks the ids up with ``tf.nn.embedding_lookup`` on the shards, so the
+  gather runs on each ps and only the looked-up rows travel; the gradient is ``IndexedSlices``
+  and the optimizer applies it as a sparse update on the ps.
+
+The layer's own variable stays in the model (so the model's weights keep their positions and
+shapes, which name the checkpoint: :func:`airflow_tf.runtime.models.weight_key`) but is never
+initialised, read or saved: it costs no memory. The shards carry TensorFlow's save-slice
+information under the weight's checkpoint name, so a checkpoint holds each table (and each of
+its optimizer slots) as one tensor whatever the shard count: evaluation and export read it as
+an ordinary variable, and a run resumed with another ps count restores its own slices of it."""
+
+from __future__ import annotations
+
+import math
+import os
+import types
+from dataclasses import dataclass
+
+import keras
+import tensorflow as tf
+
+from airflow_tf.cluster.memory import TASK_BASELINE_BYTES, mem_available_bytes, memory_bytes
+
+from .errors import TaskConfigError
+from .logs import log
+
+
+@dataclass
+class ShardedTable:
+    """One embedding table split over the ps tasks."""
+
+    layer: keras.layers.Embedding
+    key: str
+    """Checkpoint name of the table (the layer weight's position-based name)."""
+    shadow: tf.Variable
+    """The layer's own full-size variable: kept for the model's structure, never initialised."""
+    shards: list[tf.Variable]
+
+    @property
+    def rows(self) -> int:
+        return int(self.shadow.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.shadow.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.dim * self.shadow.dtype.size
+
+    def describe(self) -> str:
+        devices = ",".join(str(tf.DeviceSpec.from_string(s.device).task) for s in self.shards)
+        return f"{self.layer.name} {self.rows}x{self.dim} {_mib(self.nbytes)} in {len(self.shards)} shard(s) on ps {devices}"
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:,.1f} MiB"
+
+
+def shard_count(table_bytes: int, ps_tasks: int, min_shard_bytes: int) -> int:
+    """Shards of a table: one per ``min_shard_bytes`` of it, at least 1, at most one per ps."""
+    return max(1, min(ps_tasks, math.ceil(table_bytes / max(1, min_shard_bytes))))
+
+
+def shard_rows(rows: int, shards: int) -> list[int]:
+    """Rows of each shard in ``tf.nn.embedding_lookup``'s "div" layout: contiguous blocks, the
+    first ``rows % shards`` one row longer."""
+    return [rows // shards + (1 if i < rows % shards else 0) for i in range(shards)]
+
+
+def _plain_embeddings(model: keras.Model) -> list[keras.layers.Embedding]:
+    """The model's Embedding layers (nested ones too) that look up exactly as Keras's own does;
+    others (a subclass with its own ``call``, a quantized or LoRA table) keep Keras's path."""
+    found = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if not isinstance(layer, keras.layers.Embedding):
+            continue
+        if type(layer).call is not keras.layers.Embedding.call or layer.quantization_mode or layer.lora_enabled:
+            log(f"airflow-tf embedding {layer.name}: {type(layer).__name__} has its own lookup (or is quantized/LoRA); "
+                "its table stays whole on one ps and is read whole on the worker every step")
+            continue
+        found.append(layer)
+    return found
+
+
+def _lookup(table: ShardedTable):
+    def call(layer, inputs):
+        if inputs.dtype not in (tf.int32, tf.int64):
+            inputs = tf.cast(inputs, tf.int64)
+        return tf.cast(tf.nn.embedding_lookup(table.shards, inputs), layer.compute_dtype)
+
+    return call
+
+
+def shard_embeddings(model: keras.Model, keys: dict[int, str], ps_tasks: int, min_shard_bytes: int) -> list[ShardedTable]:
+    """Give every plain Embedding layer of ``model`` (built in the current graph) sharded storage
+    on the ps tasks and a lookup that runs there; ``keys`` maps ``id`` of a weight's variable to
+    its checkpoint name. Call inside the training graph, before the model is called."""
+    tables = []
+    next_ps = 0  # tables with fewer shards than ps tasks are spread round the ps tasks
+    global_variables = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    trainable_variables = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+    for layer in _plain_embeddings(model):
+        shadow = layer.embeddings.value
+        key = keys[id(shadow)]
+        rows, dim = (int(d) for d in shadow.shape)
+        count = shard_count(rows * dim * shadow.dtype.size, ps_tasks, min_shard_bytes)
+        shards, offset = [], 0
+        for i, shard_rows_ in enumerate(shard_rows(rows, count)):
+            with tf.compat.v1.device(f"/job:ps/task:{(next_ps + i) % ps_tasks}"):
+                # A tensor built here (not a callable) keeps the initializer on the ps.
+                initial = layer.embeddings_initializer((shard_rows_, dim), dtype=shadow.dtype.name)
+                shard = tf.Variable(initial, name=f"{layer.name}/embeddings/part_{i}", dtype=shadow.dtype)
+            shard._set_save_slice_info(tf.Variable.SaveSliceInfo(key, [rows, dim], [offset, 0], [shard_rows_, dim]))
+            offset += shard_rows_
+            shards.append(shard)
+        next_ps = (next_ps + count) % ps_tasks
+        for collection in (global_variables, trainable_variables):
+            if shadow in collection:
+                collection.remove(shadow)
+        table = ShardedTable(layer, key, shadow, shards)
+        layer.call = types.MethodType(_lookup(table), layer)
+        tables.append(table)
+        log(f"airflow-tf embedding {table.describe()}")
+    return tables
+
+
+def trainable_variables(model: keras.Model, tables: list[ShardedTable]) -> list[tf.Variable]:
+    """What the optimizer updates: the model's trainable weights, each sharded table as its shards."""
+    sharded = {id(t.shadow): t.shards for t in tables}
+    variables: list[tf.Variable] = []
+    for weight in model.trainable_weights:
+        variables.extend(sharded.get(id(weight.value), [weight.value]))
+    return variables
+
+
+# Optimizer state per table row, by optimizer name: how many table-sized slots it keeps.
+SLOTS_PER_TABLE = {"sgd": 0, "adagrad": 1, "adam": 2, "lazy_adam": 2, "ftrl": 2, "rmsprop": 2}
+
+
+def check_ps_memory(tables: list[ShardedTable], optimizer: str, ps_tasks: int, budget_bytes: int | None) -> None:
+    """Refuse tables whose shards and optimizer slots would not fit in one ps's ``budget_bytes``,
+    with the numbers, before any of them is allocated (instead of an OOM kill halfway)."""
+    if budget_bytes is None or not tables:
+        return
+    copies = 1 + SLOTS_PER_TABLE.get(optimizer, 2)
+    per_ps = [0] * ps_tasks
+    for table in tables:
+        for shard in table.shards:
+            task = tf.DeviceSpec.from_string(shard.device).task or 0
+            per_ps[task] += int(shard.shape[0]) * table.dim * table.shadow.dtype.size * copies
+    fullest = max(range(ps_tasks), key=per_ps.__getitem__)
+    if per_ps[fullest] <= budget_bytes:
+        return
+    tables_text = "; ".join(
+        f"{t.layer.name}: {t.rows:,} rows x {t.dim} x {t.shadow.dtype.size} bytes = {_mib(t.nbytes)} in "
+        f"{len(t.shards)} shard(s)" for t in tables)
+    raise TaskConfigError(
+        f"the embedding tables do not fit on the parameter servers: ps {fullest} would hold "
+        f"{_mib(per_ps[fullest])} (tables x {copies} for the table and its {optimizer} slots) but has "
+        f"{_mib(budget_bytes)} for them ({tables_text}; {ps_tasks} ps). Add ps tasks (tables are split over "
+        "all of them), give the ps more memory (ps_memory_limit), lower min_shard_bytes so small tables split "
+        "too, or use fewer rows or dimensions"
+    )
+
+
+def ps_table_budget(ps_memory_limit: str | None, ps_tasks: int) -> int | None:
+    """Bytes one ps may give its tables and their slots: its memory limit less what a task
+    takes before its variables; without a limit, on a local group (every ps on this machine),
+    an equal share of the memory available now; on a cluster without a limit, None (unchecked)."""
+    if ps_memory_limit is not None:
+        return max(0, memory_bytes(ps_memory_limit) - TASK_BASELINE_BYTES)
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return None
+    available = mem_available_bytes()
+    return None if available is None else available // max(1, ps_tasks)
+

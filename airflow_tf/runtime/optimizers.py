@@ -1,0 +1,51 @@
+"""The optimizers of between-graph training, by the names users give (``optimizer=``).
+
+Each applies an embedding table's gradient (``IndexedSlices``: the rows a step looked up) as a
+sparse update on the ps that holds the rows. What each does to a table per step:
+
+- ``sgd``: subtracts the rows' gradients; no state.
+- ``adagrad``: adds the rows' squared gradients to their accumulator and scales by it.
+- ``ftrl``: FTRL-Proximal on the looked-up rows (two slots: accumulator and linear term).
+- ``lazy_adam``: Adam's moments of the looked-up rows only; rows not looked up keep their
+  moments as they are, so a step costs the rows it touched.
+- ``adam``: TensorFlow's Adam: every row's moments decay every step (work proportional to the
+  whole table, on the ps), the looked-up rows get their gradient added.
+- ``rmsprop``: TensorFlow's RMSProp (sparse updates of the looked-up rows)."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from airflow_tf.cluster.training import TrainingConfig
+
+
+class LazyAdamOptimizer(tf.compat.v1.train.AdamOptimizer):
+    """Adam whose sparse update reads and writes the moments of the updated rows only."""
+
+    def _resource_apply_sparse(self, grad, var, indices):
+        dtype = var.dtype.base_dtype
+        beta1_power, beta2_power = (tf.cast(p, dtype) for p in self._get_beta_accumulators())
+        lr, beta1, beta2, epsilon = (tf.cast(t, dtype) for t in
+                                     (self._lr_t, self._beta1_t, self._beta2_t, self._epsilon_t))
+        step_size = lr * tf.sqrt(1 - beta2_power) / (1 - beta1_power)
+        m, v = self.get_slot(var, "m"), self.get_slot(var, "v")
+        m_rows = beta1 * tf.gather(m, indices) + (1 - beta1) * grad
+        v_rows = beta2 * tf.gather(v, indices) + (1 - beta2) * tf.square(grad)
+        m_update = m.scatter_update(tf.IndexedSlices(m_rows, indices))
+        v_update = v.scatter_update(tf.IndexedSlices(v_rows, indices))
+        var_update = var.scatter_sub(tf.IndexedSlices(step_size * m_rows / (tf.sqrt(v_rows) + epsilon), indices))
+        return tf.group(var_update, m_update, v_update)
+
+
+OPTIMIZERS = {
+    "sgd": tf.compat.v1.train.GradientDescentOptimizer,
+    "adam": tf.compat.v1.train.AdamOptimizer,
+    "lazy_adam": LazyAdamOptimizer,
+    "adagrad": tf.compat.v1.train.AdagradOptimizer,
+    "ftrl": tf.compat.v1.train.FtrlOptimizer,
+    "rmsprop": tf.compat.v1.train.RMSPropOptimizer,
+}
+
+
+def make_optimizer(config: TrainingConfig):
+    return OPTIMIZERS[config.optimizer](config.learning_rate)
