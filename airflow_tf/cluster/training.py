@@ -105,6 +105,9 @@ class TrainingConfig:
             )
         if self.mode not in MODES:
             errors.append(f"mode: {self.mode!r} is not one of {', '.join(MODES)}")
+        elif self.mode == "coordinator" and self.optimizer == "lazy_adam":
+            errors.append("optimizer: 'lazy_adam' updates the embedding rows a step looked up on the ps, which only "
+                          "mode='between_graph' does; use another optimizer or mode='between_graph'")
         elif self.mode == "coordinator" and self.sync:
             errors.append("sync: coordinator mode updates the parameters asynchronously only; "
                           "drop sync=True or use mode='between_graph'")

@@ -38,8 +38,9 @@ def write_clicks_csv(path: str | os.PathLike, rows: int = 200_000, users: int = 
     if int(rows) < 1 or int(users) < 1 or int(items) < 1:
         raise ValueError(f"rows, users and items must be at least 1, got {rows}, {users}, {items}")
     rng = np.random.default_rng(seed)
-    user = np.minimum(rng.zipf(1.3, int(rows)) - 1, int(users) - 1) if users > 1 else np.zeros(int(rows), int)
-    item = np.minimum(rng.zipf(1.3, int(rows)) - 1, int(items) - 1) if items > 1 else np.zeros(int(rows), int)
+    # A power law: id k of n is drawn about (k/n)^(-2/3) times as often as the rarest.
+    user = (int(users) * rng.random(int(rows)) ** 3).astype(np.int64)
+    item = (int(items) * rng.random(int(rows)) ** 3).astype(np.int64)
     # Ids by a random permutation: the popular ones are spread over the id space, not the first few.
     user, item = rng.permutation(int(users))[user], rng.permutation(int(items))[item]
     liking = rng.normal(0.0, 1.5, int(users))[user] + rng.normal(0.0, 1.5, int(items))[item]

@@ -24,6 +24,7 @@ import tensorflow as tf
 from airflow_tf.cluster.training import TrainingConfig
 from airflow_tf.data import make_dataset
 
+from .embeddings import refuse_sharded_tables_in_coordinator_mode
 from .errors import ModelError, NonFiniteError, TaskConfigError
 from .logs import log
 from .models import (build_model, check_checkpoint, checkpoint_weights, compute_loss, latest_checkpoint,
@@ -37,6 +38,7 @@ OPTIMIZERS = {
     "adam": keras.optimizers.Adam,
     "adagrad": keras.optimizers.Adagrad,
     "rmsprop": keras.optimizers.RMSprop,
+    "ftrl": keras.optimizers.Ftrl,
 }
 STEPS_PER_CLOSURE = 10
 """Training steps one scheduled function runs on a worker: scheduling a function costs a round
@@ -129,6 +131,7 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:
     keras.utils.set_random_seed(config.seed)
     with strategy.scope():
         model = build_model(config, schema)
+        refuse_sharded_tables_in_coordinator_mode(model, config.min_shard_bytes)
         optimizer = OPTIMIZERS[config.optimizer](learning_rate=config.learning_rate)
         optimizer.build(model.trainable_variables)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")

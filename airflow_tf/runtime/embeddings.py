@@ -184,3 +184,23 @@ def ps_table_budget(ps_memory_limit: str | None, ps_tasks: int) -> int | None:
     available = mem_available_bytes()
     return None if available is None else available // max(1, ps_tasks)
 
+
+
+def refuse_sharded_tables_in_coordinator_mode(model: keras.Model, min_shard_bytes: int) -> None:
+    """Coordinator mode keeps Keras's own lookup (the table read whole every step): a table large
+    enough to be split over the ps is refused, naming the layer; a smaller one is logged."""
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if not isinstance(layer, keras.layers.Embedding):
+            continue
+        rows, dim = (int(d) for d in layer.embeddings.shape)
+        nbytes = rows * dim * layer.embeddings.value.dtype.size
+        if nbytes >= min_shard_bytes:
+            raise TaskConfigError(
+                f"embedding layer {layer.name!r} ({rows:,} x {dim}, {_mib(nbytes)}): mode='coordinator' cannot look "
+                "rows up on the parameter servers (Keras 3's optimizers update a table under ParameterServerStrategy "
+                "whole, so every step would read and write all of it); use mode='between_graph' (the default), "
+                f"where the table is split over the ps tasks and only looked-up rows travel, or a table under "
+                f"min_shard_bytes={min_shard_bytes:,}"
+            )
+        log(f"airflow-tf embedding {layer.name} {rows}x{dim} {_mib(nbytes)}: coordinator mode reads it whole every "
+            "step (mode='between_graph' looks rows up on the ps)")
