@@ -76,6 +76,25 @@ def test_digits_classifier_reaches_090_accuracy(airflow_home, tmp_path, group_pr
     assert not group_processes(tmp_path / "groups"), "no process of the group is left"
 
 
+def test_recommendation_dag_trains_tables_on_both_ps_and_exports_a_model_of_raw_ids(airflow_home, tmp_path,
+                                                                                     group_processes):
+    result = airflow_home.run("tf_recommendation", tmp_path, conf=json.dumps({"steps": 1200, "rows": 200_000}))
+    assert run_state(result.stdout) == "success", result.stdout[-4000:]
+    run_dir = next((tmp_path / "storage" / "runs").iterdir())
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["task"] == "binary_classification" and metrics["metrics"]["auc"] >= 0.7, metrics
+    worker_log = next((tmp_path / "groups").rglob("worker-0.log")).read_text()
+    for table in ("user_embedding", "item_embedding"):
+        assert f"airflow-tf embedding {table} 262144x16 16.0 MiB in 2 shard(s) on ps" in worker_log
+    export = tmp_path / "storage" / "models" / "clicks" / "1"
+    import tensorflow as tf
+
+    serve = tf.saved_model.load(str(export)).signatures["serving_default"]
+    clicks = serve(user=tf.constant(["u0", "u1", "u149999"]), item=tf.constant(["i0", "i5", "i7"]))["predictions"]
+    assert clicks.shape == (3, 1) and bool(tf.reduce_all((clicks >= 0) & (clicks <= 1)))
+    assert not group_processes(tmp_path / "groups"), "no process of the group is left"
+
+
 def test_crashing_workers_fail_the_run_with_the_reason_and_teardown_still_runs(airflow_home, tmp_path, group_processes):
     result = airflow_home.run("tf_test_crashing_workers", tmp_path)
     assert run_state(result.stdout) == "failed"
