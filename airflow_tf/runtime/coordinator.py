@@ -29,17 +29,11 @@ from .errors import ModelError, NonFiniteError, TaskConfigError
 from .logs import log
 from .models import (build_model, check_checkpoint, checkpoint_weights, compute_loss, latest_checkpoint,
                      resolve_checkpoint, resolve_loss, weight_key)
+from .optimizers import make_keras_optimizer
 from .session_hooks import NonFiniteLossHook, ProgressHook
 from .task import Task
 from .training import KEEP_CHECKPOINTS, placement, recover_checkpoints, target_step
 
-OPTIMIZERS = {
-    "sgd": keras.optimizers.SGD,
-    "adam": keras.optimizers.Adam,
-    "adagrad": keras.optimizers.Adagrad,
-    "rmsprop": keras.optimizers.RMSprop,
-    "ftrl": keras.optimizers.Ftrl,
-}
 STEPS_PER_CLOSURE = 10
 """Training steps one scheduled function runs on a worker: scheduling a function costs a round
 trip to the worker, which a small model's step would otherwise spend most of its time on."""
@@ -132,7 +126,7 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:
     with strategy.scope():
         model = build_model(config, schema)
         refuse_sharded_tables_in_coordinator_mode(model, config.min_shard_bytes)
-        optimizer = OPTIMIZERS[config.optimizer](learning_rate=config.learning_rate)
+        optimizer = make_keras_optimizer(config)
         optimizer.build(model.trainable_variables)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     loss_fn = resolve_loss(config, schema)

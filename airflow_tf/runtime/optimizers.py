@@ -1,4 +1,6 @@
-"""The optimizers of between-graph training, by the names users give (``optimizer=``).
+"""The optimizers, by the names users give (``optimizer=``, :data:`airflow_tf.cluster.training.OPTIMIZERS`):
+TensorFlow's for between-graph training (:data:`GRAPH_OPTIMIZERS`), Keras's for coordinator mode
+(:data:`KERAS_OPTIMIZERS`, which has no ``lazy_adam``: the options refuse it there).
 
 Each applies an embedding table's gradient (``IndexedSlices``: the rows a step looked up) as a
 sparse update on the ps that holds the rows. What each does to a table per step:
@@ -14,6 +16,7 @@ sparse update on the ps that holds the rows. What each does to a table per step:
 
 from __future__ import annotations
 
+import keras
 import tensorflow as tf
 
 from airflow_tf.cluster.training import TrainingConfig
@@ -37,7 +40,7 @@ class LazyAdamOptimizer(tf.compat.v1.train.AdamOptimizer):
         return tf.group(var_update, m_update, v_update)
 
 
-OPTIMIZERS = {
+GRAPH_OPTIMIZERS = {
     "sgd": tf.compat.v1.train.GradientDescentOptimizer,
     "adam": tf.compat.v1.train.AdamOptimizer,
     "lazy_adam": LazyAdamOptimizer,
@@ -47,5 +50,20 @@ OPTIMIZERS = {
 }
 
 
+KERAS_OPTIMIZERS = {
+    "sgd": keras.optimizers.SGD,
+    "adam": keras.optimizers.Adam,
+    "adagrad": keras.optimizers.Adagrad,
+    "ftrl": keras.optimizers.Ftrl,
+    "rmsprop": keras.optimizers.RMSprop,
+}
+
+
 def make_optimizer(config: TrainingConfig):
-    return OPTIMIZERS[config.optimizer](config.learning_rate)
+    """The between-graph optimizer of the run."""
+    return GRAPH_OPTIMIZERS[config.optimizer](config.learning_rate)
+
+
+def make_keras_optimizer(config: TrainingConfig):
+    """The coordinator-mode optimizer of the run."""
+    return KERAS_OPTIMIZERS[config.optimizer](learning_rate=config.learning_rate)

@@ -260,3 +260,11 @@ def test_coordinator_mode_refuses_a_table_it_would_read_whole_naming_the_layer(c
 def test_lazy_adam_in_coordinator_mode_is_refused_before_launch():
     with pytest.raises(ValueError, match="'lazy_adam' updates the embedding rows"):
         TrainingConfig(dataset="d", run_dir="r", steps=1, mode="coordinator", optimizer="lazy_adam")
+
+
+def test_every_optimizer_the_options_accept_exists_in_each_mode_that_accepts_it():
+    from airflow_tf.cluster.training import OPTIMIZERS
+    from airflow_tf.runtime.optimizers import GRAPH_OPTIMIZERS, KERAS_OPTIMIZERS
+
+    assert set(GRAPH_OPTIMIZERS) == set(OPTIMIZERS)
+    assert set(KERAS_OPTIMIZERS) == set(OPTIMIZERS) - {"lazy_adam"}
