@@ -49,7 +49,7 @@ with DAG(
         model_kwargs={"buckets": 262_144, "dim": 16},  # 16 MiB per table
         loss="binary_crossentropy",
         optimizer="adagrad",
-        learning_rate=0.05,
+        learning_rate=0.5,
         batch_size=256,
         steps="{{ params.steps }}",
         checkpoint_every_secs=10,

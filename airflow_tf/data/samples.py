@@ -43,7 +43,7 @@ def write_clicks_csv(path: str | os.PathLike, rows: int = 200_000, users: int = 
     item = (int(items) * rng.random(int(rows)) ** 3).astype(np.int64)
     # Ids by a random permutation: the popular ones are spread over the id space, not the first few.
     user, item = rng.permutation(int(users))[user], rng.permutation(int(items))[item]
-    liking = rng.normal(0.0, 1.5, int(users))[user] + rng.normal(0.0, 1.5, int(items))[item]
+    liking = rng.normal(0.0, 3.0, int(users))[user] + rng.normal(0.0, 3.0, int(items))[item]
     clicked = (rng.random(int(rows)) < 1.0 / (1.0 + np.exp(-(liking - 1.0)))).astype(np.int64)
     path = Path(path)
     with atomic_open(path, "w", fsync=False) as handle:

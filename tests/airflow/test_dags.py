@@ -78,7 +78,7 @@ def test_digits_classifier_reaches_090_accuracy(airflow_home, tmp_path, group_pr
 
 def test_recommendation_dag_trains_tables_on_both_ps_and_exports_a_model_of_raw_ids(airflow_home, tmp_path,
                                                                                      group_processes):
-    result = airflow_home.run("tf_recommendation", tmp_path, conf=json.dumps({"steps": 1200, "rows": 200_000}))
+    result = airflow_home.run("tf_recommendation", tmp_path, conf=json.dumps({"steps": 1500, "rows": 200_000}))
     assert run_state(result.stdout) == "success", result.stdout[-4000:]
     run_dir = next((tmp_path / "storage" / "runs").iterdir())
     metrics = json.loads((run_dir / "metrics.json").read_text())
