@@ -621,6 +621,9 @@ def _check_group(spec: GroupSpec, namespace: str, cluster_domain: str | None,
     """What the Kubernetes backend needs beyond a valid spec: a namespace, images, lifetimes."""
     check_namespace(namespace)
     check_cluster_domain(cluster_domain)
+    if spec.group_backoff_limit is not None:
+        raise SpecError("group_backoff_limit: the Kubernetes backend counts restarts per task "
+                        "(backoffLimitPerIndex = backoff_limit); leave group_backoff_limit unset")
     if spec.image is None and any(spec.roles[r].image is None for r, _ in spec.tasks()):
         raise SpecError("image: the Kubernetes backend needs a container image "
                         "(set the group's image, or an image on every role)")

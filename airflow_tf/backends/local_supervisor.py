@@ -1,7 +1,7 @@
 """The supervisor of one local training group: ``python -m airflow_tf.backends.local_supervisor <group dir>``.
 
 Started (detached) by :meth:`LocalBackend.launch`. It picks free ports on 127.0.0.1, starts
-every task with its TF_CONFIG, applies the restart policies and the group's backoff limit,
+every task with its TF_CONFIG, applies the restart policies and the backoff limits,
 restarts the whole group when a parameter server dies (the workers restore the latest
 checkpoint by themselves), fails the group at its active deadline, follows the chief's
 progress, writes the state file atomically, and stops tasks on teardown requests.
@@ -113,7 +113,9 @@ def free_ports(count: int) -> list[int]:
 
 
 @dataclass
-class Task:
+class TaskProcess:
+    """The supervisor's record of one task (role, index) and its current process."""
+
     role: str
     index: int
     name: str
@@ -121,6 +123,9 @@ class Task:
     port: int = 0
     phase: Phase = Phase.PENDING
     restarts: int = 0
+    failures: int = 0
+    """Restarts charged to this task's ``backoff_limit``: its own failures, not the group
+    restarts another task's (a parameter server's) failure caused."""
     exit_code: int | None = None
     reason: str | None = None
     proc: subprocess.Popen | None = None
@@ -151,7 +156,7 @@ class Supervisor:
         self.isolation: dict[str, Any] = {"network": "shared", "warning": None}
         self.done_at: float | None = None
         self.tasks = [
-            Task(role, index, task_name(self.spec.name, role, index), self.spec.roles[role].restart_policy)
+            TaskProcess(role, index, task_name(self.spec.name, role, index), self.spec.roles[role].restart_policy)
             for role, index in self.spec.tasks()
         ]
         self.chief = next(t for t in self.tasks if (t.role, t.index) == self.spec.chief_task())
@@ -195,7 +200,7 @@ class Supervisor:
         archive_logs(self.group.path)
 
     # -- tasks ------------------------------------------------------------------------------
-    def start(self, tasks: list[Task], new_ports: bool = False) -> None:
+    def start(self, tasks: list[TaskProcess], new_ports: bool = False) -> None:
         if new_ports:
             for task, port in zip(tasks, free_ports(len(tasks))):
                 task.port = port
@@ -203,10 +208,10 @@ class Supervisor:
         for task in tasks:
             self.launch(task, cluster)
 
-    def task(self, role: str, index: int) -> Task:
+    def task(self, role: str, index: int) -> TaskProcess:
         return next(t for t in self.tasks if t.role == role and t.index == index)
 
-    def launch(self, task: Task, cluster: dict[str, list[str]]) -> None:
+    def launch(self, task: TaskProcess, cluster: dict[str, list[str]]) -> None:
         role_spec = self.spec.roles[task.role]
         env = dict(os.environ, **role_spec.env)
         env.update(TF_CONFIG=tf_config_json(cluster, task.role, task.index), PYTHONUNBUFFERED="1",
@@ -231,7 +236,7 @@ class Supervisor:
         task.start_step = (self.progress or {}).get("global_step")
         task.last_progress, task.progress_mark, task.stepping, task.stalled = time.monotonic(), None, False, False
 
-    def stop(self, tasks: list[Task]) -> None:
+    def stop(self, tasks: list[TaskProcess]) -> None:
         """SIGTERM, then SIGKILL after a short grace; returns when every one is reaped."""
         live = [t for t in tasks if t.proc is not None]
         for t in live:
@@ -254,7 +259,7 @@ class Supervisor:
             task.proc, task.exit_code = None, code
             self.exited(task, code)
 
-    def exited(self, task: Task, code: int) -> None:
+    def exited(self, task: TaskProcess, code: int) -> None:
         if code == 0:
             task.phase = Phase.SUCCEEDED  # a reason left from a restart still says why it restarted
             return
@@ -269,11 +274,12 @@ class Supervisor:
         if not is_retryable_exit(task.restart_policy, code):
             task.phase, task.reason = Phase.FAILED, f"{why} (restart policy {task.restart_policy})"
             return
-        if self.restarts >= self.spec.backoff_limit:
-            task.phase = Phase.FAILED
-            task.reason = f"{why}; the group's backoff limit of {self.spec.backoff_limit} restart(s) is used up"
+        spent = self.restart_budget_spent(task)
+        if spent:
+            task.phase, task.reason = Phase.FAILED, f"{why}; {spent}"
             return
         self.restarts += 1
+        task.failures += 1
         task.phase, task.reason = Phase.RESTARTING, why
         if task.role == "ps":
             # The variables lived on that ps: restart every unfinished task from the checkpoint.
@@ -287,6 +293,16 @@ class Supervisor:
         else:
             task.restarts += 1
             self.start([task])
+
+    def restart_budget_spent(self, task: TaskProcess) -> str | None:
+        """Why ``task`` may not restart again, or None: its own ``backoff_limit`` (per task, as
+        on Kubernetes), else the group's ``group_backoff_limit`` (all tasks together)."""
+        if task.failures >= self.spec.backoff_limit:
+            return f"its backoff limit of {self.spec.backoff_limit} restart(s) is used up (backoff_limit, per task)"
+        limit = self.spec.group_backoff_limit
+        if limit is not None and self.restarts >= limit:
+            return f"the group's backoff limit of {limit} restart(s) is used up (group_backoff_limit)"
+        return None
 
     def succeeded(self) -> bool:
         return evaluate(self.status(), self.spec.success_policy).succeeded
@@ -330,24 +346,33 @@ class Supervisor:
         if timeout is None or not self.running:
             return
         now = time.monotonic()
-        step = (self.progress or {}).get("global_step")
         trainers = [t for t in self.tasks if t.role in self.spec.training_roles() and t.proc is not None]
+        self.note_progress(trainers, now)
+        for task in self.stalled(trainers, now, timeout):
+            task.stalled = True
+            self.stop([task])
+            assert task.exit_code is not None  # stop() reaped it
+            self.exited(task, task.exit_code)
+
+    def note_progress(self, trainers: list[TaskProcess], now: float) -> None:
+        """Stamp each trainer whose mark moved: the chief's global step once it steps, else CPU time."""
+        step = (self.progress or {}).get("global_step")
         for task in trainers:
             if task is self.chief and not task.stepping and step != task.start_step:
                 task.stepping, task.progress_mark = True, None
-            mark = step if task.stepping else cpu_ticks(task.proc.pid)
+            mark = step if task.stepping else cpu_ticks(task.proc.pid) if task.proc is not None else None
             if mark is not None and mark != task.progress_mark:
                 task.progress_mark, task.last_progress = mark, now
-        # Others first: a stalled worker also stalls the chief's global step in sync mode.
+
+    def stalled(self, trainers: list[TaskProcess], now: float, timeout: float) -> list[TaskProcess]:
+        """The trainers without progress for ``timeout``. Others first: a stalled worker also
+        stalls the chief's global step in sync mode, so the chief's clock restarts with theirs."""
         stalled = [t for t in trainers if t is not self.chief and now - t.last_progress >= timeout]
         if not stalled and self.chief in trainers and now - self.chief.last_progress >= timeout:
             stalled = [self.chief]
         if stalled and self.chief not in stalled:
             self.chief.last_progress = now
-        for task in stalled:
-            task.stalled = True
-            self.stop([task])
-            self.exited(task, task.exit_code)
+        return stalled
 
     def stop_when_done(self) -> None:
         """Once no training task runs any more, or the group has failed for good, stop what
