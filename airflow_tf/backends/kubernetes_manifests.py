@@ -32,6 +32,7 @@ each naming the role and the key.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import re
@@ -488,7 +489,8 @@ def root_role(spec: GroupSpec) -> str:
     return "chief" if spec.replicas("chief") else "worker"
 
 
-def task_address(group: str, role: str, index: int, namespace: str, port: int, cluster_domain: str | None = None) -> str:
+def task_address(group: str, role: str, index: int, namespace: str, port: int, *,
+                 cluster_domain: str | None = None) -> str:
     """``<job>-<index>.<service>.<namespace>.svc[.<cluster domain>]:<port>``."""
     host = f"{task_name(group, role, index)}.{service_name(group)}.{namespace}.svc" + (
         f".{cluster_domain}" if cluster_domain else "")
@@ -534,14 +536,14 @@ def to_yaml_value(value: Any) -> str:
     return re.sub(r"[^\x20-\x7e\U00010000-\U0010ffff]", lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-_renderer: _Renderer | None = None
+@functools.cache
+def _renderer() -> _Renderer:
+    """One sandboxed environment per process, made on first use (it caches compiled templates)."""
+    return _Renderer()
 
 
 def _render(template: str, **values: Any) -> list[dict]:
-    global _renderer
-    if _renderer is None:
-        _renderer = _Renderer()
-    return _renderer.render(template, **values)
+    return _renderer().render(template, **values)
 
 
 def _volumes(opts: PodOptions) -> tuple[list[dict], list[dict]]:
@@ -591,29 +593,38 @@ def merge_pod_template(template: dict, pod: dict) -> dict:
     t_containers = t_spec.pop("containers", None) or []
     t_main = next((c for c in t_containers if c.get("name") in (main["name"], "base")), None)
     if t_main is not None:
-        merged = {**t_main, **main, "name": main["name"]}
-        for key in ("env", "volumeMounts", "ports"):
-            if t_main.get(key) or main.get(key):
-                merged[key] = _merge_named(t_main.get(key) or [], main.get(key) or [])
-        for kind in ("requests", "limits"):
-            amounts = {**(t_main.get("resources") or {}).get(kind, {}), **main.get("resources", {}).get(kind, {})}
-            if amounts:
-                merged.setdefault("resources", {})[kind] = amounts
-        main = merged
+        main = _merge_container(t_main, main)
     result["spec"]["containers"] = [main] + [c for c in t_containers if c is not t_main]
-    for key in ("volumes", "initContainers"):
-        if t_spec.get(key) or result["spec"].get(key):
-            result["spec"][key] = _merge_named(t_spec.pop(key, None) or [], result["spec"].get(key) or [])
-    if t_spec.get("tolerations"):
-        result["spec"]["tolerations"] = t_spec.pop("tolerations") + result["spec"].get("tolerations", [])
-    for key in ("nodeSelector",):
-        if t_spec.get(key):
-            result["spec"][key] = {**t_spec.pop(key), **result["spec"].get(key, {})}
-    for key in ("securityContext",):
-        if t_spec.get(key):
-            result["spec"][key] = {**t_spec.pop(key), **result["spec"][key]}
-    result["spec"] = {**t_spec, **result["spec"]}
+    result["spec"] = _merge_pod_spec(t_spec, result["spec"])
     return result
+
+
+def _merge_container(under: dict, task: dict) -> dict:
+    """The task's container over the template's: named lists joined, resources merged per kind."""
+    merged = {**under, **task, "name": task["name"]}
+    for key in ("env", "volumeMounts", "ports"):
+        if under.get(key) or task.get(key):
+            merged[key] = _merge_named(under.get(key) or [], task.get(key) or [])
+    for kind in ("requests", "limits"):
+        amounts = {**(under.get("resources") or {}).get(kind, {}), **task.get("resources", {}).get(kind, {})}
+        if amounts:
+            merged.setdefault("resources", {})[kind] = amounts
+    return merged
+
+
+def _merge_pod_spec(under: dict, spec: dict) -> dict:
+    """The backend's pod spec over the template's (without its containers): volumes and init
+    containers joined by name, tolerations added, node selector and security context merged."""
+    spec = dict(spec)
+    for key in ("volumes", "initContainers"):
+        if under.get(key) or spec.get(key):
+            spec[key] = _merge_named(under.pop(key, None) or [], spec.get(key) or [])
+    if under.get("tolerations"):
+        spec["tolerations"] = under.pop("tolerations") + spec.get("tolerations", [])
+    for key in ("nodeSelector", "securityContext"):
+        if under.get(key):
+            spec[key] = {**under.pop(key), **spec.get(key, {})}
+    return {**under, **spec}
 
 
 def _check_group(spec: GroupSpec, namespace: str, cluster_domain: str | None,
@@ -686,7 +697,7 @@ def _task_env(group: _Group, role: _Role) -> list[dict]:
     # The index comes from JOB_COMPLETION_INDEX (set by the Job controller): one
     # TF_CONFIG for every pod of the Job.
     tf_config = json.dumps({"cluster": group.cluster, "task": {"type": role.name}}, sort_keys=True)
-    env = [{"name": "TF_CONFIG", "value": tf_config},
+    env: list[dict[str, Any]] = [{"name": "TF_CONFIG", "value": tf_config},
            # Progress lines must reach the pod log as they are written, not at exit.
            {"name": "PYTHONUNBUFFERED", "value": "1"}]
     if not uses_gpu(role.resources):
@@ -787,7 +798,7 @@ def render_group(spec: GroupSpec, namespace: str, *, cluster_domain: str | None 
     group = _Group(
         spec=spec, namespace=namespace, root=root_role(spec),
         cluster=cluster_def(spec, lambda role, index: task_address(
-            spec.name, role, index, namespace, spec.port, cluster_domain)),
+            spec.name, role, index, namespace, spec.port, cluster_domain=cluster_domain)),
         labels={**extra_labels, GROUP_LABEL: spec.name}, annotations=extra_annotations,
         replicas=json.dumps({role: spec.replicas(role) for role in roles}, sort_keys=True),
         deadline=math.ceil(spec.active_deadline_seconds) if spec.active_deadline_seconds else None,

@@ -21,7 +21,13 @@ from typing import Any
 from airflow_tf.cluster import GroupStatus, Phase, TaskStatus, describe_exit, describe_failure, task_name
 
 from .kubernetes_manifests import (
-    DEFAULT_SCHEDULE_TIMEOUT, INDEX_LABEL, KUEUE_QUEUE_LABEL, REPLICAS, ROLE_LABEL, ROOT_ANNOTATION, SCHEDULE_TIMEOUT,
+    DEFAULT_SCHEDULE_TIMEOUT,
+    INDEX_LABEL,
+    KUEUE_QUEUE_LABEL,
+    REPLICAS,
+    ROLE_LABEL,
+    ROOT_ANNOTATION,
+    SCHEDULE_TIMEOUT,
 )
 
 FAIL_FAST_WAITING = {
@@ -184,7 +190,7 @@ class _Attempts:
 
 
 def assess(group: str, jobs: list[dict], pods: list[dict], now: dt.datetime, *,
-           scheduler_messages: dict[str, str] | None = None, progress: dict[str, Any] | None = None) -> GroupStatus:
+           scheduler_messages: dict[str, str | None] | None = None, progress: dict[str, Any] | None = None) -> GroupStatus:
     """The group's status from its Jobs and their pods."""
     if not jobs:
         return GroupStatus(name=group, exists=False)
@@ -204,7 +210,8 @@ def assess(group: str, jobs: list[dict], pods: list[dict], now: dt.datetime, *,
             continue  # parameter servers are gone after a ps-only teardown: fine
         role_job = _RoleJob.read(f"{group}-{role}", job)
         for index in range(int(expected[role])):
-            task, was_stopped = _assess_task(group, role, index, role_job, attempts, now, scheduler_messages or {})
+            task, was_stopped = _assess_task(group, role, index, role_job, attempts=attempts, now=now,
+                                              scheduler_messages=scheduler_messages or {})
             if task is not None:
                 tasks.append(task)
                 if was_stopped:
@@ -217,8 +224,8 @@ def assess(group: str, jobs: list[dict], pods: list[dict], now: dt.datetime, *,
     return GroupStatus(name=group, tasks=tasks, failure=failure, progress=progress)
 
 
-def _assess_task(group: str, role: str, index: int, job: _RoleJob, attempts: _Attempts, now: dt.datetime,
-                 scheduler_messages: dict[str, str]) -> tuple[TaskStatus | None, bool]:
+def _assess_task(group: str, role: str, index: int, job: _RoleJob, *, attempts: _Attempts, now: dt.datetime,
+                 scheduler_messages: dict[str, str | None]) -> tuple[TaskStatus | None, bool]:
     """One task's status and whether Kubernetes stopped it because of another's failure;
     None for a parameter server being torn down (its exit is expected)."""
     name, restarts = task_name(group, role, index), attempts.restarts((role, index))
@@ -297,60 +304,71 @@ def _job_failure(job: dict, condition: dict | None) -> str:
     return f"{reason}: {message}" if message else reason
 
 
-def _task_status(pod: dict, now: dt.datetime, scheduler_messages: dict[str, str], name: str,
+def _task_status(pod: dict, now: dt.datetime, scheduler_messages: dict[str, str | None], name: str,
                  restarts: int) -> TaskStatus:
+    """What one pod says of its task, before the Job's verdict is applied."""
     role, index = role_index(pod)
+    phase = (pod.get("status") or {}).get("phase") or "Pending"
+    task = TaskStatus(role=role, index=index, name=name, phase=Phase.PENDING, restarts=restarts)
+    if phase == "Pending":
+        _pending(task, pod, now, scheduler_messages)
+    elif phase == "Running":
+        task.phase = Phase.RUNNING
+    elif phase == "Succeeded":
+        task.phase, task.exit_code = Phase.SUCCEEDED, 0
+    elif phase == "Failed":
+        task.phase = Phase.FAILED
+        _failed(task, pod)
+    else:
+        task.reason = f"pod {_meta(pod)['name']} phase {phase}: the node is not reporting (node lost?)"
+    return task
+
+
+def _pending(task: TaskStatus, pod: dict, now: dt.datetime, scheduler_messages: dict[str, str | None]) -> None:
+    """A pending pod: failed when waiting cannot help (image, missing Secret, unschedulable
+    past its timeout), else still pending with what it waits for."""
+    pod_name = _meta(pod)["name"]
+    kind, state = _container_state(pod)
+    if kind == "waiting" and state.get("reason") in FAIL_FAST_WAITING:
+        hint = FAIL_FAST_WAITING[state["reason"]]
+        task.phase = Phase.FAILED
+        task.reason = f"pod {pod_name}: {state['reason']}: {state.get('message') or hint} ({hint})"
+    elif (deadline := schedule_deadline(pod)) is not None and now >= deadline:
+        timeout = _annotation(pod, SCHEDULE_TIMEOUT, str(DEFAULT_SCHEDULE_TIMEOUT))
+        message = scheduler_messages.get(pod_name) or _scheduled_condition_message(pod)
+        task.phase = Phase.FAILED
+        task.reason = (f"pod {pod_name} unschedulable for more than {timeout}s (schedule_timeout_seconds); "
+                       f"the scheduler says: {message}")
+    elif kind == "waiting":
+        task.reason = state.get("reason")
+    elif unschedulable_since(pod) is not None:
+        task.reason = f"waiting for a node: {_scheduled_condition_message(pod)}"
+
+
+def _failed(task: TaskStatus, pod: dict) -> None:
+    """Why a failed pod failed: evicted, past its deadline, preempted, out of memory, an exit
+    code (the reason left empty: the Job's verdict decides), or before its container ran."""
     pod_name = _meta(pod)["name"]
     status = pod.get("status") or {}
-    phase = status.get("phase") or "Pending"
     kind, state = _container_state(pod)
-    task = TaskStatus(role=role, index=index, name=name, phase=Phase.PENDING, restarts=restarts)
-
-    if phase == "Pending":
-        if kind == "waiting" and state.get("reason") in FAIL_FAST_WAITING:
-            task.phase = Phase.FAILED
-            task.reason = (f"pod {pod_name}: {state['reason']}: {state.get('message') or FAIL_FAST_WAITING[state['reason']]} "
-                           f"({FAIL_FAST_WAITING[state['reason']]})")
-        elif (deadline := schedule_deadline(pod)) is not None and now >= deadline:
-            timeout = _annotation(pod, SCHEDULE_TIMEOUT, str(DEFAULT_SCHEDULE_TIMEOUT))
-            message = scheduler_messages.get(pod_name) or _scheduled_condition_message(pod)
-            task.phase = Phase.FAILED
-            task.reason = (f"pod {pod_name} unschedulable for more than {timeout}s (schedule_timeout_seconds); "
-                           f"the scheduler says: {message}")
-        elif kind == "waiting":
-            task.reason = state.get("reason")
-        elif unschedulable_since(pod) is not None:
-            task.reason = f"waiting for a node: {_scheduled_condition_message(pod)}"
-        return task
-    if phase == "Running":
-        task.phase = Phase.RUNNING
-        return task
-    if phase == "Succeeded":
-        task.phase, task.exit_code = Phase.SUCCEEDED, 0
-        return task
-    if phase == "Failed":
-        task.phase = Phase.FAILED
-        disrupted = any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
-                        for c in status.get("conditions") or [])
-        if status.get("reason") == "Evicted" or (disrupted and kind != "terminated"):
-            task.reason = f"Evicted: pod {pod_name}: {status.get('message') or 'the node ran short of resources'}"
-        elif status.get("reason") == "DeadlineExceeded":
-            task.reason = f"DeadlineExceeded: pod {pod_name} ran past activeDeadlineSeconds"
-        elif kind == "terminated":
-            task.exit_code = int(state.get("exitCode", 1))
-            if disrupted:
-                task.reason = f"Preempted: pod {pod_name} was disrupted ({describe_exit(task.exit_code)})"
-            elif state.get("reason") == "OOMKilled":
-                limit = _limit(pod, "memory")
-                task.reason = (f"OOMKilled: pod {pod_name} ran out of memory "
-                               f"({f'limit {limit}' if limit else 'no memory limit set'}); "
-                               f"raise roles.{role}.resources.limits.memory")
-        else:
-            task.reason = (f"pod {pod_name}: {status.get('reason') or 'Failed'}: "
-                           f"{status.get('message') or 'the pod failed before its container ran'}")
-        return task
-    task.reason = f"pod {pod_name} phase {phase}: the node is not reporting (node lost?)"
-    return task
+    disrupted = any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+                    for c in status.get("conditions") or [])
+    if status.get("reason") == "Evicted" or (disrupted and kind != "terminated"):
+        task.reason = f"Evicted: pod {pod_name}: {status.get('message') or 'the node ran short of resources'}"
+    elif status.get("reason") == "DeadlineExceeded":
+        task.reason = f"DeadlineExceeded: pod {pod_name} ran past activeDeadlineSeconds"
+    elif kind == "terminated":
+        task.exit_code = int(state.get("exitCode", 1))
+        if disrupted:
+            task.reason = f"Preempted: pod {pod_name} was disrupted ({describe_exit(task.exit_code)})"
+        elif state.get("reason") == "OOMKilled":
+            limit = _limit(pod, "memory")
+            task.reason = (f"OOMKilled: pod {pod_name} ran out of memory "
+                           f"({f'limit {limit}' if limit else 'no memory limit set'}); "
+                           f"raise roles.{task.role}.resources.limits.memory")
+    else:
+        task.reason = (f"pod {pod_name}: {status.get('reason') or 'Failed'}: "
+                       f"{status.get('message') or 'the pod failed before its container ran'}")
 
 
 def _scheduled_condition_message(pod: dict) -> str:

@@ -12,6 +12,7 @@ threaded) process, so if the supervisor dies, even by SIGKILL, the kernel kills 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -27,14 +28,29 @@ from pathlib import Path
 from typing import Any
 
 from airflow_tf.cluster import (
-    GroupSpec, GroupStatus, Phase, TaskStatus, cluster_def, describe_failure, evaluate, is_retryable_exit,
-    task_name, tf_config_json,
+    GroupSpec,
+    GroupStatus,
+    Phase,
+    TaskStatus,
+    cluster_def,
+    describe_failure,
+    evaluate,
+    is_retryable_exit,
+    task_name,
+    tf_config_json,
 )
 from airflow_tf.cluster.progress import describe, parse_progress
 from airflow_tf.files import read_json
 
 from .local import (
-    STATE_DIR_ENV, STOP_GRACE, GroupDir, archive_logs, is_running, process_start_time, tail_text, write_group_file,
+    STATE_DIR_ENV,
+    STOP_GRACE,
+    GroupDir,
+    archive_logs,
+    is_running,
+    process_start_time,
+    tail_text,
+    write_group_file,
 )
 
 TICK = 0.25
@@ -202,7 +218,7 @@ class Supervisor:
     # -- tasks ------------------------------------------------------------------------------
     def start(self, tasks: list[TaskProcess], new_ports: bool = False) -> None:
         if new_ports:
-            for task, port in zip(tasks, free_ports(len(tasks))):
+            for task, port in zip(tasks, free_ports(len(tasks)), strict=True):
                 task.port = port
         cluster = cluster_def(self.spec, lambda role, index: f"127.0.0.1:{self.task(role, index).port}")
         for task in tasks:
@@ -225,7 +241,8 @@ class Supervisor:
             try:
                 task.proc = subprocess.Popen(
                     command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True, preexec_fn=_die_with_parent(self.pid),
+                    # The supervisor is single-threaded, and PR_SET_PDEATHSIG can only be set in the child.
+                    start_new_session=True, preexec_fn=_die_with_parent(self.pid),  # noqa: PLW1509
                 )
             except OSError as err:  # a command that does not exist cannot be retried into existence
                 task.phase, task.proc = Phase.FAILED, None
@@ -238,18 +255,18 @@ class Supervisor:
 
     def stop(self, tasks: list[TaskProcess]) -> None:
         """SIGTERM, then SIGKILL after a short grace; returns when every one is reaped."""
-        live = [t for t in tasks if t.proc is not None]
-        for t in live:
-            _kill_group(t.proc, signal.SIGTERM)
-            _kill_group(t.proc, signal.SIGCONT)  # a stopped process handles SIGTERM only once continued
+        live = [(t, t.proc) for t in tasks if t.proc is not None]
+        for _, proc in live:
+            _kill_group(proc, signal.SIGTERM)
+            _kill_group(proc, signal.SIGCONT)  # a stopped process handles SIGTERM only once continued
         deadline = time.monotonic() + STOP_GRACE
-        while any(t.proc.poll() is None for t in live) and time.monotonic() < deadline:
+        while any(proc.poll() is None for _, proc in live) and time.monotonic() < deadline:
             time.sleep(0.01)
-        for t in live:
-            if t.proc.poll() is None:
-                _kill_group(t.proc, signal.SIGKILL)
-                t.proc.wait()
-            t.exit_code, t.proc = t.proc.returncode, None
+        for t, proc in live:
+            if proc.poll() is None:
+                _kill_group(proc, signal.SIGKILL)
+                proc.wait()
+            t.exit_code, t.proc = proc.returncode, None
 
     def reap(self) -> None:
         for task in self.tasks:
@@ -462,10 +479,8 @@ def _kill_group(proc: subprocess.Popen, signum: int) -> None:
     try:
         os.killpg(proc.pid, signum)
     except (ProcessLookupError, PermissionError):
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it has exited already
             proc.send_signal(signum)
-        except ProcessLookupError:
-            pass
 
 
 def _die_with_parent(parent: int):

@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from airflow_tf.cluster import GroupSpec, GroupStatus, Outcome, evaluate
 from airflow_tf.cluster.progress import describe as describe_progress

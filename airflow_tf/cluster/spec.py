@@ -10,8 +10,9 @@ import math
 import re
 import signal
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from .names import is_dns1123_label, task_name
 from .training import TrainingConfig
@@ -139,7 +140,7 @@ class GroupSpec:
     # -- construction -------------------------------------------------------------------
     @classmethod
     def for_training(cls, name: str, training: TrainingConfig, *, ps: int = 1, workers: int = 2,
-                     chief: int = 0, evaluator: int = 0, **options: Any) -> "GroupSpec":
+                     chief: int = 0, evaluator: int = 0, **options: Any) -> GroupSpec:
         if training.mode == "coordinator":  # the chief drives the workers (which never exit): its exit decides
             chief, options["success_policy"] = max(chief, 1), "ChiefOrWorker0"
         roles = {"ps": RoleSpec(replicas=ps, restart_policy="OnFailure"), "worker": RoleSpec(replicas=workers)}
@@ -162,7 +163,7 @@ class GroupSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "GroupSpec":
+    def from_dict(cls, data: dict[str, Any]) -> GroupSpec:
         return cls(**data)
 
     # -- validation ---------------------------------------------------------------------
