@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 FILE_SCHEME = "file://"
 

@@ -6,6 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -17,6 +20,26 @@ def test_user_guide_builds_strict(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     operators = (tmp_path / "site" / "operators" / "index.html").read_text()
     assert "LaunchTFClusterOperator" in operators and "WorkerCompletionSensor" in operators
+
+
+@pytest.mark.parametrize("link, complaint", [
+    ("[numbers](other.md#no-such-heading)", "does not contain an anchor '#no-such-heading'"),
+    ("[numbers](#no-such-heading)", "there is no such anchor on this page"),
+    ("[gone](missing.md)", "not found among documentation files"),
+])
+def test_the_guide_settings_fail_the_build_on_a_broken_link_or_anchor(tmp_path, link, complaint):
+    """The guide's own ``validation`` settings, on a two-page site with one bad link."""
+    settings = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text(f"# Home\n\nSee {link}.\n")
+    (docs / "other.md").write_text("# Other\n\n## Numbers\n")
+    config = {"site_name": "check", "docs_dir": "docs", "strict": True, "validation": settings["validation"],
+              "nav": ["index.md", "other.md"]}
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--site-dir", str(tmp_path / "site")],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and complaint in result.stderr, result.stderr[-2000:]
 
 
 def test_every_parameter_of_the_operators_sensor_and_task_group_is_documented():

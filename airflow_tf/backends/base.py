@@ -5,8 +5,9 @@ particular backend: they hold a :class:`GroupRef` (JSON, fit for XCom) and call
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, AsyncIterator, Iterable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from airflow_tf.cluster import GroupSpec, GroupStatus
 
@@ -26,11 +27,11 @@ class GroupRef:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "GroupRef":
+    def from_dict(cls, data: dict[str, Any]) -> GroupRef:
         return cls(**data)
 
     @classmethod
-    def coerce(cls, value: "GroupRef | dict[str, Any]") -> "GroupRef":
+    def coerce(cls, value: GroupRef | dict[str, Any]) -> GroupRef:
         """A GroupRef from itself, its dict, or a launch result (``{"group": {...}, ...}``)."""
         if isinstance(value, GroupRef):
             return value

@@ -23,19 +23,36 @@ import json
 import logging
 import math
 import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from functools import cached_property
-from typing import Any, AsyncIterator, Callable, Iterable, Iterator
+from typing import Any
 
 from airflow_tf.cluster import GroupSpec, GroupStatus, SpecError
 from airflow_tf.cluster.progress import parse_progress
 
 from .base import BackendError, GroupRef
 from .kubernetes_manifests import (
-    COMPONENT_LABEL, DEFAULT_PS_MAX_LIFETIME_SECONDS, DEFAULT_TTL_SECONDS_AFTER_FINISHED, GROUP_LABEL, ROLE_LABEL,
-    ROOT_ANNOTATION, SUCCESS_POLICY, check_cluster_domain, group_selector, owned_by, render_group,
+    COMPONENT_LABEL,
+    DEFAULT_PS_MAX_LIFETIME_SECONDS,
+    DEFAULT_TTL_SECONDS_AFTER_FINISHED,
+    GROUP_LABEL,
+    ROLE_LABEL,
+    ROOT_ANNOTATION,
+    SUCCESS_POLICY,
+    check_cluster_domain,
+    group_selector,
+    owned_by,
+    render_group,
 )
 from .kubernetes_status import (
-    INDEX_LABEL, _task_status, assess, latest_pods, lead_pod, next_wakeup, overdue_unschedulable, scheduler_message,
+    INDEX_LABEL,
+    _task_status,
+    assess,
+    latest_pods,
+    lead_pod,
+    next_wakeup,
+    overdue_unschedulable,
+    scheduler_message,
 )
 
 log = logging.getLogger(__name__)
@@ -53,7 +70,7 @@ class JobRefusedError(BackendError):
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def _name(obj: dict) -> str:
@@ -363,8 +380,29 @@ class KubernetesBackend:
                                "launch the group again with this version of airflow-tf")
         namespace, name = self._ns(ref), f"{ref.name}-{component}"
         selector = f"{group_selector(ref.name)},{COMPONENT_LABEL}={component}"
-        body = _one_off_job(name, namespace, ref.name, component, template, args, timeout,
-                            self.ttl_seconds_after_finished)
+        self._start_one_off(_one_off_job(name, namespace, group=ref.name, component=component, template=template,
+                                         args=args, timeout=timeout, ttl=self.ttl_seconds_after_finished), selector)
+        log.info("running %s on the cluster as Job %s in namespace %s", component, name, namespace)
+        job, state = self._wait_one_off(namespace, name, selector)
+        pods = latest_pods(self._list("pods", namespace, selector))
+        pod = next(iter(pods.values()), None)
+        text = self._read_log(namespace, _name(pod), component, log_tail_lines) if pod else ""
+        if state != "Complete":
+            task = _task_status(pod, _now(), {}, name, 0) if pod else None
+            detail = (task.reason or (f"exit code {task.exit_code}" if task.exit_code is not None else None)) if task else None
+            error = JobRefusedError if task and refused_exit is not None and task.exit_code == refused_exit \
+                else BackendError
+            raise error(f"{component} Job {name} failed (pod {_name(pod) if pod else 'none'}: "
+                        f"{detail or _job_condition_text(job)}); last lines of its log:\n"
+                        f"{text.rstrip() or '(empty)'}")
+        self._delete("jobs", namespace, name)
+        return text
+
+    def _start_one_off(self, body: dict, selector: str) -> None:
+        """Create the one-off Job, replacing a finished one of its name and re-attaching to a
+        running one (started by an earlier try)."""
+        meta = body["metadata"]
+        namespace, name, component = meta["namespace"], meta["name"], meta["labels"][COMPONENT_LABEL]
         for old in self._list("jobs", namespace, selector):
             if _job_finished(old):
                 self._delete("jobs", namespace, _name(old))
@@ -374,12 +412,14 @@ class KubernetesBackend:
                        and not (j["metadata"].get("deletionTimestamp"))]
             if running:
                 log.info("re-attaching to %s Job %s started by an earlier try", component, name)
-                break
+                return
             if time.monotonic() > deadline:
                 raise BackendError(f"could not create Job {name} in namespace {namespace}: "
                                    "a Job of that name is still being deleted")
             time.sleep(min(self.poll_interval, 1.0))
-        log.info("running %s on the cluster as Job %s in namespace %s", component, name, namespace)
+
+    def _wait_one_off(self, namespace: str, name: str, selector: str) -> tuple[dict, str]:
+        """The one-off Job once it finished, and how (``Complete`` or why it failed)."""
         while True:
             jobs = [j for j in self._list("jobs", namespace, selector) if _name(j) == name]
             if not jobs:
@@ -387,21 +427,8 @@ class KubernetesBackend:
                                    "(deleted outside airflow-tf)")
             state = _job_finished(jobs[0])
             if state:
-                break
+                return jobs[0], state
             time.sleep(self.poll_interval)
-        pods = latest_pods([p for p in self._list("pods", namespace, selector)])
-        pod = next(iter(pods.values()), None)
-        text = self._read_log(namespace, _name(pod), component, log_tail_lines) if pod else ""
-        if state != "Complete":
-            task = _task_status(pod, _now(), {}, name, 0) if pod else None
-            detail = (task.reason or (f"exit code {task.exit_code}" if task.exit_code is not None else None)) if task else None
-            error = JobRefusedError if task and refused_exit is not None and task.exit_code == refused_exit \
-                else BackendError
-            raise error(f"{component} Job {name} failed (pod {_name(pod) if pod else 'none'}: "
-                               f"{detail or _job_condition_text(jobs[0])}); last lines of its log:\n"
-                               f"{text.rstrip() or '(empty)'}")
-        self._delete("jobs", namespace, name)
-        return text
 
     # -- watching ------------------------------------------------------------------------
     async def watch(self, ref: GroupRef, timeout: float | None = None) -> AsyncIterator[GroupStatus]:
@@ -412,14 +439,15 @@ class KubernetesBackend:
         chief's log. Only if the watch fails does this fall back to listing pods every
         ``poll_interval`` seconds."""
         import aiohttp
-        from kubernetes_asyncio import client as async_client, watch as async_watch
+        from kubernetes_asyncio import client as async_client
+        from kubernetes_asyncio import watch as async_watch
 
         loop = asyncio.get_running_loop()
         end = None if timeout is None else loop.time() + timeout
         namespace, selector = self._ns(ref), group_selector(ref.name)
         hook = await self._async_hook()
         async with hook.get_conn() as api:
-            group = _WatchedGroup(self, ref, async_client.CoreV1Api(api), api, namespace, selector)
+            group = _WatchedGroup(self, ref, async_client.CoreV1Api(api), api, namespace=namespace, selector=selector)
             await self._relist_after_error(group, loop, end)
             last = None
             watch_allowed = True
@@ -461,7 +489,7 @@ class KubernetesBackend:
                     else:
                         await self._pause_after_error(e, loop, end)
                     await self._relist_after_error(group, loop, end)
-                except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                except (TimeoutError, aiohttp.ClientError, OSError) as e:
                     await self._pause_after_error(e, loop, end)
                     await self._relist_after_error(group, loop, end)
 
@@ -470,7 +498,7 @@ class KubernetesBackend:
         log.warning("watching pods failed (%s); listing them again in %.0fs", error, pause)
         await asyncio.sleep(pause)
 
-    async def _relist_after_error(self, group: "_WatchedGroup", loop: asyncio.AbstractEventLoop,
+    async def _relist_after_error(self, group: _WatchedGroup, loop: asyncio.AbstractEventLoop,
                                   end: float | None) -> None:
         """List the pods (again); while the API server is unavailable, keep trying every
         ``poll_interval``: a trigger outlives an API server restart."""
@@ -481,7 +509,7 @@ class KubernetesBackend:
             try:
                 await group.relist()
                 return
-            except (ApiException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+            except (TimeoutError, ApiException, aiohttp.ClientError, OSError) as e:
                 if isinstance(e, ApiException) and e.status in (401, 403, 404):
                     raise BackendError(_explain(f"list the pods of group {group.ref.name}", e.status, e.reason,
                                                 e.body)) from e
@@ -494,7 +522,8 @@ class _WatchedGroup:
     """The pods of one group as last seen by ``watch()``, and their status. The Jobs are
     re-read whenever a pod changed: their conditions (failed, complete) come with pod events."""
 
-    def __init__(self, backend: KubernetesBackend, ref: GroupRef, core: Any, api: Any, namespace: str, selector: str):
+    def __init__(self, backend: KubernetesBackend, ref: GroupRef, core: Any, api: Any, *, namespace: str,
+                 selector: str):
         from kubernetes_asyncio import client as async_client
 
         self.backend, self.ref, self.core, self.api = backend, ref, core, api
@@ -576,7 +605,7 @@ def _job_condition_text(job: dict) -> str:
     return "no pod ran"
 
 
-def _one_off_job(name: str, namespace: str, group: str, component: str, template: dict, args: list[str],
+def _one_off_job(name: str, namespace: str, *, group: str, component: str, template: dict, args: list[str],
                  timeout: float, ttl: int | None) -> dict:
     """A Job running ``python -m airflow_tf.serving <args>`` in the lead trainer's pod
     template: same image, volumes, service account and security; no TF_CONFIG, no port."""
@@ -586,7 +615,7 @@ def _one_off_job(name: str, namespace: str, group: str, component: str, template
     main.update(name=component, command=["python", "-m", "airflow_tf.serving", *args],
                 env=[e for e in main.get("env") or [] if e.get("name") not in ("TF_CONFIG",)])
     main.pop("ports", None)
-    spec["containers"] = [main] + spec["containers"][1:]
+    spec["containers"] = [main, *spec["containers"][1:]]
     labels = {GROUP_LABEL: group, COMPONENT_LABEL: component}
     return {
         "apiVersion": "batch/v1", "kind": "Job",
@@ -607,10 +636,8 @@ def _event_selector(pod: str) -> str:
 
 def _explain(action: str, status: int | None, reason: str | None, body: Any) -> str:
     message = reason or ""
-    try:
+    with contextlib.suppress(TypeError, ValueError, AttributeError):  # a body that is no JSON object
         message = json.loads(body).get("message") or message
-    except (TypeError, ValueError, AttributeError):
-        pass
     hint = {
         401: "the credentials were refused; check the Kubernetes connection",
         403: "the Airflow worker/triggerer's service account lacks this permission; "

@@ -24,16 +24,19 @@ what ``airflow-tf render`` prints (the backend adds only the ownerReferences, wh
 the root's uid).
 
 Pod settings that only Kubernetes understands come from ``RoleSpec.kubernetes`` (merged
-over the backend's ``pod_defaults``); :data:`POD_OPTIONS` lists the keys and
-:func:`pod_options` validates them with errors that name the role and the key.
+over the backend's ``pod_defaults``); :data:`POD_OPTION_TABLE` declares each key with its
+meaning and its validator, and :func:`pod_options` runs them all, reporting every error at once,
+each naming the role and the key.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -43,7 +46,7 @@ import yaml
 from jinja2 import FileSystemLoader, StrictUndefined
 from jinja2.sandbox import SandboxedEnvironment
 
-from airflow_tf.cluster import GroupSpec, SpecError, cluster_def, label_value, task_name
+from airflow_tf.cluster import GroupSpec, RoleSpec, SpecError, cluster_def, label_value, task_name
 
 TEMPLATES = Path(__file__).with_name("templates")
 
@@ -70,28 +73,6 @@ GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915")
 USER_ERROR_EXIT_CODES = list(range(1, 129))
 """Exit codes of a program error under the ``ExitCode`` policy; above 128 is death by a signal."""
 
-POD_OPTIONS = {
-    "node_selector": "{label: value} the nodes must carry",
-    "tolerations": "list of Kubernetes tolerations ({key, operator, value, effect, tolerationSeconds})",
-    "affinity": "a Kubernetes affinity object ({nodeAffinity, podAffinity, podAntiAffinity})",
-    "service_account": "service account the pods run as",
-    "image_pull_secrets": "names of docker-registry Secrets for private images",
-    "image_pull_policy": "Always, IfNotPresent or Never",
-    "env_from": "list of {secret: NAME} or {config_map: NAME} (optional prefix) exported as environment",
-    "secret_env": "{VAR: {secret: NAME, key: KEY}}: one variable from one Secret key",
-    "volumes": "list of {claim|secret|config_map|empty_dir: ..., mount_path: /path, read_only, sub_path}",
-    "shm_size": "size of a memory-backed /dev/shm (e.g. 1Gi)",
-    "init_containers": "list of Kubernetes containers run before the task",
-    "sidecars": "list of Kubernetes containers running beside the task (native sidecars)",
-    "schedule_timeout_seconds": f"fail when a pod stays unschedulable this long (default {DEFAULT_SCHEDULE_TIMEOUT:.0f})",
-    "run_as_user": f"numeric user id of the training process (default {DEFAULT_USER}; never root)",
-    "fs_group": "group id owning mounted volumes (default: run_as_user)",
-    "labels": "extra labels {key: value} on the Jobs and pods",
-    "annotations": "extra annotations {key: value} on the Jobs and pods",
-    "queue_name": f"Kueue LocalQueue: sets {KUEUE_QUEUE_LABEL} and creates the Jobs suspended for Kueue to admit",
-    "priority_class": "PriorityClass name",
-    "pod_template": "a Pod manifest (object, or path of a YAML file) merged under what the backend sets",
-}
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 _AFFINITY_KEYS = {"nodeAffinity", "podAffinity", "podAntiAffinity"}
 _PULL_POLICIES = ("Always", "IfNotPresent", "Never")
@@ -164,171 +145,6 @@ class PodOptions:
     pod_template: dict | None = None
 
 
-def _is_str_map(value: Any) -> bool:
-    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
-
-
-def _load_pod_template(value: Any, where: str) -> dict:
-    """A Pod manifest from an object or a YAML file (like the provider's pod_template_file)."""
-    if isinstance(value, str):
-        try:
-            value = yaml.safe_load(Path(value).read_text())
-        except OSError as e:
-            raise SpecError(f"{where}: cannot read the pod template file {value}: {e.strerror}") from None
-        except yaml.YAMLError as e:
-            raise SpecError(f"{where}: the pod template file is not valid YAML: {e}") from None
-    if not isinstance(value, dict) or set(value) - {"apiVersion", "kind", "metadata", "spec"} \
-            or value.get("kind", "Pod") != "Pod" or not isinstance(value.get("spec", {}), dict):
-        raise SpecError(f"{where}: must be a Pod manifest {{apiVersion: v1, kind: Pod, metadata, spec}}")
-    return value
-
-
-def _check_containers(containers: Any, where: str, errors: list[str]) -> None:
-    if not isinstance(containers, list) or not all(isinstance(c, dict) for c in containers):
-        errors.append(f"{where}: must be a list of Kubernetes containers ({{name, image, command, ...}})")
-        return
-    for i, c in enumerate(containers):
-        if not isinstance(c.get("name"), str) or not _DNS_LABEL.match(c["name"]):
-            errors.append(f"{where}[{i}].name: a DNS-1123 label is required")
-        try:
-            check_image(c.get("image"), f"{where}[{i}].image")
-        except SpecError as e:
-            errors.append(str(e))
-
-
-def _check_volumes(volumes: Any, where: str, errors: list[str]) -> None:
-    if not isinstance(volumes, list):
-        errors.append(f"{where}: must be a list of {{claim|secret|config_map|empty_dir: ..., mount_path: /path}}")
-        return
-    paths = set()
-    for i, v in enumerate(volumes):
-        if not isinstance(v, dict):
-            errors.append(f"{where}[{i}]: must be {{claim: PVC, mount_path: /path}} (or secret, config_map, empty_dir)")
-            continue
-        extra = sorted(set(v) - {*_VOLUME_SOURCES, "mount_path", "read_only", "sub_path"})
-        if extra:
-            errors.append(f"{where}[{i}]: unknown field(s) {', '.join(extra)}; "
-                          f"use one of {', '.join(_VOLUME_SOURCES)}, and mount_path, read_only, sub_path")
-        sources = [s for s in _VOLUME_SOURCES if s in v]
-        if len(sources) != 1:
-            errors.append(f"{where}[{i}]: exactly one of claim (a PersistentVolumeClaim name), secret, "
-                          "config_map or empty_dir is required")
-        elif sources[0] == "empty_dir":
-            empty = v["empty_dir"]
-            if not isinstance(empty, dict) or set(empty) - {"medium", "size_limit"} \
-                    or empty.get("medium", "") not in ("", "Memory"):
-                errors.append(f"{where}[{i}].empty_dir: must be {{}} or {{medium: Memory, size_limit: 1Gi}}")
-            elif "size_limit" in empty:
-                _quantity(empty["size_limit"], f"{where}[{i}].empty_dir.size_limit", errors)
-        else:
-            name = v[sources[0]]
-            if not isinstance(name, str) or not _DNS_SUBDOMAIN.match(name) or len(name) > 253:
-                errors.append(f"{where}[{i}].{sources[0]}: {name!r} is not a Kubernetes object name")
-        path = v.get("mount_path")
-        if not isinstance(path, str) or not path.startswith("/"):
-            errors.append(f"{where}[{i}].mount_path: an absolute path inside the container is required")
-        elif path in paths:
-            errors.append(f"{where}[{i}].mount_path: {path} is mounted twice")
-        paths.add(path)
-        if "read_only" in v and not isinstance(v["read_only"], bool):
-            errors.append(f"{where}[{i}].read_only: must be true or false")
-
-
-def pod_options(role: str, options: dict[str, Any]) -> PodOptions:
-    """Validate one role's Kubernetes settings; every problem is reported at once."""
-    where = f"roles.{role}.kubernetes"
-    errors: list[str] = []
-    unknown = sorted(set(options) - set(POD_OPTIONS))
-    for key in unknown:
-        errors.append(f"{where}.{key}: unknown setting; the settings are: "
-                      + "; ".join(f"{k} ({doc})" for k, doc in POD_OPTIONS.items()))
-    o = {k: v for k, v in options.items() if k in POD_OPTIONS}
-
-    if "node_selector" in o and not _is_str_map(o["node_selector"]):
-        errors.append(f"{where}.node_selector: must map label names to string values, e.g. "
-                      '{"cloud.google.com/gke-accelerator": "nvidia-tesla-t4"}')
-    if "tolerations" in o:
-        tolerations = o["tolerations"]
-        if not isinstance(tolerations, list) or not all(isinstance(t, dict) for t in tolerations):
-            errors.append(f"{where}.tolerations: must be a list of Kubernetes tolerations")
-        else:
-            for i, t in enumerate(tolerations):
-                bad = sorted(set(t) - _TOLERATION_KEYS)
-                if bad:
-                    errors.append(f"{where}.tolerations[{i}]: unknown field(s) {', '.join(bad)}; "
-                                  f"a toleration has {', '.join(sorted(_TOLERATION_KEYS))}")
-    if "affinity" in o and (not isinstance(o["affinity"], dict) or set(o["affinity"]) - _AFFINITY_KEYS):
-        errors.append(f"{where}.affinity: must be a Kubernetes affinity object with "
-                      f"{', '.join(sorted(_AFFINITY_KEYS))}")
-    for key, what in (("service_account", "service account name"), ("priority_class", "PriorityClass name")):
-        if key in o:
-            try:
-                check_dns_subdomain(o[key], f"{where}.{key}", what)
-            except SpecError as e:
-                errors.append(str(e))
-    if "queue_name" in o and (not isinstance(o["queue_name"], str) or not _LABEL_VALUE.match(o["queue_name"])
-                              or not o["queue_name"]):
-        errors.append(f"{where}.queue_name: {o['queue_name']!r} is not a Kueue LocalQueue name (a label value)")
-    if "image_pull_secrets" in o and (not isinstance(o["image_pull_secrets"], list)
-                                      or not all(isinstance(s, str) and s for s in o["image_pull_secrets"])):
-        errors.append(f"{where}.image_pull_secrets: must be a list of Secret names")
-    if "image_pull_policy" in o and o["image_pull_policy"] not in _PULL_POLICIES:
-        errors.append(f"{where}.image_pull_policy: {o['image_pull_policy']!r} is not one of {', '.join(_PULL_POLICIES)}")
-    if "env_from" in o:
-        sources = o["env_from"] if isinstance(o["env_from"], list) else []
-        if not isinstance(o["env_from"], list):
-            errors.append(f"{where}.env_from: must be a list of {{secret: NAME}} or {{config_map: NAME}}")
-        for i, source in enumerate(sources):
-            kinds = [k for k in ("secret", "config_map") if isinstance(source, dict) and k in source]
-            extra = sorted(set(source) - {"secret", "config_map", "prefix"}) if isinstance(source, dict) else []
-            if len(kinds) != 1 or extra or not isinstance(source[kinds[0]], str):
-                errors.append(f"{where}.env_from[{i}]: must be {{secret: NAME}} or {{config_map: NAME}} "
-                              "(with an optional prefix); secret values are referenced, never written inline")
-    if "secret_env" in o:
-        entries = o["secret_env"] if isinstance(o["secret_env"], dict) else {}
-        if not isinstance(o["secret_env"], dict):
-            errors.append(f"{where}.secret_env: must map VAR to {{secret: NAME, key: KEY}}")
-        for var, ref in entries.items():
-            if not _ENV_NAME.match(str(var)):
-                errors.append(f"{where}.secret_env.{var}: not a valid environment variable name")
-            if not isinstance(ref, dict) or set(ref) != {"secret", "key"} or not all(isinstance(v, str) and v for v in ref.values()):
-                errors.append(f"{where}.secret_env.{var}: must be {{secret: NAME, key: KEY}}")
-    if "volumes" in o:
-        _check_volumes(o["volumes"], f"{where}.volumes", errors)
-    if "shm_size" in o:
-        o["shm_size"] = _quantity(o["shm_size"], f"{where}.shm_size", errors)
-    for key in ("init_containers", "sidecars"):
-        if key in o:
-            _check_containers(o[key], f"{where}.{key}", errors)
-    if "schedule_timeout_seconds" in o:
-        value = o["schedule_timeout_seconds"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            errors.append(f"{where}.schedule_timeout_seconds: must be a positive number of seconds")
-    for key in ("run_as_user", "fs_group"):
-        if key in o and (isinstance(o[key], bool) or not isinstance(o[key], int) or o[key] <= 0):
-            errors.append(f"{where}.{key}: must be a positive numeric id (pods never run as root)")
-    for key in ("labels", "annotations"):
-        if key in o:
-            if not _is_str_map(o[key]):
-                errors.append(f"{where}.{key}: must map keys to string values")
-                continue
-            for k, v in o[key].items():
-                if not _LABEL_KEY.match(k) or k.startswith(f"{PREFIX}/"):
-                    errors.append(f"{where}.{key}.{k}: not a usable Kubernetes key (optional DNS prefix, "
-                                  f"a name of at most 63 characters; {PREFIX}/ is reserved)")
-                elif key == "labels" and not _LABEL_VALUE.match(v):
-                    errors.append(f"{where}.labels.{k}: {v!r} is not a label value (at most 63 characters "
-                                  "of letters, digits, '-', '_', '.')")
-    if "pod_template" in o:
-        try:
-            o["pod_template"] = _load_pod_template(o["pod_template"], f"{where}.pod_template")
-        except SpecError as e:
-            errors.append(str(e))
-    if errors:
-        raise SpecError("invalid Kubernetes settings:\n  " + "\n  ".join(errors))
-    return PodOptions(**o)
-
-
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": Decimal(10**3),
             "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18)}
@@ -356,6 +172,269 @@ def quantity_value(text: str) -> Decimal:
         return number * _DECIMAL[suffix]
     return number * (Decimal(10) ** int(suffix[1:])) if suffix else number
 
+
+def _is_str_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+# -- the validators of POD_OPTIONS -------------------------------------------------------
+# Each takes (value, where, errors), appends one message per problem (naming ``where``, the
+# role's key) and returns the value to keep: what the user gave, or its normal form.
+
+def _check_node_selector(value: Any, where: str, errors: list[str]) -> Any:
+    if not _is_str_map(value):
+        errors.append(f"{where}: must map label names to string values, e.g. "
+                      '{"cloud.google.com/gke-accelerator": "nvidia-tesla-t4"}')
+    return value
+
+
+def _check_tolerations(value: Any, where: str, errors: list[str]) -> Any:
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        errors.append(f"{where}: must be a list of Kubernetes tolerations")
+        return value
+    for i, toleration in enumerate(value):
+        bad = sorted(set(toleration) - _TOLERATION_KEYS)
+        if bad:
+            errors.append(f"{where}[{i}]: unknown field(s) {', '.join(bad)}; "
+                          f"a toleration has {', '.join(sorted(_TOLERATION_KEYS))}")
+    return value
+
+
+def _check_affinity(value: Any, where: str, errors: list[str]) -> Any:
+    if not isinstance(value, dict) or set(value) - _AFFINITY_KEYS:
+        errors.append(f"{where}: must be a Kubernetes affinity object with {', '.join(sorted(_AFFINITY_KEYS))}")
+    return value
+
+
+def _object_name(what: str) -> Callable[[Any, str, list[str]], Any]:
+    """A validator of a Kubernetes object name (a DNS-1123 subdomain) such as ``what``."""
+    def check(value: Any, where: str, errors: list[str]) -> Any:
+        try:
+            check_dns_subdomain(value, where, what)
+        except SpecError as e:
+            errors.append(str(e))
+        return value
+    return check
+
+
+def _check_image_pull_secrets(value: Any, where: str, errors: list[str]) -> Any:
+    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+        errors.append(f"{where}: must be a list of Secret names")
+    return value
+
+
+def _check_image_pull_policy(value: Any, where: str, errors: list[str]) -> Any:
+    if value not in _PULL_POLICIES:
+        errors.append(f"{where}: {value!r} is not one of {', '.join(_PULL_POLICIES)}")
+    return value
+
+
+def _check_env_from(value: Any, where: str, errors: list[str]) -> Any:
+    if not isinstance(value, list):
+        errors.append(f"{where}: must be a list of {{secret: NAME}} or {{config_map: NAME}}")
+        return value
+    for i, source in enumerate(value):
+        kinds = [k for k in ("secret", "config_map") if isinstance(source, dict) and k in source]
+        extra = sorted(set(source) - {"secret", "config_map", "prefix"}) if isinstance(source, dict) else []
+        if len(kinds) != 1 or extra or not isinstance(source[kinds[0]], str):
+            errors.append(f"{where}[{i}]: must be {{secret: NAME}} or {{config_map: NAME}} "
+                          "(with an optional prefix); secret values are referenced, never written inline")
+    return value
+
+
+def _check_secret_env(value: Any, where: str, errors: list[str]) -> Any:
+    if not isinstance(value, dict):
+        errors.append(f"{where}: must map VAR to {{secret: NAME, key: KEY}}")
+        return value
+    for var, ref in value.items():
+        if not _ENV_NAME.match(str(var)):
+            errors.append(f"{where}.{var}: not a valid environment variable name")
+        if not isinstance(ref, dict) or set(ref) != {"secret", "key"} \
+                or not all(isinstance(v, str) and v for v in ref.values()):
+            errors.append(f"{where}.{var}: must be {{secret: NAME, key: KEY}}")
+    return value
+
+
+def _check_containers(containers: Any, where: str, errors: list[str]) -> Any:
+    if not isinstance(containers, list) or not all(isinstance(c, dict) for c in containers):
+        errors.append(f"{where}: must be a list of Kubernetes containers ({{name, image, command, ...}})")
+        return containers
+    for i, c in enumerate(containers):
+        if not isinstance(c.get("name"), str) or not _DNS_LABEL.match(c["name"]):
+            errors.append(f"{where}[{i}].name: a DNS-1123 label is required")
+        try:
+            check_image(c.get("image"), f"{where}[{i}].image")
+        except SpecError as e:
+            errors.append(str(e))
+    return containers
+
+
+def _check_volume_source(volume: dict, where: str, errors: list[str]) -> None:
+    """Exactly one source: a claim, Secret or ConfigMap by name, or an emptyDir."""
+    sources = [s for s in _VOLUME_SOURCES if s in volume]
+    if len(sources) != 1:
+        errors.append(f"{where}: exactly one of claim (a PersistentVolumeClaim name), secret, "
+                      "config_map or empty_dir is required")
+    elif sources[0] == "empty_dir":
+        empty = volume["empty_dir"]
+        if not isinstance(empty, dict) or set(empty) - {"medium", "size_limit"} \
+                or empty.get("medium", "") not in ("", "Memory"):
+            errors.append(f"{where}.empty_dir: must be {{}} or {{medium: Memory, size_limit: 1Gi}}")
+        elif "size_limit" in empty:
+            _quantity(empty["size_limit"], f"{where}.empty_dir.size_limit", errors)
+    else:
+        name = volume[sources[0]]
+        if not isinstance(name, str) or not _DNS_SUBDOMAIN.match(name) or len(name) > 253:
+            errors.append(f"{where}.{sources[0]}: {name!r} is not a Kubernetes object name")
+
+
+def _check_volumes(volumes: Any, where: str, errors: list[str]) -> Any:
+    if not isinstance(volumes, list):
+        errors.append(f"{where}: must be a list of {{claim|secret|config_map|empty_dir: ..., mount_path: /path}}")
+        return volumes
+    paths = set()
+    for i, v in enumerate(volumes):
+        if not isinstance(v, dict):
+            errors.append(f"{where}[{i}]: must be {{claim: PVC, mount_path: /path}} (or secret, config_map, empty_dir)")
+            continue
+        extra = sorted(set(v) - {*_VOLUME_SOURCES, "mount_path", "read_only", "sub_path"})
+        if extra:
+            errors.append(f"{where}[{i}]: unknown field(s) {', '.join(extra)}; "
+                          f"use one of {', '.join(_VOLUME_SOURCES)}, and mount_path, read_only, sub_path")
+        _check_volume_source(v, f"{where}[{i}]", errors)
+        path = v.get("mount_path")
+        if not isinstance(path, str) or not path.startswith("/"):
+            errors.append(f"{where}[{i}].mount_path: an absolute path inside the container is required")
+        elif path in paths:
+            errors.append(f"{where}[{i}].mount_path: {path} is mounted twice")
+        paths.add(path)
+        if "read_only" in v and not isinstance(v["read_only"], bool):
+            errors.append(f"{where}[{i}].read_only: must be true or false")
+    return volumes
+
+
+def _check_seconds(value: Any, where: str, errors: list[str]) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        errors.append(f"{where}: must be a positive number of seconds")
+    return value
+
+
+def _check_numeric_id(value: Any, where: str, errors: list[str]) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        errors.append(f"{where}: must be a positive numeric id (pods never run as root)")
+    return value
+
+
+def _check_metadata(value: Any, where: str, errors: list[str], *, labels: bool) -> Any:
+    """Extra labels or annotations: keys Kubernetes accepts (none of ours), label values."""
+    if not _is_str_map(value):
+        errors.append(f"{where}: must map keys to string values")
+        return value
+    for k, v in value.items():
+        if not _LABEL_KEY.match(k) or k.startswith(f"{PREFIX}/"):
+            errors.append(f"{where}.{k}: not a usable Kubernetes key (optional DNS prefix, "
+                          f"a name of at most 63 characters; {PREFIX}/ is reserved)")
+        elif labels and not _LABEL_VALUE.match(v):
+            errors.append(f"{where}.{k}: {v!r} is not a label value (at most 63 characters "
+                          "of letters, digits, '-', '_', '.')")
+    return value
+
+
+def _check_labels(value: Any, where: str, errors: list[str]) -> Any:
+    return _check_metadata(value, where, errors, labels=True)
+
+
+def _check_annotations(value: Any, where: str, errors: list[str]) -> Any:
+    return _check_metadata(value, where, errors, labels=False)
+
+
+def _check_queue_name(value: Any, where: str, errors: list[str]) -> Any:
+    if not isinstance(value, str) or not value or not _LABEL_VALUE.match(value):
+        errors.append(f"{where}: {value!r} is not a Kueue LocalQueue name (a label value)")
+    return value
+
+
+def _load_pod_template(value: Any, where: str) -> dict:
+    """A Pod manifest from an object or a YAML file (like the provider's pod_template_file)."""
+    if isinstance(value, str):
+        try:
+            value = yaml.safe_load(Path(value).read_text())
+        except OSError as e:
+            raise SpecError(f"{where}: cannot read the pod template file {value}: {e.strerror}") from None
+        except yaml.YAMLError as e:
+            raise SpecError(f"{where}: the pod template file is not valid YAML: {e}") from None
+    if not isinstance(value, dict) or set(value) - {"apiVersion", "kind", "metadata", "spec"} \
+            or value.get("kind", "Pod") != "Pod" or not isinstance(value.get("spec", {}), dict):
+        raise SpecError(f"{where}: must be a Pod manifest {{apiVersion: v1, kind: Pod, metadata, spec}}")
+    return value
+
+
+def _check_pod_template(value: Any, where: str, errors: list[str]) -> Any:
+    try:
+        return _load_pod_template(value, where)
+    except SpecError as e:
+        errors.append(str(e))
+        return value
+
+
+@dataclass(frozen=True)
+class PodOption:
+    """One key of ``RoleSpec.kubernetes``: what it means (for error messages and the guide)
+    and its validator."""
+
+    doc: str
+    check: Callable[[Any, str, list[str]], Any]
+
+
+POD_OPTION_TABLE: dict[str, PodOption] = {
+    "node_selector": PodOption("{label: value} the nodes must carry", _check_node_selector),
+    "tolerations": PodOption(
+        "list of Kubernetes tolerations ({key, operator, value, effect, tolerationSeconds})", _check_tolerations),
+    "affinity": PodOption(
+        "a Kubernetes affinity object ({nodeAffinity, podAffinity, podAntiAffinity})", _check_affinity),
+    "service_account": PodOption("service account the pods run as", _object_name("service account name")),
+    "image_pull_secrets": PodOption("names of docker-registry Secrets for private images", _check_image_pull_secrets),
+    "image_pull_policy": PodOption("Always, IfNotPresent or Never", _check_image_pull_policy),
+    "env_from": PodOption(
+        "list of {secret: NAME} or {config_map: NAME} (optional prefix) exported as environment", _check_env_from),
+    "secret_env": PodOption("{VAR: {secret: NAME, key: KEY}}: one variable from one Secret key", _check_secret_env),
+    "volumes": PodOption(
+        "list of {claim|secret|config_map|empty_dir: ..., mount_path: /path, read_only, sub_path}", _check_volumes),
+    "shm_size": PodOption("size of a memory-backed /dev/shm (e.g. 1Gi)", _quantity),
+    "init_containers": PodOption("list of Kubernetes containers run before the task", _check_containers),
+    "sidecars": PodOption("list of Kubernetes containers running beside the task (native sidecars)", _check_containers),
+    "schedule_timeout_seconds": PodOption(
+        f"fail when a pod stays unschedulable this long (default {DEFAULT_SCHEDULE_TIMEOUT:.0f})", _check_seconds),
+    "run_as_user": PodOption(
+        f"numeric user id of the training process (default {DEFAULT_USER}; never root)", _check_numeric_id),
+    "fs_group": PodOption("group id owning mounted volumes (default: run_as_user)", _check_numeric_id),
+    "labels": PodOption("extra labels {key: value} on the Jobs and pods", _check_labels),
+    "annotations": PodOption("extra annotations {key: value} on the Jobs and pods", _check_annotations),
+    "queue_name": PodOption(
+        f"Kueue LocalQueue: sets {KUEUE_QUEUE_LABEL} and creates the Jobs suspended for Kueue to admit",
+        _check_queue_name),
+    "priority_class": PodOption("PriorityClass name", _object_name("PriorityClass name")),
+    "pod_template": PodOption(
+        "a Pod manifest (object, or path of a YAML file) merged under what the backend sets", _check_pod_template),
+}
+"""Every key of ``RoleSpec.kubernetes`` (the fields of :class:`PodOptions`), in the order
+errors and the list of settings are reported."""
+
+POD_OPTIONS = {key: option.doc for key, option in POD_OPTION_TABLE.items()}
+"""Each setting and what it means."""
+
+
+def pod_options(role: str, options: dict[str, Any]) -> PodOptions:
+    """Validate one role's Kubernetes settings; every problem is reported at once."""
+    where = f"roles.{role}.kubernetes"
+    errors = [f"{where}.{key}: unknown setting; the settings are: "
+              + "; ".join(f"{k} ({doc})" for k, doc in POD_OPTIONS.items())
+              for key in sorted(set(options) - set(POD_OPTION_TABLE))]
+    checked = {key: option.check(options[key], f"{where}.{key}", errors)
+               for key, option in POD_OPTION_TABLE.items() if key in options}
+    if errors:
+        raise SpecError("invalid Kubernetes settings:\n  " + "\n  ".join(errors))
+    return PodOptions(**checked)
 
 def _resources(role: str, resources: dict[str, Any]) -> dict[str, dict[str, str]]:
     where = f"roles.{role}.resources"
@@ -410,7 +489,8 @@ def root_role(spec: GroupSpec) -> str:
     return "chief" if spec.replicas("chief") else "worker"
 
 
-def task_address(group: str, role: str, index: int, namespace: str, port: int, cluster_domain: str | None = None) -> str:
+def task_address(group: str, role: str, index: int, namespace: str, port: int, *,
+                 cluster_domain: str | None = None) -> str:
     """``<job>-<index>.<service>.<namespace>.svc[.<cluster domain>]:<port>``."""
     host = f"{task_name(group, role, index)}.{service_name(group)}.{namespace}.svc" + (
         f".{cluster_domain}" if cluster_domain else "")
@@ -456,14 +536,14 @@ def to_yaml_value(value: Any) -> str:
     return re.sub(r"[^\x20-\x7e\U00010000-\U0010ffff]", lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-_renderer: _Renderer | None = None
+@functools.cache
+def _renderer() -> _Renderer:
+    """One sandboxed environment per process, made on first use (it caches compiled templates)."""
+    return _Renderer()
 
 
 def _render(template: str, **values: Any) -> list[dict]:
-    global _renderer
-    if _renderer is None:
-        _renderer = _Renderer()
-    return _renderer.render(template, **values)
+    return _renderer().render(template, **values)
 
 
 def _volumes(opts: PodOptions) -> tuple[list[dict], list[dict]]:
@@ -513,29 +593,196 @@ def merge_pod_template(template: dict, pod: dict) -> dict:
     t_containers = t_spec.pop("containers", None) or []
     t_main = next((c for c in t_containers if c.get("name") in (main["name"], "base")), None)
     if t_main is not None:
-        merged = {**t_main, **main, "name": main["name"]}
-        for key in ("env", "volumeMounts", "ports"):
-            if t_main.get(key) or main.get(key):
-                merged[key] = _merge_named(t_main.get(key) or [], main.get(key) or [])
-        for kind in ("requests", "limits"):
-            amounts = {**(t_main.get("resources") or {}).get(kind, {}), **main.get("resources", {}).get(kind, {})}
-            if amounts:
-                merged.setdefault("resources", {})[kind] = amounts
-        main = merged
+        main = _merge_container(t_main, main)
     result["spec"]["containers"] = [main] + [c for c in t_containers if c is not t_main]
-    for key in ("volumes", "initContainers"):
-        if t_spec.get(key) or result["spec"].get(key):
-            result["spec"][key] = _merge_named(t_spec.pop(key, None) or [], result["spec"].get(key) or [])
-    if t_spec.get("tolerations"):
-        result["spec"]["tolerations"] = t_spec.pop("tolerations") + result["spec"].get("tolerations", [])
-    for key in ("nodeSelector",):
-        if t_spec.get(key):
-            result["spec"][key] = {**t_spec.pop(key), **result["spec"].get(key, {})}
-    for key in ("securityContext",):
-        if t_spec.get(key):
-            result["spec"][key] = {**t_spec.pop(key), **result["spec"][key]}
-    result["spec"] = {**t_spec, **result["spec"]}
+    result["spec"] = _merge_pod_spec(t_spec, result["spec"])
     return result
+
+
+def _merge_container(under: dict, task: dict) -> dict:
+    """The task's container over the template's: named lists joined, resources merged per kind."""
+    merged = {**under, **task, "name": task["name"]}
+    for key in ("env", "volumeMounts", "ports"):
+        if under.get(key) or task.get(key):
+            merged[key] = _merge_named(under.get(key) or [], task.get(key) or [])
+    for kind in ("requests", "limits"):
+        amounts = {**(under.get("resources") or {}).get(kind, {}), **task.get("resources", {}).get(kind, {})}
+        if amounts:
+            merged.setdefault("resources", {})[kind] = amounts
+    return merged
+
+
+def _merge_pod_spec(under: dict, spec: dict) -> dict:
+    """The backend's pod spec over the template's (without its containers): volumes and init
+    containers joined by name, tolerations added, node selector and security context merged."""
+    spec = dict(spec)
+    for key in ("volumes", "initContainers"):
+        if under.get(key) or spec.get(key):
+            spec[key] = _merge_named(under.pop(key, None) or [], spec.get(key) or [])
+    if under.get("tolerations"):
+        spec["tolerations"] = under.pop("tolerations") + spec.get("tolerations", [])
+    for key in ("nodeSelector", "securityContext"):
+        if under.get(key):
+            spec[key] = {**under.pop(key), **spec.get(key, {})}
+    return {**under, **spec}
+
+
+def _check_group(spec: GroupSpec, namespace: str, cluster_domain: str | None,
+                 lifetimes: dict[str, int | None]) -> None:
+    """What the Kubernetes backend needs beyond a valid spec: a namespace, images, lifetimes."""
+    check_namespace(namespace)
+    check_cluster_domain(cluster_domain)
+    if spec.group_backoff_limit is not None:
+        raise SpecError("group_backoff_limit: the Kubernetes backend counts restarts per task "
+                        "(backoffLimitPerIndex = backoff_limit); leave group_backoff_limit unset")
+    if spec.image is None and any(spec.roles[r].image is None for r, _ in spec.tasks()):
+        raise SpecError("image: the Kubernetes backend needs a container image "
+                        "(set the group's image, or an image on every role)")
+    for role in spec.roles:
+        if spec.replicas(role):
+            check_image(spec.roles[role].image or spec.image, f"roles.{role}.image" if spec.roles[role].image else "image")
+    for key, value in lifetimes.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise SpecError(f"{key}: must be a whole number of seconds >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class _Role:
+    """One role's validated settings: its spec, Kubernetes pod options and resources."""
+
+    name: str
+    spec: RoleSpec
+    options: PodOptions
+    resources: dict[str, dict[str, str]]
+
+
+def _roles(spec: GroupSpec, pod_defaults: dict[str, Any] | None) -> dict[str, _Role]:
+    """The roles that have tasks, validated: pod settings, then resources, then reserved variables."""
+    options = {role: pod_options(role, {**(pod_defaults or {}), **(spec.roles[role].kubernetes or {})})
+               for role in spec.roles if spec.replicas(role)}
+    roles = {role: _Role(role, spec.roles[role], opts, _resources(role, spec.roles[role].resources))
+             for role, opts in options.items()}
+    for role in roles.values():
+        clash = [var for var in _RESERVED_ENV if var in role.spec.env or var in role.options.secret_env]
+        if clash:
+            raise SpecError(f"roles.{role.name}.env.{clash[0]}: set by the backend for every task; remove it")
+    return roles
+
+
+@dataclass(frozen=True)
+class _Group:
+    """What every role's Job of one group shares."""
+
+    spec: GroupSpec
+    namespace: str
+    root: str
+    cluster: dict[str, list[str]]
+    labels: dict[str, str]
+    """The group label and the Airflow ids (sanitized)."""
+    annotations: dict[str, str]
+    """The Airflow ids, verbatim."""
+    replicas: str
+    """Tasks per role (JSON), for status() to judge the group without the spec."""
+    deadline: int | None
+    ttl_seconds_after_finished: int | None
+    ps_max_lifetime_seconds: int
+
+    def serves_until_stopped(self, role: str) -> bool:
+        """Servers never complete by themselves: the ps, and the workers a coordinator drives."""
+        return role == "ps" or (role == "worker" and self.spec.training is not None
+                                and self.spec.training.mode == "coordinator")
+
+
+def _task_env(group: _Group, role: _Role) -> list[dict]:
+    # The index comes from JOB_COMPLETION_INDEX (set by the Job controller): one
+    # TF_CONFIG for every pod of the Job.
+    tf_config = json.dumps({"cluster": group.cluster, "task": {"type": role.name}}, sort_keys=True)
+    env: list[dict[str, Any]] = [{"name": "TF_CONFIG", "value": tf_config},
+           # Progress lines must reach the pod log as they are written, not at exit.
+           {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    if not uses_gpu(role.resources):
+        # A task without a GPU limit stays on the CPU even on a GPU node whose
+        # runtime exposes every device (parameter servers by default).
+        env.append({"name": "CUDA_VISIBLE_DEVICES", "value": ""})
+    env += [{"name": k, "value": str(v)} for k, v in role.spec.env.items()]
+    env += [{"name": var, "valueFrom": {"secretKeyRef": {"name": ref["secret"], "key": ref["key"]}}}
+            for var, ref in role.options.secret_env.items()]
+    return env
+
+
+def _env_from(opts: PodOptions) -> list[dict]:
+    return [{**({"prefix": s["prefix"]} if "prefix" in s else {}),
+             **({"secretRef": {"name": s["secret"]}} if "secret" in s else {"configMapRef": {"name": s["config_map"]}})}
+            for s in opts.env_from]
+
+
+def _pod_failure_rules(role: _Role) -> list[dict]:
+    """Disruptions never count; under ``ExitCode`` a program error fails the Job at once."""
+    rules: list[dict] = [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+    if role.spec.restart_policy == "ExitCode":
+        rules.append({"action": "FailJob", "onExitCodes": {
+            "containerName": role.name, "operator": "In", "values": USER_ERROR_EXIT_CODES}})
+    return rules
+
+
+def _job_metadata(group: _Group, role: _Role) -> dict[str, dict[str, str]]:
+    """Labels and annotations of the Job and of its pods."""
+    opts = role.options
+    labels = {**opts.labels, **group.labels, ROLE_LABEL: role.name}
+    job_annotations = {**opts.annotations, **group.annotations, SUCCESS_POLICY: group.spec.success_policy,
+                       REPLICAS: group.replicas, RESTART_POLICY: role.spec.restart_policy}
+    if role.name == group.root:
+        job_annotations[ROOT_ANNOTATION] = "true"
+    return {
+        "job_labels": {**labels, **({KUEUE_QUEUE_LABEL: opts.queue_name} if opts.queue_name else {})},
+        "job_annotations": job_annotations,
+        "pod_labels": labels,
+        "pod_annotations": {**opts.annotations, SCHEDULE_TIMEOUT: f"{float(opts.schedule_timeout_seconds):g}"},
+    }
+
+
+def _lifecycle(group: _Group, role: _Role) -> dict[str, Any]:
+    """The Job's restart budget, failure and success rules and how long it may live."""
+    is_root = role.name == group.root
+    return {
+        "backoff_limit_per_index": 0 if role.spec.restart_policy == "Never" else group.spec.backoff_limit,
+        "pod_failure_rules": _pod_failure_rules(role),
+        "success_policy": ({"rules": [{"succeededIndexes": "0", "succeededCount": 1}]}
+                           if group.spec.success_policy == "ChiefOrWorker0" and is_root else None),
+        "active_deadline_seconds": group.deadline or (
+            group.ps_max_lifetime_seconds if group.serves_until_stopped(role.name) else None),
+        "ttl_seconds_after_finished": group.ttl_seconds_after_finished if is_root else None,
+        "suspend": role.options.queue_name is not None,
+    }
+
+
+def _pod_settings(role: _Role) -> dict[str, Any]:
+    """Where and as whom the pods run, and what they mount."""
+    opts = role.options
+    volumes, volume_mounts = _volumes(opts)
+    return {
+        "env_from": _env_from(opts), "resources": role.resources, "volumes": volumes, "volume_mounts": volume_mounts,
+        "init_containers": list(opts.init_containers) + [{**c, "restartPolicy": "Always"} for c in opts.sidecars],
+        "node_selector": opts.node_selector, "tolerations": opts.tolerations, "affinity": opts.affinity,
+        "service_account": opts.service_account, "image_pull_secrets": [{"name": s} for s in opts.image_pull_secrets],
+        "image_pull_policy": opts.image_pull_policy, "run_as_user": opts.run_as_user,
+        "fs_group": opts.fs_group or opts.run_as_user, "priority_class": opts.priority_class,
+    }
+
+
+def _role_job(group: _Group, role: _Role) -> dict:
+    """One role's Indexed Job: its tasks are the Job's pods, index = task index."""
+    spec = group.spec
+    job = _render(
+        "job.yaml.j2", name=job_name(spec.name, role.name), namespace=group.namespace,
+        replicas=spec.replicas(role.name), service=service_name(spec.name), role=role.name,
+        image=role.spec.image or spec.image, command=spec.command(role.name), env=_task_env(group, role),
+        port=spec.port if role.name != "evaluator" else None,
+        **_job_metadata(group, role), **_lifecycle(group, role), **_pod_settings(role),
+    )[0]
+    if role.options.pod_template:
+        job["spec"]["template"] = merge_pod_template(role.options.pod_template, job["spec"]["template"])
+    return job
 
 
 def render_group(spec: GroupSpec, namespace: str, *, cluster_domain: str | None = None,
@@ -544,100 +791,27 @@ def render_group(spec: GroupSpec, namespace: str, *, cluster_domain: str | None 
                  ps_max_lifetime_seconds: int = DEFAULT_PS_MAX_LIFETIME_SECONDS) -> list[dict]:
     """Every object of the group, in creation order: the root Job (the lead trainer's),
     the headless Service, the NetworkPolicy (if asked), the other Jobs."""
-    check_namespace(namespace)
-    check_cluster_domain(cluster_domain)
-    if spec.image is None and any(spec.roles[r].image is None for r, _ in spec.tasks()):
-        raise SpecError("image: the Kubernetes backend needs a container image "
-                        "(set the group's image, or an image on every role)")
-    for role in spec.roles:
-        if spec.replicas(role):
-            check_image(spec.roles[role].image or spec.image, f"roles.{role}.image" if spec.roles[role].image else "image")
-    for key, value in (("ttl_seconds_after_finished", ttl_seconds_after_finished),
-                       ("ps_max_lifetime_seconds", ps_max_lifetime_seconds)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise SpecError(f"{key}: must be a whole number of seconds >= 0, got {value!r}")
-    options = {role: pod_options(role, {**(pod_defaults or {}), **(spec.roles[role].kubernetes or {})})
-               for role in spec.roles if spec.replicas(role)}
-    resources = {role: _resources(role, spec.roles[role].resources) for role in options}
-    for role in options:
-        clash = [var for var in _RESERVED_ENV if var in spec.roles[role].env or var in options[role].secret_env]
-        if clash:
-            raise SpecError(f"roles.{role}.env.{clash[0]}: set by the backend for every task; remove it")
-
-    cluster = cluster_def(spec, lambda role, index: task_address(
-        spec.name, role, index, namespace, spec.port, cluster_domain))
+    _check_group(spec, namespace, cluster_domain, {"ttl_seconds_after_finished": ttl_seconds_after_finished,
+                                                   "ps_max_lifetime_seconds": ps_max_lifetime_seconds})
+    roles = _roles(spec, pod_defaults)
     extra_labels, extra_annotations = _extra_labels(spec)
-    group_labels = {**extra_labels, GROUP_LABEL: spec.name}
-    replicas = json.dumps({role: spec.replicas(role) for role in options}, sort_keys=True)
-    root = root_role(spec)
-    deadline = math.ceil(spec.active_deadline_seconds) if spec.active_deadline_seconds else None
+    group = _Group(
+        spec=spec, namespace=namespace, root=root_role(spec),
+        cluster=cluster_def(spec, lambda role, index: task_address(
+            spec.name, role, index, namespace, spec.port, cluster_domain=cluster_domain)),
+        labels={**extra_labels, GROUP_LABEL: spec.name}, annotations=extra_annotations,
+        replicas=json.dumps({role: spec.replicas(role) for role in roles}, sort_keys=True),
+        deadline=math.ceil(spec.active_deadline_seconds) if spec.active_deadline_seconds else None,
+        ttl_seconds_after_finished=ttl_seconds_after_finished, ps_max_lifetime_seconds=ps_max_lifetime_seconds,
+    )
+    jobs = {name: _role_job(group, role) for name, role in roles.items()}
 
-    jobs: dict[str, dict] = {}
-    for role in options:
-        role_spec, opts = spec.roles[role], options[role]
-        # The index comes from JOB_COMPLETION_INDEX (set by the Job controller): one
-        # TF_CONFIG for every pod of the Job.
-        tf_config = json.dumps({"cluster": cluster, "task": {"type": role}}, sort_keys=True)
-        env = [{"name": "TF_CONFIG", "value": tf_config},
-               # Progress lines must reach the pod log as they are written, not at exit.
-               {"name": "PYTHONUNBUFFERED", "value": "1"}]
-        if not uses_gpu(resources[role]):
-            # A task without a GPU limit stays on the CPU even on a GPU node whose
-            # runtime exposes every device (parameter servers by default).
-            env.append({"name": "CUDA_VISIBLE_DEVICES", "value": ""})
-        env += [{"name": k, "value": str(v)} for k, v in role_spec.env.items()]
-        env += [{"name": var, "valueFrom": {"secretKeyRef": {"name": ref["secret"], "key": ref["key"]}}}
-                for var, ref in opts.secret_env.items()]
-        env_from = [{**({"prefix": s["prefix"]} if "prefix" in s else {}),
-                     **({"secretRef": {"name": s["secret"]}} if "secret" in s
-                        else {"configMapRef": {"name": s["config_map"]}})}
-                    for s in opts.env_from]
-        volumes, volume_mounts = _volumes(opts)
-        labels = {**opts.labels, **group_labels, ROLE_LABEL: role}
-        job_labels = {**labels, **({KUEUE_QUEUE_LABEL: opts.queue_name} if opts.queue_name else {})}
-        job_annotations = {**opts.annotations, **extra_annotations, SUCCESS_POLICY: spec.success_policy,
-                           REPLICAS: replicas, RESTART_POLICY: role_spec.restart_policy}
-        if role == root:
-            job_annotations[ROOT_ANNOTATION] = "true"
-        pod_annotations = {**opts.annotations, SCHEDULE_TIMEOUT: f"{float(opts.schedule_timeout_seconds):g}"}
-        rules: list[dict] = [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
-        if role_spec.restart_policy == "ExitCode":
-            rules.append({"action": "FailJob", "onExitCodes": {
-                "containerName": role, "operator": "In", "values": USER_ERROR_EXIT_CODES}})
-        success_policy = None
-        if spec.success_policy == "ChiefOrWorker0" and role == root:
-            success_policy = {"rules": [{"succeededIndexes": "0", "succeededCount": 1}]}
-        init_containers = list(opts.init_containers) + [{**c, "restartPolicy": "Always"} for c in opts.sidecars]
-        job = _render(
-            "job.yaml.j2", name=job_name(spec.name, role), namespace=namespace, job_labels=job_labels,
-            job_annotations=job_annotations, pod_labels=labels, pod_annotations=pod_annotations,
-            replicas=spec.replicas(role),
-            backoff_limit_per_index=0 if role_spec.restart_policy == "Never" else spec.backoff_limit,
-            pod_failure_rules=rules, success_policy=success_policy,
-            # Servers never complete by themselves: the ps, and the workers a coordinator drives.
-            active_deadline_seconds=deadline or (ps_max_lifetime_seconds if role == "ps" or (
-                role == "worker" and spec.training is not None and spec.training.mode == "coordinator") else None),
-            ttl_seconds_after_finished=ttl_seconds_after_finished if role == root else None,
-            suspend=opts.queue_name is not None, service=service_name(spec.name),
-            role=role, image=role_spec.image or spec.image, command=spec.command(role), env=env,
-            env_from=env_from, resources=resources[role], port=spec.port if role != "evaluator" else None,
-            volumes=volumes, volume_mounts=volume_mounts, init_containers=init_containers,
-            node_selector=opts.node_selector, tolerations=opts.tolerations, affinity=opts.affinity,
-            service_account=opts.service_account,
-            image_pull_secrets=[{"name": s} for s in opts.image_pull_secrets],
-            image_pull_policy=opts.image_pull_policy, run_as_user=opts.run_as_user,
-            fs_group=opts.fs_group or opts.run_as_user, priority_class=opts.priority_class,
-        )[0]
-        if opts.pod_template:
-            job["spec"]["template"] = merge_pod_template(opts.pod_template, job["spec"]["template"])
-        jobs[role] = job
-
-    objects = [jobs.pop(root)]
-    objects += _render("service.yaml.j2", name=service_name(spec.name), namespace=namespace, labels=group_labels,
+    objects = [jobs.pop(group.root)]
+    objects += _render("service.yaml.j2", name=service_name(spec.name), namespace=namespace, labels=group.labels,
                        selector={GROUP_LABEL: spec.name}, port=spec.port)
     if network_policy:
         objects += _render("networkpolicy.yaml.j2", name=f"{spec.name}-grpc", namespace=namespace,
-                           labels=group_labels, selector={GROUP_LABEL: spec.name}, port=spec.port)
+                           labels=group.labels, selector={GROUP_LABEL: spec.name}, port=spec.port)
     return objects + list(jobs.values())
 
 

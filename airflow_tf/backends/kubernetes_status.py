@@ -15,12 +15,19 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from airflow_tf.cluster import GroupStatus, Phase, TaskStatus, describe_exit, describe_failure, task_name
 
 from .kubernetes_manifests import (
-    DEFAULT_SCHEDULE_TIMEOUT, INDEX_LABEL, KUEUE_QUEUE_LABEL, REPLICAS, ROLE_LABEL, ROOT_ANNOTATION, SCHEDULE_TIMEOUT,
+    DEFAULT_SCHEDULE_TIMEOUT,
+    INDEX_LABEL,
+    KUEUE_QUEUE_LABEL,
+    REPLICAS,
+    ROLE_LABEL,
+    ROOT_ANNOTATION,
+    SCHEDULE_TIMEOUT,
 )
 
 FAIL_FAST_WAITING = {
@@ -133,88 +140,157 @@ def _indexes(text: str | None) -> set[int]:
     return result
 
 
+@dataclass(frozen=True)
+class _RoleJob:
+    """One role's Job as the rules read it."""
+
+    name: str
+    job: dict
+    failed: dict | None
+    """Its ``Failed`` condition, once the Job controller gave up on it."""
+    complete: bool
+    failed_indexes: set[int]
+    completed_indexes: set[int]
+    suspended: bool
+
+    @classmethod
+    def read(cls, name: str, job: dict) -> _RoleJob:
+        status = job.get("status") or {}
+        return cls(name=name, job=job, failed=_condition(job, "Failed"),
+                   complete=bool(_condition(job, "Complete") or _condition(job, "SuccessCriteriaMet")),
+                   failed_indexes=_indexes(status.get("failedIndexes")),
+                   completed_indexes=_indexes(status.get("completedIndexes")),
+                   suspended=bool((job.get("spec") or {}).get("suspend")))
+
+    def failure(self) -> str:
+        return _job_failure(self.job, self.failed)
+
+    def gave_up_on(self, index: int) -> bool:
+        """The Job failed, or this index spent its restarts: no new pod will come for it."""
+        return self.failed is not None or index in self.failed_indexes
+
+
+class _Attempts:
+    """Every pod of the group by task, oldest first: the last is the task's current attempt."""
+
+    def __init__(self, pods: list[dict]) -> None:
+        self.by_task: dict[tuple[str, int], list[dict]] = {}
+        for pod in sorted(pods, key=_attempt_order):
+            self.by_task.setdefault(role_index(pod), []).append(pod)
+
+    def latest(self, task: tuple[str, int]) -> dict | None:
+        tried = self.by_task.get(task)
+        return tried[-1] if tried else None
+
+    def earlier(self, task: tuple[str, int]) -> list[dict]:
+        return self.by_task.get(task, [])[:-1]
+
+    def restarts(self, task: tuple[str, int]) -> int:
+        return max(0, len(self.by_task.get(task, [])) - 1)
+
+
 def assess(group: str, jobs: list[dict], pods: list[dict], now: dt.datetime, *,
-           scheduler_messages: dict[str, str] | None = None, progress: dict[str, Any] | None = None) -> GroupStatus:
+           scheduler_messages: dict[str, str | None] | None = None, progress: dict[str, Any] | None = None) -> GroupStatus:
     """The group's status from its Jobs and their pods."""
     if not jobs:
         return GroupStatus(name=group, exists=False)
-    scheduler_messages = scheduler_messages or {}
     by_role = {(_meta(j).get("labels") or {}).get(ROLE_LABEL): j for j in jobs}
     root = next((j for j in jobs if _annotation(j, ROOT_ANNOTATION, "") == "true"), jobs[0])
     expected = json.loads(_annotation(root, REPLICAS, "{}"))
-    latest = latest_pods(pods)
-    attempts_of: dict[tuple[str, int], list[dict]] = {}
-    for pod in sorted(pods, key=_attempt_order):
-        attempts_of.setdefault(role_index(pod), []).append(pod)
-    attempts = {task: len(tried) for task, tried in attempts_of.items()}
+    attempts = _Attempts(pods)
     tasks: list[TaskStatus] = []
     stopped: set[str] = set()  # tasks Kubernetes stopped because another one failed
     failure = None
 
     for role in sorted(expected):
         job = by_role.get(role)
-        name = f"{group}-{role}"
         if job is None:
             if role in TRAINERS:
-                failure = f"Job {name} not found: it was deleted outside airflow-tf; launch the group again"
+                failure = f"Job {group}-{role} not found: it was deleted outside airflow-tf; launch the group again"
             continue  # parameter servers are gone after a ps-only teardown: fine
-        failed_job = _condition(job, "Failed")
-        complete = _condition(job, "Complete") or _condition(job, "SuccessCriteriaMet")
-        failed_indexes = _indexes((job.get("status") or {}).get("failedIndexes"))
-        completed = _indexes((job.get("status") or {}).get("completedIndexes"))
-        suspended = bool((job.get("spec") or {}).get("suspend"))
+        role_job = _RoleJob.read(f"{group}-{role}", job)
         for index in range(int(expected[role])):
-            pod = latest.get((role, index))
-            restarts = max(0, attempts.get((role, index), 0) - 1)
-            if pod is None:
-                task = TaskStatus(role=role, index=index, name=task_name(group, role, index), phase=Phase.PENDING,
-                                  restarts=restarts)
-                if index in completed or complete:
-                    task.phase, task.exit_code = Phase.SUCCEEDED, 0
-                elif suspended:
-                    queue = (_meta(job).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
-                    task.reason = (f"Job {name} is suspended: waiting for the queue {queue} to admit it" if queue
-                                   else f"Job {name} is suspended")
-                elif failed_job:
-                    task.phase, task.reason = Phase.FAILED, f"stopped by Kubernetes: {_job_failure(job, failed_job)}"
-                    stopped.add(task.name)
-                else:
-                    task.reason = "waiting for the Job controller to create the pod"
+            task, was_stopped = _assess_task(group, role, index, role_job, attempts=attempts, now=now,
+                                              scheduler_messages=scheduler_messages or {})
+            if task is not None:
                 tasks.append(task)
-                continue
-            if _meta(pod).get("deletionTimestamp") and role not in TRAINERS:
-                continue  # a parameter server being torn down: its exit is expected
-            task = _task_status(pod, now, scheduler_messages, task_name(group, role, index), restarts)
-            oom = next((t for p in attempts_of.get((role, index), [])[:-1]
-                        if (t := _task_status(p, now, {}, task.name, restarts)).reason
-                        and t.reason.startswith("OOMKilled")), None)
-            if oom is not None and task.phase is not Phase.SUCCEEDED:
-                # Kubernetes restarts a container killed by a signal; with the same memory
-                # limit it would only run out again: fail now, naming the killed pod.
-                task.phase, task.exit_code, task.reason = Phase.FAILED, oom.exit_code, oom.reason
-            if task.phase is Phase.FAILED and not task.reason and task.exit_code is not None:
-                # A plain failed attempt: the Job controller's verdict decides.
-                # With terminationMessagePolicy FallbackToLogsOnError the kubelet puts the end
-                # of a failed container's log into its terminated state's message.
-                exited = describe_failure(task.exit_code, _container_state(pod)[1].get("message"))
-                if failed_job or index in failed_indexes:
-                    why = _job_failure(job, failed_job) if failed_job else "its restarts are spent (backoffLimitPerIndex)"
-                    task.reason = f"{exited}: {why}"
-                else:
-                    task.phase = Phase.RESTARTING
-                    task.reason = f"{exited}; Kubernetes restarts it (Job {name})"
-            elif task.phase is Phase.FAILED and task.reason and task.reason.startswith(("Evicted", "Preempted")) \
-                    and not failed_job and index not in failed_indexes:
-                task.phase = Phase.RESTARTING  # a disruption: not counted, the pod is replaced
-            elif task.phase in (Phase.RUNNING, Phase.PENDING) and failed_job:
-                task.phase, task.reason = Phase.FAILED, f"stopped by Kubernetes: {_job_failure(job, failed_job)}"
-                stopped.add(task.name)
-            tasks.append(task)
-        if failed_job and not any(t.phase is Phase.FAILED and t.name not in stopped for t in tasks if t.role == role):
-            failure = failure or f"Job {name} failed: {_job_failure(job, failed_job)}"
+                if was_stopped:
+                    stopped.add(task.name)
+        if role_job.failed and not any(t.phase is Phase.FAILED and t.name not in stopped
+                                       for t in tasks if t.role == role):
+            failure = failure or f"Job {role_job.name} failed: {role_job.failure()}"
     # The task that failed comes before those stopped because of it: it is the reason.
     tasks.sort(key=lambda t: (t.name in stopped, t.role, t.index))
     return GroupStatus(name=group, tasks=tasks, failure=failure, progress=progress)
+
+
+def _assess_task(group: str, role: str, index: int, job: _RoleJob, *, attempts: _Attempts, now: dt.datetime,
+                 scheduler_messages: dict[str, str | None]) -> tuple[TaskStatus | None, bool]:
+    """One task's status and whether Kubernetes stopped it because of another's failure;
+    None for a parameter server being torn down (its exit is expected)."""
+    name, restarts = task_name(group, role, index), attempts.restarts((role, index))
+    pod = attempts.latest((role, index))
+    if pod is None:
+        task = TaskStatus(role=role, index=index, name=name, phase=Phase.PENDING, restarts=restarts)
+        return task, _task_without_pod(task, job)
+    if _meta(pod).get("deletionTimestamp") and role not in TRAINERS:
+        return None, False
+    task = _task_status(pod, now, scheduler_messages, name, restarts)
+    _fail_after_oom(task, attempts.earlier((role, index)), now)
+    if task.phase is Phase.FAILED and not task.reason and task.exit_code is not None:
+        _judge_exit(task, job, pod)
+    elif task.phase is Phase.FAILED and _disrupted(task) and not job.gave_up_on(index):
+        task.phase = Phase.RESTARTING  # a disruption: not counted, the pod is replaced
+    elif task.phase in (Phase.RUNNING, Phase.PENDING) and job.failed:
+        task.phase, task.reason = Phase.FAILED, f"stopped by Kubernetes: {job.failure()}"
+        return task, True
+    return task, False
+
+
+def _task_without_pod(task: TaskStatus, job: _RoleJob) -> bool:
+    """A task with no pod (yet, or any more): done, queued, stopped or about to be created.
+    True when Kubernetes stopped it."""
+    if task.index in job.completed_indexes or job.complete:
+        task.phase, task.exit_code = Phase.SUCCEEDED, 0
+    elif job.suspended:
+        queue = (_meta(job.job).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+        task.reason = (f"Job {job.name} is suspended: waiting for the queue {queue} to admit it" if queue
+                       else f"Job {job.name} is suspended")
+    elif job.failed:
+        task.phase, task.reason = Phase.FAILED, f"stopped by Kubernetes: {job.failure()}"
+        return True
+    else:
+        task.reason = "waiting for the Job controller to create the pod"
+    return False
+
+
+def _fail_after_oom(task: TaskStatus, earlier: list[dict], now: dt.datetime) -> None:
+    """Kubernetes restarts a container killed by a signal; with the same memory limit it
+    would only run out again: fail now, naming the killed pod."""
+    if task.phase is Phase.SUCCEEDED:
+        return
+    oom = next((t for p in earlier if (t := _task_status(p, now, {}, task.name, task.restarts)).reason
+                and t.reason.startswith("OOMKilled")), None)
+    if oom is not None:
+        task.phase, task.exit_code, task.reason = Phase.FAILED, oom.exit_code, oom.reason
+
+
+def _judge_exit(task: TaskStatus, job: _RoleJob, pod: dict) -> None:
+    """A plain failed attempt: the Job controller's verdict decides between failed and restarting.
+    With terminationMessagePolicy FallbackToLogsOnError the kubelet puts the end of a failed
+    container's log into its terminated state's message."""
+    assert task.exit_code is not None
+    exited = describe_failure(task.exit_code, _container_state(pod)[1].get("message"))
+    if job.gave_up_on(task.index):
+        why = job.failure() if job.failed else "its restarts are spent (backoffLimitPerIndex)"
+        task.reason = f"{exited}: {why}"
+    else:
+        task.phase = Phase.RESTARTING
+        task.reason = f"{exited}; Kubernetes restarts it (Job {job.name})"
+
+
+def _disrupted(task: TaskStatus) -> bool:
+    return bool(task.reason and task.reason.startswith(("Evicted", "Preempted")))
 
 
 def _job_failure(job: dict, condition: dict | None) -> str:
@@ -228,60 +304,71 @@ def _job_failure(job: dict, condition: dict | None) -> str:
     return f"{reason}: {message}" if message else reason
 
 
-def _task_status(pod: dict, now: dt.datetime, scheduler_messages: dict[str, str], name: str,
+def _task_status(pod: dict, now: dt.datetime, scheduler_messages: dict[str, str | None], name: str,
                  restarts: int) -> TaskStatus:
+    """What one pod says of its task, before the Job's verdict is applied."""
     role, index = role_index(pod)
+    phase = (pod.get("status") or {}).get("phase") or "Pending"
+    task = TaskStatus(role=role, index=index, name=name, phase=Phase.PENDING, restarts=restarts)
+    if phase == "Pending":
+        _pending(task, pod, now, scheduler_messages)
+    elif phase == "Running":
+        task.phase = Phase.RUNNING
+    elif phase == "Succeeded":
+        task.phase, task.exit_code = Phase.SUCCEEDED, 0
+    elif phase == "Failed":
+        task.phase = Phase.FAILED
+        _failed(task, pod)
+    else:
+        task.reason = f"pod {_meta(pod)['name']} phase {phase}: the node is not reporting (node lost?)"
+    return task
+
+
+def _pending(task: TaskStatus, pod: dict, now: dt.datetime, scheduler_messages: dict[str, str | None]) -> None:
+    """A pending pod: failed when waiting cannot help (image, missing Secret, unschedulable
+    past its timeout), else still pending with what it waits for."""
+    pod_name = _meta(pod)["name"]
+    kind, state = _container_state(pod)
+    if kind == "waiting" and state.get("reason") in FAIL_FAST_WAITING:
+        hint = FAIL_FAST_WAITING[state["reason"]]
+        task.phase = Phase.FAILED
+        task.reason = f"pod {pod_name}: {state['reason']}: {state.get('message') or hint} ({hint})"
+    elif (deadline := schedule_deadline(pod)) is not None and now >= deadline:
+        timeout = _annotation(pod, SCHEDULE_TIMEOUT, str(DEFAULT_SCHEDULE_TIMEOUT))
+        message = scheduler_messages.get(pod_name) or _scheduled_condition_message(pod)
+        task.phase = Phase.FAILED
+        task.reason = (f"pod {pod_name} unschedulable for more than {timeout}s (schedule_timeout_seconds); "
+                       f"the scheduler says: {message}")
+    elif kind == "waiting":
+        task.reason = state.get("reason")
+    elif unschedulable_since(pod) is not None:
+        task.reason = f"waiting for a node: {_scheduled_condition_message(pod)}"
+
+
+def _failed(task: TaskStatus, pod: dict) -> None:
+    """Why a failed pod failed: evicted, past its deadline, preempted, out of memory, an exit
+    code (the reason left empty: the Job's verdict decides), or before its container ran."""
     pod_name = _meta(pod)["name"]
     status = pod.get("status") or {}
-    phase = status.get("phase") or "Pending"
     kind, state = _container_state(pod)
-    task = TaskStatus(role=role, index=index, name=name, phase=Phase.PENDING, restarts=restarts)
-
-    if phase == "Pending":
-        if kind == "waiting" and state.get("reason") in FAIL_FAST_WAITING:
-            task.phase = Phase.FAILED
-            task.reason = (f"pod {pod_name}: {state['reason']}: {state.get('message') or FAIL_FAST_WAITING[state['reason']]} "
-                           f"({FAIL_FAST_WAITING[state['reason']]})")
-        elif (deadline := schedule_deadline(pod)) is not None and now >= deadline:
-            timeout = _annotation(pod, SCHEDULE_TIMEOUT, str(DEFAULT_SCHEDULE_TIMEOUT))
-            message = scheduler_messages.get(pod_name) or _scheduled_condition_message(pod)
-            task.phase = Phase.FAILED
-            task.reason = (f"pod {pod_name} unschedulable for more than {timeout}s (schedule_timeout_seconds); "
-                           f"the scheduler says: {message}")
-        elif kind == "waiting":
-            task.reason = state.get("reason")
-        elif unschedulable_since(pod) is not None:
-            task.reason = f"waiting for a node: {_scheduled_condition_message(pod)}"
-        return task
-    if phase == "Running":
-        task.phase = Phase.RUNNING
-        return task
-    if phase == "Succeeded":
-        task.phase, task.exit_code = Phase.SUCCEEDED, 0
-        return task
-    if phase == "Failed":
-        task.phase = Phase.FAILED
-        disrupted = any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
-                        for c in status.get("conditions") or [])
-        if status.get("reason") == "Evicted" or (disrupted and kind != "terminated"):
-            task.reason = f"Evicted: pod {pod_name}: {status.get('message') or 'the node ran short of resources'}"
-        elif status.get("reason") == "DeadlineExceeded":
-            task.reason = f"DeadlineExceeded: pod {pod_name} ran past activeDeadlineSeconds"
-        elif kind == "terminated":
-            task.exit_code = int(state.get("exitCode", 1))
-            if disrupted:
-                task.reason = f"Preempted: pod {pod_name} was disrupted ({describe_exit(task.exit_code)})"
-            elif state.get("reason") == "OOMKilled":
-                limit = _limit(pod, "memory")
-                task.reason = (f"OOMKilled: pod {pod_name} ran out of memory "
-                               f"({f'limit {limit}' if limit else 'no memory limit set'}); "
-                               f"raise roles.{role}.resources.limits.memory")
-        else:
-            task.reason = (f"pod {pod_name}: {status.get('reason') or 'Failed'}: "
-                           f"{status.get('message') or 'the pod failed before its container ran'}")
-        return task
-    task.reason = f"pod {pod_name} phase {phase}: the node is not reporting (node lost?)"
-    return task
+    disrupted = any(c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+                    for c in status.get("conditions") or [])
+    if status.get("reason") == "Evicted" or (disrupted and kind != "terminated"):
+        task.reason = f"Evicted: pod {pod_name}: {status.get('message') or 'the node ran short of resources'}"
+    elif status.get("reason") == "DeadlineExceeded":
+        task.reason = f"DeadlineExceeded: pod {pod_name} ran past activeDeadlineSeconds"
+    elif kind == "terminated":
+        task.exit_code = int(state.get("exitCode", 1))
+        if disrupted:
+            task.reason = f"Preempted: pod {pod_name} was disrupted ({describe_exit(task.exit_code)})"
+        elif state.get("reason") == "OOMKilled":
+            limit = _limit(pod, "memory")
+            task.reason = (f"OOMKilled: pod {pod_name} ran out of memory "
+                           f"({f'limit {limit}' if limit else 'no memory limit set'}); "
+                           f"raise roles.{task.role}.resources.limits.memory")
+    else:
+        task.reason = (f"pod {pod_name}: {status.get('reason') or 'Failed'}: "
+                       f"{status.get('message') or 'the pod failed before its container ran'}")
 
 
 def _scheduled_condition_message(pod: dict) -> str:

@@ -31,8 +31,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterable
+from typing import Any
 
 from airflow_tf.cluster import GroupSpec, GroupStatus, Phase, TaskStatus
 from airflow_tf.cluster.memory import TASK_BASELINE_BYTES, mem_available_bytes, memory_bytes
@@ -120,10 +121,10 @@ def task_environment(pass_env: Iterable[str] = (), environ: dict[str, str] | Non
     (TensorFlow's settings), the names in ``pass_env``, and a ``PYTHONPATH`` that finds this
     package. Never the rest: the launcher's ``AIRFLOW__*`` settings, connections, variables,
     database URLs and secrets stay with the launcher."""
-    environ = os.environ if environ is None else environ
-    env = {k: v for k, v in environ.items()
+    source: Mapping[str, str] = os.environ if environ is None else environ
+    env = {k: v for k, v in source.items()
            if (k in PASSED_ENV or k.startswith(PASSED_ENV_PREFIXES)) and k != "TF_CONFIG"}
-    env.update({k: environ[k] for k in pass_env if k in environ})
+    env.update({k: source[k] for k in pass_env if k in source})
     root = str(Path(__file__).resolve().parents[2])
     if not root.startswith(sys.prefix) and root not in env.get("PYTHONPATH", "").split(os.pathsep):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), root) if p)

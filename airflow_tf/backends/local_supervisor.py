@@ -1,7 +1,7 @@
 """The supervisor of one local training group: ``python -m airflow_tf.backends.local_supervisor <group dir>``.
 
 Started (detached) by :meth:`LocalBackend.launch`. It picks free ports on 127.0.0.1, starts
-every task with its TF_CONFIG, applies the restart policies and the group's backoff limit,
+every task with its TF_CONFIG, applies the restart policies and the backoff limits,
 restarts the whole group when a parameter server dies (the workers restore the latest
 checkpoint by themselves), fails the group at its active deadline, follows the chief's
 progress, writes the state file atomically, and stops tasks on teardown requests.
@@ -12,6 +12,7 @@ threaded) process, so if the supervisor dies, even by SIGKILL, the kernel kills 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -27,14 +28,29 @@ from pathlib import Path
 from typing import Any
 
 from airflow_tf.cluster import (
-    GroupSpec, GroupStatus, Phase, TaskStatus, cluster_def, describe_failure, evaluate, is_retryable_exit,
-    task_name, tf_config_json,
+    GroupSpec,
+    GroupStatus,
+    Phase,
+    TaskStatus,
+    cluster_def,
+    describe_failure,
+    evaluate,
+    is_retryable_exit,
+    task_name,
+    tf_config_json,
 )
 from airflow_tf.cluster.progress import describe, parse_progress
 from airflow_tf.files import read_json
 
 from .local import (
-    STATE_DIR_ENV, STOP_GRACE, GroupDir, archive_logs, is_running, process_start_time, tail_text, write_group_file,
+    STATE_DIR_ENV,
+    STOP_GRACE,
+    GroupDir,
+    archive_logs,
+    is_running,
+    process_start_time,
+    tail_text,
+    write_group_file,
 )
 
 TICK = 0.25
@@ -113,7 +129,9 @@ def free_ports(count: int) -> list[int]:
 
 
 @dataclass
-class Task:
+class TaskProcess:
+    """The supervisor's record of one task (role, index) and its current process."""
+
     role: str
     index: int
     name: str
@@ -121,6 +139,9 @@ class Task:
     port: int = 0
     phase: Phase = Phase.PENDING
     restarts: int = 0
+    failures: int = 0
+    """Restarts charged to this task's ``backoff_limit``: its own failures, not the group
+    restarts another task's (a parameter server's) failure caused."""
     exit_code: int | None = None
     reason: str | None = None
     proc: subprocess.Popen | None = None
@@ -151,7 +172,7 @@ class Supervisor:
         self.isolation: dict[str, Any] = {"network": "shared", "warning": None}
         self.done_at: float | None = None
         self.tasks = [
-            Task(role, index, task_name(self.spec.name, role, index), self.spec.roles[role].restart_policy)
+            TaskProcess(role, index, task_name(self.spec.name, role, index), self.spec.roles[role].restart_policy)
             for role, index in self.spec.tasks()
         ]
         self.chief = next(t for t in self.tasks if (t.role, t.index) == self.spec.chief_task())
@@ -195,18 +216,18 @@ class Supervisor:
         archive_logs(self.group.path)
 
     # -- tasks ------------------------------------------------------------------------------
-    def start(self, tasks: list[Task], new_ports: bool = False) -> None:
+    def start(self, tasks: list[TaskProcess], new_ports: bool = False) -> None:
         if new_ports:
-            for task, port in zip(tasks, free_ports(len(tasks))):
+            for task, port in zip(tasks, free_ports(len(tasks)), strict=True):
                 task.port = port
         cluster = cluster_def(self.spec, lambda role, index: f"127.0.0.1:{self.task(role, index).port}")
         for task in tasks:
             self.launch(task, cluster)
 
-    def task(self, role: str, index: int) -> Task:
+    def task(self, role: str, index: int) -> TaskProcess:
         return next(t for t in self.tasks if t.role == role and t.index == index)
 
-    def launch(self, task: Task, cluster: dict[str, list[str]]) -> None:
+    def launch(self, task: TaskProcess, cluster: dict[str, list[str]]) -> None:
         role_spec = self.spec.roles[task.role]
         env = dict(os.environ, **role_spec.env)
         env.update(TF_CONFIG=tf_config_json(cluster, task.role, task.index), PYTHONUNBUFFERED="1",
@@ -220,7 +241,8 @@ class Supervisor:
             try:
                 task.proc = subprocess.Popen(
                     command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    start_new_session=True, preexec_fn=_die_with_parent(self.pid),
+                    # The supervisor is single-threaded, and PR_SET_PDEATHSIG can only be set in the child.
+                    start_new_session=True, preexec_fn=_die_with_parent(self.pid),  # noqa: PLW1509
                 )
             except OSError as err:  # a command that does not exist cannot be retried into existence
                 task.phase, task.proc = Phase.FAILED, None
@@ -231,20 +253,20 @@ class Supervisor:
         task.start_step = (self.progress or {}).get("global_step")
         task.last_progress, task.progress_mark, task.stepping, task.stalled = time.monotonic(), None, False, False
 
-    def stop(self, tasks: list[Task]) -> None:
+    def stop(self, tasks: list[TaskProcess]) -> None:
         """SIGTERM, then SIGKILL after a short grace; returns when every one is reaped."""
-        live = [t for t in tasks if t.proc is not None]
-        for t in live:
-            _kill_group(t.proc, signal.SIGTERM)
-            _kill_group(t.proc, signal.SIGCONT)  # a stopped process handles SIGTERM only once continued
+        live = [(t, t.proc) for t in tasks if t.proc is not None]
+        for _, proc in live:
+            _kill_group(proc, signal.SIGTERM)
+            _kill_group(proc, signal.SIGCONT)  # a stopped process handles SIGTERM only once continued
         deadline = time.monotonic() + STOP_GRACE
-        while any(t.proc.poll() is None for t in live) and time.monotonic() < deadline:
+        while any(proc.poll() is None for _, proc in live) and time.monotonic() < deadline:
             time.sleep(0.01)
-        for t in live:
-            if t.proc.poll() is None:
-                _kill_group(t.proc, signal.SIGKILL)
-                t.proc.wait()
-            t.exit_code, t.proc = t.proc.returncode, None
+        for t, proc in live:
+            if proc.poll() is None:
+                _kill_group(proc, signal.SIGKILL)
+                proc.wait()
+            t.exit_code, t.proc = proc.returncode, None
 
     def reap(self) -> None:
         for task in self.tasks:
@@ -254,7 +276,7 @@ class Supervisor:
             task.proc, task.exit_code = None, code
             self.exited(task, code)
 
-    def exited(self, task: Task, code: int) -> None:
+    def exited(self, task: TaskProcess, code: int) -> None:
         if code == 0:
             task.phase = Phase.SUCCEEDED  # a reason left from a restart still says why it restarted
             return
@@ -269,11 +291,12 @@ class Supervisor:
         if not is_retryable_exit(task.restart_policy, code):
             task.phase, task.reason = Phase.FAILED, f"{why} (restart policy {task.restart_policy})"
             return
-        if self.restarts >= self.spec.backoff_limit:
-            task.phase = Phase.FAILED
-            task.reason = f"{why}; the group's backoff limit of {self.spec.backoff_limit} restart(s) is used up"
+        spent = self.restart_budget_spent(task)
+        if spent:
+            task.phase, task.reason = Phase.FAILED, f"{why}; {spent}"
             return
         self.restarts += 1
+        task.failures += 1
         task.phase, task.reason = Phase.RESTARTING, why
         if task.role == "ps":
             # The variables lived on that ps: restart every unfinished task from the checkpoint.
@@ -287,6 +310,16 @@ class Supervisor:
         else:
             task.restarts += 1
             self.start([task])
+
+    def restart_budget_spent(self, task: TaskProcess) -> str | None:
+        """Why ``task`` may not restart again, or None: its own ``backoff_limit`` (per task, as
+        on Kubernetes), else the group's ``group_backoff_limit`` (all tasks together)."""
+        if task.failures >= self.spec.backoff_limit:
+            return f"its backoff limit of {self.spec.backoff_limit} restart(s) is used up (backoff_limit, per task)"
+        limit = self.spec.group_backoff_limit
+        if limit is not None and self.restarts >= limit:
+            return f"the group's backoff limit of {limit} restart(s) is used up (group_backoff_limit)"
+        return None
 
     def succeeded(self) -> bool:
         return evaluate(self.status(), self.spec.success_policy).succeeded
@@ -330,24 +363,33 @@ class Supervisor:
         if timeout is None or not self.running:
             return
         now = time.monotonic()
-        step = (self.progress or {}).get("global_step")
         trainers = [t for t in self.tasks if t.role in self.spec.training_roles() and t.proc is not None]
+        self.note_progress(trainers, now)
+        for task in self.stalled(trainers, now, timeout):
+            task.stalled = True
+            self.stop([task])
+            assert task.exit_code is not None  # stop() reaped it
+            self.exited(task, task.exit_code)
+
+    def note_progress(self, trainers: list[TaskProcess], now: float) -> None:
+        """Stamp each trainer whose mark moved: the chief's global step once it steps, else CPU time."""
+        step = (self.progress or {}).get("global_step")
         for task in trainers:
             if task is self.chief and not task.stepping and step != task.start_step:
                 task.stepping, task.progress_mark = True, None
-            mark = step if task.stepping else cpu_ticks(task.proc.pid)
+            mark = step if task.stepping else cpu_ticks(task.proc.pid) if task.proc is not None else None
             if mark is not None and mark != task.progress_mark:
                 task.progress_mark, task.last_progress = mark, now
-        # Others first: a stalled worker also stalls the chief's global step in sync mode.
+
+    def stalled(self, trainers: list[TaskProcess], now: float, timeout: float) -> list[TaskProcess]:
+        """The trainers without progress for ``timeout``. Others first: a stalled worker also
+        stalls the chief's global step in sync mode, so the chief's clock restarts with theirs."""
         stalled = [t for t in trainers if t is not self.chief and now - t.last_progress >= timeout]
         if not stalled and self.chief in trainers and now - self.chief.last_progress >= timeout:
             stalled = [self.chief]
         if stalled and self.chief not in stalled:
             self.chief.last_progress = now
-        for task in stalled:
-            task.stalled = True
-            self.stop([task])
-            self.exited(task, task.exit_code)
+        return stalled
 
     def stop_when_done(self) -> None:
         """Once no training task runs any more, or the group has failed for good, stop what
@@ -437,10 +479,8 @@ def _kill_group(proc: subprocess.Popen, signum: int) -> None:
     try:
         os.killpg(proc.pid, signum)
     except (ProcessLookupError, PermissionError):
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it has exited already
             proc.send_signal(signum)
-        except ProcessLookupError:
-            pass
 
 
 def _die_with_parent(parent: int):

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from airflow_tf.cluster import GroupSpec, GroupStatus, Outcome, evaluate
 from airflow_tf.cluster.progress import describe as describe_progress
@@ -36,9 +38,10 @@ def wait_for_group(backend: Backend, ref: GroupRef, *, timeout: float | None = N
         time.sleep(interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic())))
 
 
-def describe_failure(group: str, reason: str, failed_task: str | None = None, log_tail: str = "",
-                     tail_lines: int = 20) -> str:
-    """``training group G failed: <reason>`` and, when one task is to blame, its last log lines."""
+def group_failure_message(group: str, reason: str, failed_task: str | None = None, log_tail: str = "",
+                          tail_lines: int = 20) -> str:
+    """``training group G failed: <reason>`` and, when one task is to blame, its last log lines:
+    the message of a failed wait (the sensor's error, ``airflow-tf run``'s report)."""
     text = f"training group {group} failed: {reason}"
     lines = log_tail.rstrip().splitlines()[-tail_lines:]
     if failed_task and lines:
@@ -46,11 +49,20 @@ def describe_failure(group: str, reason: str, failed_task: str | None = None, lo
     return text
 
 
+def describe_failure(group: str, reason: str, failed_task: str | None = None, log_tail: str = "",
+                     tail_lines: int = 20) -> str:
+    """Deprecated: :func:`group_failure_message` (``airflow_tf.cluster.describe_failure`` is the
+    failure reason of one task's exit)."""
+    warnings.warn("airflow_tf.backends.wait.describe_failure is deprecated; use group_failure_message",
+                  DeprecationWarning, stacklevel=2)
+    return group_failure_message(group, reason, failed_task, log_tail, tail_lines)
+
+
 def failure_report(backend: Backend, ref: GroupRef, outcome: Outcome, tail_lines: int = 20) -> str:
     """The reason a group failed and, when one task is to blame, its last log lines."""
     failed = outcome.failed_task
     tail = backend.logs(ref, failed.role, failed.index, tail_lines) if failed is not None else ""
-    return describe_failure(ref.name, outcome.reason, failed.name if failed is not None else None, tail, tail_lines)
+    return group_failure_message(ref.name, outcome.reason, failed.name if failed is not None else None, tail, tail_lines)
 
 
 def completion_event(backend: Backend, ref: GroupRef, status: GroupStatus, success_policy: str,

@@ -119,7 +119,7 @@ def snapshot_model_code(model: str, run_dir: str, search_path: list[str] | None 
 def read_model_code(code_dir: str | None) -> ModelCode | None:
     """The snapshot in ``code_dir``, or None when there is none."""
     record = model_code_record(code_dir)
-    return None if record is None else ModelCode(record["path"], record["sha256"])
+    return None if record is None else ModelCode(str(record["path"]), str(record["sha256"]))
 
 
 def model_code_record(code_dir: str | None) -> dict[str, object] | None:
@@ -175,13 +175,14 @@ def _top_level_source(model: str, module_name: str, search: list[str]) -> Path |
     package = Path(locations[0]).resolve()
     found = spec
     for depth in range(1, len(parts)):
-        found = importlib.machinery.PathFinder.find_spec(".".join(parts[:depth + 1]),
+        below = importlib.machinery.PathFinder.find_spec(".".join(parts[:depth + 1]),
                                                          list(found.submodule_search_locations or []))
-        if found is None:
+        if below is None:
             raise ModelCodeError(
                 f"model {model!r}: package {parts[0]!r} ({package}) has no module {'.'.join(parts[:depth + 1])!r}; "
                 "check the model reference"
             )
+        found = below
     return package
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -39,7 +40,7 @@ def parse_progress(text: str) -> dict[str, Any] | None:
             result[key] = int(value)
         else:
             number = float(value)
-            result[key] = None if number != number else number
+            result[key] = None if math.isnan(number) else number
     return result
 
 

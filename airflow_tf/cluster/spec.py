@@ -10,8 +10,9 @@ import math
 import re
 import signal
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from .names import is_dns1123_label, task_name
 from .training import TrainingConfig
@@ -43,6 +44,11 @@ def is_retryable_exit(policy: str, exit_code: int) -> bool:
     if policy == "OnFailure":
         return True
     return exit_code < 0 or exit_code > 128
+
+
+def _whole(value: Any) -> bool:
+    """A whole number >= 0; booleans are not numbers here."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _positive(value: Any, zero: bool = False) -> bool:
@@ -97,7 +103,12 @@ class GroupSpec:
     training: TrainingConfig | None = None
     image: str | None = None
     backoff_limit: int = 3
-    """Restarts allowed across the whole group before it is failed."""
+    """Restarts allowed for each task (each role and index) before the group fails, on every
+    backend: Kubernetes' ``backoffLimitPerIndex``. A parameter server's death restarts the whole
+    local group, but only counts against that parameter server's budget."""
+    group_backoff_limit: int | None = None
+    """Restarts allowed across the whole group, all tasks together, before it fails (local
+    backend only; the Kubernetes backend refuses it). None: only ``backoff_limit`` applies."""
     active_deadline_seconds: float | None = None
     success_policy: str = "AllWorkers"
     port: int = DEFAULT_PORT
@@ -129,7 +140,7 @@ class GroupSpec:
     # -- construction -------------------------------------------------------------------
     @classmethod
     def for_training(cls, name: str, training: TrainingConfig, *, ps: int = 1, workers: int = 2,
-                     chief: int = 0, evaluator: int = 0, **options: Any) -> "GroupSpec":
+                     chief: int = 0, evaluator: int = 0, **options: Any) -> GroupSpec:
         if training.mode == "coordinator":  # the chief drives the workers (which never exit): its exit decides
             chief, options["success_policy"] = max(chief, 1), "ChiefOrWorker0"
         roles = {"ps": RoleSpec(replicas=ps, restart_policy="OnFailure"), "worker": RoleSpec(replicas=workers)}
@@ -152,80 +163,92 @@ class GroupSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "GroupSpec":
+    def from_dict(cls, data: dict[str, Any]) -> GroupSpec:
         return cls(**data)
 
     # -- validation ---------------------------------------------------------------------
     def validate(self) -> None:
-        errors: list[str] = []
-        if not is_dns1123_label(self.name or "") or len(self.name) > 46:
-            errors.append(
-                f"name: {self.name!r} must be a DNS-1123 label of at most 46 characters "
-                "(lowercase letters, digits and '-'); derive it with airflow_tf.cluster.names.dns1123_label"
-            )
-        for role, spec in self.roles.items():
-            if role not in ROLES:
-                hint = " (use 'chief': TensorFlow 2.21 rejects 'master')" if role == "master" else ""
-                errors.append(f"roles.{role}: unknown role{hint}; roles are {', '.join(ROLES)}")
-                continue
-            if not isinstance(spec.replicas, int) or isinstance(spec.replicas, bool) or spec.replicas < 0:
-                errors.append(f"roles.{role}.replicas: must be a whole number >= 0, got {spec.replicas!r}")
-            if spec.restart_policy not in RESTART_POLICIES:
-                errors.append(
-                    f"roles.{role}.restart_policy: {spec.restart_policy!r} is not one of {', '.join(RESTART_POLICIES)}"
-                )
-            if spec.command is not None and (not spec.command or not all(isinstance(c, str) for c in spec.command)):
-                errors.append(f"roles.{role}.command: must be a non-empty list of strings")
-        if self.replicas("worker") < 1 and self.replicas("chief") < 1:
-            errors.append("roles.worker.replicas: a group needs at least one worker (or a chief)")
-        if self.replicas("chief") > 1:
-            errors.append(f"roles.chief.replicas: at most one chief, got {self.replicas('chief')}")
-        if self.replicas("evaluator") > 1:
-            errors.append(f"roles.evaluator.replicas: at most one evaluator, got {self.replicas('evaluator')}")
-        if self.training is not None and self.training.mode == "coordinator" and (
-            self.replicas("chief") != 1 or self.success_policy != "ChiefOrWorker0"
-        ):
-            errors.append("training.mode: coordinator mode needs one chief (it drives the workers, which never "
-                          "exit by themselves) and success_policy 'ChiefOrWorker0'; GroupSpec.for_training sets both")
-        if self.training is not None and self.replicas("ps") < 1:
-            errors.append("roles.ps.replicas: parameter-server training needs at least one ps task")
-        if self.training is not None and self.training.replicas_to_aggregate is not None:
-            trainers = self.replicas("worker") + self.replicas("chief")
-            if self.training.replicas_to_aggregate > trainers:
-                errors.append(
-                    f"training.replicas_to_aggregate: {self.training.replicas_to_aggregate} is more than "
-                    f"the {trainers} training task(s); a sync step would never complete"
-                )
-        if not isinstance(self.backoff_limit, int) or self.backoff_limit < 0:
-            errors.append(f"backoff_limit: must be a whole number >= 0, got {self.backoff_limit!r}")
-        if self.active_deadline_seconds is not None and self.active_deadline_seconds <= 0:
-            errors.append(f"active_deadline_seconds: must be positive, got {self.active_deadline_seconds}")
-        if self.success_policy not in SUCCESS_POLICIES:
-            errors.append(f"success_policy: {self.success_policy!r} is not one of {', '.join(SUCCESS_POLICIES)}")
-        if not isinstance(self.pass_env, (list, tuple)) or not all(
-            isinstance(n, str) and _ENV_NAME.fullmatch(n) for n in self.pass_env
-        ):
-            errors.append(f"pass_env: must be a list of environment variable names, got {self.pass_env!r}")
-        if self.progress_timeout is not None:
-            if not _positive(self.progress_timeout):
-                errors.append(f"progress_timeout: must be a positive number of seconds or None, got {self.progress_timeout!r}")
-            elif self.training is not None and self.progress_timeout <= 2 * self.training.log_every_secs:
-                errors.append(
-                    f"progress_timeout: {self.progress_timeout:g} s must exceed twice training.log_every_secs "
-                    f"({self.training.log_every_secs:g} s): the chief reports its progress that often"
-                )
-        if not _positive(self.ps_grace_seconds, zero=True):
-            errors.append(f"ps_grace_seconds: must be a number of seconds >= 0, got {self.ps_grace_seconds!r}")
-        if not isinstance(self.isolate_network, bool):
-            errors.append(f"isolate_network: must be true or false, got {self.isolate_network!r}")
-        if not isinstance(self.port, int) or not 1 <= self.port <= 65535:
-            errors.append(f"port: must be a TCP port 1-65535, got {self.port!r}")
+        """Every problem of the spec at once, each naming its field, as one :class:`SpecError`."""
+        errors = [
+            *self._name_errors(), *self._role_errors(), *self._topology_errors(), *self._restart_errors(),
+            *self._environment_errors(), *self._timing_errors(),
+        ]
         if self.training is None and any(s.command is None for r, s in self.roles.items() if s.replicas):
             errors.append("training: required unless every role has its own command")
         if errors:
             raise SpecError(f"invalid training group {self.name!r}:\n  " + "\n  ".join(errors))
         for role, index in self.tasks():
             task_name(self.name, role, index)
+
+    def _name_errors(self) -> Iterator[str]:
+        if not is_dns1123_label(self.name or "") or len(self.name) > 46:
+            yield (f"name: {self.name!r} must be a DNS-1123 label of at most 46 characters "
+                   "(lowercase letters, digits and '-'); derive it with airflow_tf.cluster.names.dns1123_label")
+
+    def _role_errors(self) -> Iterator[str]:
+        for role, spec in self.roles.items():
+            if role not in ROLES:
+                hint = " (use 'chief': TensorFlow 2.21 rejects 'master')" if role == "master" else ""
+                yield f"roles.{role}: unknown role{hint}; roles are {', '.join(ROLES)}"
+                continue
+            if not _whole(spec.replicas):
+                yield f"roles.{role}.replicas: must be a whole number >= 0, got {spec.replicas!r}"
+            if spec.restart_policy not in RESTART_POLICIES:
+                yield f"roles.{role}.restart_policy: {spec.restart_policy!r} is not one of {', '.join(RESTART_POLICIES)}"
+            if spec.command is not None and (not spec.command or not all(isinstance(c, str) for c in spec.command)):
+                yield f"roles.{role}.command: must be a non-empty list of strings"
+
+    def _topology_errors(self) -> Iterator[str]:
+        """How many tasks of each role the group and its training mode need."""
+        if self.replicas("worker") < 1 and self.replicas("chief") < 1:
+            yield "roles.worker.replicas: a group needs at least one worker (or a chief)"
+        for role in ("chief", "evaluator"):
+            if self.replicas(role) > 1:
+                yield f"roles.{role}.replicas: at most one {role}, got {self.replicas(role)}"
+        if self.training is None:
+            return
+        if self.training.mode == "coordinator" and (
+                self.replicas("chief") != 1 or self.success_policy != "ChiefOrWorker0"):
+            yield ("training.mode: coordinator mode needs one chief (it drives the workers, which never "
+                   "exit by themselves) and success_policy 'ChiefOrWorker0'; GroupSpec.for_training sets both")
+        if self.replicas("ps") < 1:
+            yield "roles.ps.replicas: parameter-server training needs at least one ps task"
+        trainers = self.replicas("worker") + self.replicas("chief")
+        if self.training.replicas_to_aggregate is not None and self.training.replicas_to_aggregate > trainers:
+            yield (f"training.replicas_to_aggregate: {self.training.replicas_to_aggregate} is more than "
+                   f"the {trainers} training task(s); a sync step would never complete")
+
+    def _restart_errors(self) -> Iterator[str]:
+        """Restart budgets, the deadline and the completion rule."""
+        if not _whole(self.backoff_limit):
+            yield f"backoff_limit: must be a whole number >= 0, got {self.backoff_limit!r}"
+        if self.group_backoff_limit is not None and not _whole(self.group_backoff_limit):
+            yield f"group_backoff_limit: must be a whole number >= 0 or None, got {self.group_backoff_limit!r}"
+        if self.active_deadline_seconds is not None and self.active_deadline_seconds <= 0:
+            yield f"active_deadline_seconds: must be positive, got {self.active_deadline_seconds}"
+        if self.success_policy not in SUCCESS_POLICIES:
+            yield f"success_policy: {self.success_policy!r} is not one of {', '.join(SUCCESS_POLICIES)}"
+
+    def _environment_errors(self) -> Iterator[str]:
+        """What the tasks' processes get from the launcher and where they listen."""
+        if not isinstance(self.pass_env, (list, tuple)) or not all(
+                isinstance(n, str) and _ENV_NAME.fullmatch(n) for n in self.pass_env):
+            yield f"pass_env: must be a list of environment variable names, got {self.pass_env!r}"
+        if not isinstance(self.isolate_network, bool):
+            yield f"isolate_network: must be true or false, got {self.isolate_network!r}"
+        if not isinstance(self.port, int) or not 1 <= self.port <= 65535:
+            yield f"port: must be a TCP port 1-65535, got {self.port!r}"
+
+    def _timing_errors(self) -> Iterator[str]:
+        """The watchdog's timeout and the parameter servers' grace period."""
+        if self.progress_timeout is not None:
+            if not _positive(self.progress_timeout):
+                yield f"progress_timeout: must be a positive number of seconds or None, got {self.progress_timeout!r}"
+            elif self.training is not None and self.progress_timeout <= 2 * self.training.log_every_secs:
+                yield (f"progress_timeout: {self.progress_timeout:g} s must exceed twice training.log_every_secs "
+                       f"({self.training.log_every_secs:g} s): the chief reports its progress that often")
+        if not _positive(self.ps_grace_seconds, zero=True):
+            yield f"ps_grace_seconds: must be a number of seconds >= 0, got {self.ps_grace_seconds!r}"
 
     # -- queries ------------------------------------------------------------------------
     def replicas(self, role: str) -> int:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 
-
-class Phase(str, Enum):
+class Phase(StrEnum):
     PENDING = "Pending"
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
@@ -67,7 +66,7 @@ class GroupStatus:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "GroupStatus":
+    def from_dict(cls, data: dict[str, Any]) -> GroupStatus:
         return cls(**data)
 
 
@@ -90,6 +89,20 @@ def evaluate(status: GroupStatus, success_policy: str = "AllWorkers") -> Outcome
     - AllWorkers: every worker (and the chief, if any) succeeded;
     - ChiefOrWorker0: the chief, or worker 0 when there is no chief, succeeded.
     Parameter servers never finish by themselves and are not counted."""
+    failed = _failed(status)
+    if failed is not None:
+        return failed
+    trainers = _trainers(status)
+    if not trainers:
+        return Outcome(False, False, "no training task reported yet")
+    succeeded = _succeeded(status, success_policy, trainers)
+    if succeeded is not None:
+        return succeeded
+    done = sum(t.phase is Phase.SUCCEEDED for t in trainers)
+    return Outcome(False, False, f"workers done {done}/{len(trainers)}")
+
+
+def _failed(status: GroupStatus) -> Outcome | None:
     if not status.exists:
         return Outcome(True, False, f"training group {status.name!r} does not exist (never launched, or deleted)")
     if status.failure:
@@ -97,9 +110,10 @@ def evaluate(status: GroupStatus, success_policy: str = "AllWorkers") -> Outcome
     for t in status.tasks:
         if t.phase is Phase.FAILED:
             return Outcome(True, False, f"task {t.name} ({t.role} {t.index}) failed: {t.reason or 'unknown reason'}", t)
-    trainers = _trainers(status)
-    if not trainers:
-        return Outcome(False, False, "no training task reported yet")
+    return None
+
+
+def _succeeded(status: GroupStatus, success_policy: str, trainers: list[TaskStatus]) -> Outcome | None:
     if success_policy == "ChiefOrWorker0":
         lead = status.task("chief", 0) or status.task("worker", 0)
         if lead is not None and lead.phase is Phase.SUCCEEDED:
@@ -109,5 +123,4 @@ def evaluate(status: GroupStatus, success_policy: str = "AllWorkers") -> Outcome
             return Outcome(True, True, f"all {len(trainers)} training task(s) succeeded")
     else:
         raise ValueError(f"unknown success policy {success_policy!r}")
-    done = sum(t.phase is Phase.SUCCEEDED for t in trainers)
-    return Outcome(False, False, f"workers done {done}/{len(trainers)}")
+    return None

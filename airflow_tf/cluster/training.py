@@ -96,6 +96,13 @@ class TrainingConfig:
             problem = _number_problem(value, low, high, whole)
             if problem:
                 errors.append(f"{name}: {problem}, got {value!r}")
+        errors += self._choice_errors()
+        if errors:
+            raise ValueError("invalid training options:\n  " + "\n  ".join(errors))
+
+    def _choice_errors(self) -> list[str]:
+        """The options that name one of a fixed set (optimizer, model, mode, on_nan)."""
+        errors = []
         if self.optimizer not in OPTIMIZERS:
             errors.append(f"optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
         if self.model not in BUILTIN_MODELS and ":" not in self.model:
@@ -118,8 +125,7 @@ class TrainingConfig:
                 errors.append(f"ps_memory_limit: {err}")
         if self.on_nan not in ON_NAN:
             errors.append(f"on_nan: {self.on_nan!r} is not one of {', '.join(ON_NAN)}")
-        if errors:
-            raise ValueError("invalid training options:\n  " + "\n  ".join(errors))
+        return errors
 
     def _coerce_types(self) -> list[str]:
         """Templated Airflow arguments arrive as strings ("3000"): convert them by field type."""
@@ -139,14 +145,14 @@ class TrainingConfig:
                 elif kind.startswith("dict"):
                     setattr(self, f.name, json.loads(value))
             except ValueError:
-                errors.append(f"{f.name}: {value!r} is not a valid {kind.split(' ')[0]}")
+                errors.append(f"{f.name}: {value!r} is not a valid {kind.split(' ', maxsplit=1)[0]}")
         return errors
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainingConfig":
+    def from_dict(cls, data: dict[str, Any]) -> TrainingConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -171,11 +177,11 @@ class TrainingConfig:
         return args
 
     @classmethod
-    def from_args(cls, argv: list[str] | None = None) -> "TrainingConfig":
+    def from_args(cls, argv: list[str] | None = None) -> TrainingConfig:
         return cls.from_namespace(argument_parser().parse_args(argv))
 
     @classmethod
-    def from_namespace(cls, ns: argparse.Namespace, **overrides: Any) -> "TrainingConfig":
+    def from_namespace(cls, ns: argparse.Namespace, **overrides: Any) -> TrainingConfig:
         """The training options among parsed arguments (other arguments are ignored)."""
         values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)}
         return cls(**{**values, **overrides})

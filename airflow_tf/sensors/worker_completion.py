@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any
 
 from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_tf.backends import GroupRef, backend_for
-from airflow_tf.backends.wait import completion_event, describe_failure, waiting_message
+from airflow_tf.backends.wait import completion_event, group_failure_message, waiting_message
 from airflow_tf.triggers.worker_completion import WorkerCompletionTrigger
 
 
@@ -89,7 +90,7 @@ class WorkerCompletionSensor(BaseSensorOperator):
     def _finish(self, event: dict[str, Any]) -> dict[str, Any]:
         if event["status"] != "success":
             failed = event["failed_task"]
-            raise TrainingGroupFailed(describe_failure(
+            raise TrainingGroupFailed(group_failure_message(
                 event["group"]["name"], event["reason"], failed and failed["name"], event["log_tail"],
                 self.log_tail_lines,
             ))

@@ -10,7 +10,6 @@ test sees the backend create or delete a pod: pods are the Job controller's."""
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 import time
 from pathlib import Path

@@ -335,3 +335,8 @@ def test_a_bad_pod_template_or_sidecar_is_refused_naming_it(tmp_path):
     with pytest.raises(SpecError, match=r"sidecars\[0\]\.image: 'bad image!' is not a container image reference"):
         render_group(spec(role_options={"worker": {"kubernetes": {"sidecars": [{"name": "s", "image": "bad image!"}]}}}),
                      "ml")
+
+
+def test_a_group_wide_restart_budget_is_refused_as_kubernetes_counts_per_task():
+    with pytest.raises(SpecError, match=r"group_backoff_limit: the Kubernetes backend counts restarts per task"):
+        render_group(spec(group_backoff_limit=2), "ml")

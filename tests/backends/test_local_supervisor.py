@@ -172,6 +172,46 @@ def test_worker_that_keeps_failing_uses_up_the_backoff_limit(local_state_dir, gr
     backend.teardown(ref)
 
 
+FAILS_ONCE = """
+    import os, pathlib, sys
+    marker = pathlib.Path(sys.argv[1]) / os.environ['AIRFLOW_TF_TASK']
+    if not marker.exists():
+        marker.write_text('failed once')
+        sys.exit('first attempt: cannot reach the dataset')
+    print('second attempt trained')
+    """
+
+
+def test_backoff_limit_is_per_task_as_on_kubernetes(local_state_dir, group_processes, wait_until, tmp_path):
+    # Both workers fail once: one restart each is within a per-task backoff_limit of 1,
+    # although the group restarted twice in all.
+    worker = [*program(FAILS_ONCE), str(tmp_path)]
+    backend = LocalBackend()
+    ref = backend.launch(group("pertask", worker, backoff_limit=1, worker_restart_policy="OnFailure"))
+    outcome, status = wait_for_group(backend, ref, timeout=20)
+
+    assert outcome.succeeded, outcome.reason
+    assert [status.task("worker", i).restarts for i in (0, 1)] == [1, 1]
+    assert "second attempt trained" in backend.logs(ref, "worker", 1)
+    backend.teardown(ref)
+
+
+def test_group_backoff_limit_bounds_the_restarts_of_all_tasks_together(local_state_dir, group_processes,
+                                                                       wait_until, tmp_path):
+    worker = [*program(FAILS_ONCE), str(tmp_path)]
+    backend = LocalBackend()
+    ref = backend.launch(group("wholegroup", worker, backoff_limit=1, group_backoff_limit=1,
+                               worker_restart_policy="OnFailure"))
+    outcome, status = wait_for_group(backend, ref, timeout=20)
+
+    assert not outcome.succeeded
+    failed = [t for t in status.tasks if t.phase is Phase.FAILED and t.restarts == 0]
+    assert len(failed) == 1, status.tasks
+    assert "the group's backoff limit of 1 restart(s) is used up (group_backoff_limit)" in failed[0].reason
+    assert "cannot reach the dataset" in failed[0].reason
+    backend.teardown(ref)
+
+
 def test_ps_death_restarts_the_whole_group(local_state_dir, group_processes, wait_until):
     worker = program("import os, time\nprint(os.environ['TF_CONFIG'], flush=True)\ntime.sleep(600)")
     backend = LocalBackend()

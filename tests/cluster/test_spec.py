@@ -47,6 +47,13 @@ def test_bad_specs_are_refused_with_the_field_named(kwargs, message):
         GroupSpec(name="good-name", training=training(), **kwargs)
 
 
+@pytest.mark.parametrize("limit", [-1, 1.5, True, "3"])
+def test_group_backoff_limit_must_be_a_whole_number_or_none(limit):
+    with pytest.raises(SpecError, match="group_backoff_limit: must be a whole number >= 0 or None"):
+        GroupSpec(name="good-name", training=training(), group_backoff_limit=limit)
+    assert GroupSpec(name="good-name", training=training()).group_backoff_limit is None
+
+
 def test_name_that_is_not_a_dns_label_is_refused():
     with pytest.raises(SpecError, match="DNS-1123"):
         GroupSpec(name="Bad_Name", training=training())
