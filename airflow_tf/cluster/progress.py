@@ -30,12 +30,20 @@ def format_progress(global_step: int, target_step: int, examples_per_sec: float,
 
 
 def parse_progress(text: str) -> dict[str, Any] | None:
-    """The last progress line in ``text`` as a dict, or None if there is none."""
-    matches = _LINE.findall(text)
-    if not matches:
-        return None
+    """The last whole progress line in ``text`` as a dict, or None if there is none. A line
+    another writer of the same log cut into (TensorFlow's C++ logging shares the file) is
+    skipped for the one before it: a log line never stops the reader."""
+    for match in reversed(_LINE.findall(text)):
+        try:
+            return _fields(match)
+        except ValueError:
+            continue
+    return None
+
+
+def _fields(pairs: str) -> dict[str, Any]:
     result: dict[str, Any] = {}
-    for pair in matches[-1].split():
+    for pair in pairs.split():
         key, _, value = pair.partition("=")
         if key not in _FIELDS:
             continue
@@ -44,6 +52,8 @@ def parse_progress(text: str) -> dict[str, Any] | None:
         else:
             number = float(value)
             result[key] = None if number != number else number
+    if "global_step" not in result or "target_step" not in result:
+        raise ValueError("not a whole progress line")
     return result
 
 
