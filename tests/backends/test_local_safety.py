@@ -17,7 +17,7 @@ import textwrap
 import pytest
 from processes import can_connect, environ_of, external_address
 
-from airflow_tf.backends.local import LocalBackend, task_environment
+from airflow_tf.backends.local import LocalBackend, mem_available_mb, task_environment
 from airflow_tf.backends.wait import completion_event, wait_for_group
 from airflow_tf.cluster import GroupSpec, Phase, RoleSpec
 from airflow_tf.backends import BackendError
@@ -383,6 +383,33 @@ def test_a_group_that_does_not_fit_in_memory_is_refused_with_the_numbers(local_s
     assert "MiB available (MemAvailable in /proc/meminfo)" in message and "fewer tasks" in message
     assert not group_processes(local_state_dir)
     assert not local_state_dir.exists() or os.listdir(local_state_dir) == []
+
+
+def test_memory_promised_to_a_group_still_starting_is_counted_by_the_next_launch(local_state_dir, group_processes):
+    # Tasks that will take a quarter of the free memory each but hold almost none yet: what
+    # MemAvailable shows right after a launch, before TensorFlow is imported.
+    quarter = f"{int(mem_available_mb() / 4)}Mi"
+
+    def hungry(name):
+        spec = group(name, SERVE_FOREVER)
+        for role in spec.roles.values():
+            role.resources = {"requests": {"memory": quarter}}
+        return spec
+
+    backend = LocalBackend()
+    first = backend.launch(hungry("first"))
+    try:
+        with pytest.raises(BackendError) as refused:
+            backend.launch(hungry("second"))
+        message = str(refused.value)
+        assert "training group 'second' needs about" in message
+        assert "will be taken by groups still starting" in message and "wait for other trainings" in message
+        assert backend.find("second") is None
+    finally:
+        backend.teardown(first)
+    second = backend.launch(hungry("second"))  # the first one's promise is gone with it
+    backend.teardown(second)
+    assert not group_processes(local_state_dir)
 
 
 def test_more_training_tasks_than_cores_is_a_warning(local_state_dir, caplog):
