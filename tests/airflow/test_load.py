@@ -31,8 +31,11 @@ def test_four_example_dag_runs_at_once_all_finish_without_collisions(airflow_hom
         env = airflow_env(tmp_path / f"home-{i}", airflow_home.dags)
         env.update(AIRFLOW_TF_STORAGE=str(shared / "storage"), AIRFLOW_TF_STATE_DIR=str(shared / "groups"))
         Path(env["AIRFLOW_HOME"]).mkdir(parents=True)
-        shutil.copy(Path(airflow_home.env["AIRFLOW_HOME"]) / "airflow.db", Path(env["AIRFLOW_HOME"]) / "airflow.db")
-        reserialize(env)
+        if not homes:  # DAG files read the storage at parse time: serialize them once for it
+            shutil.copy(Path(airflow_home.env["AIRFLOW_HOME"]) / "airflow.db", Path(env["AIRFLOW_HOME"]))
+            reserialize(env)
+        else:  # the same DAG folder and storage: a copy of that database
+            shutil.copy(Path(homes[0]["AIRFLOW_HOME"]) / "airflow.db", Path(env["AIRFLOW_HOME"]))
         homes.append(env)
 
     with ThreadPoolExecutor(len(RUNS)) as pool:
