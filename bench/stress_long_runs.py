@@ -34,13 +34,31 @@ import tempfile
 import time
 from pathlib import Path
 
-TF_WARNINGS = re.compile(r"RunStep still blocked|received twice|No response from RunGraph|DEADLINE|Deadline|"
-                         r"UnavailableError|operation_timeout|Timed out|recreated|status=failed|Retrying call|"
-                         r"step stuck|stalled step recovered", re.I)
+TF_WARNINGS = ("RunStep still blocked", "received twice", "No response from RunGraph", "DEADLINE", "Deadline",
+               "deadline", "UnavailableError", "operation_timeout", "Timed out", "timed out", "recreated",
+               "status=failed", "Retrying call", "step stuck", "stalled step recovered")
+"""Log text kept from a run's tasks (literal: a task's log can hold millions of lines)."""
 RECOVERED = re.compile(r"stalled step recovered: the (?:step|checkpoint save) after global step (\d+): (.*?); the session "
                        r"was recreated at global step (\d+), ([\d.]+) s after")
 SUSPECTS = {"received_twice": "received twice", "grpc_retries": "Retrying call for",
             "still_blocked": "RunStep still blocked"}
+
+
+def matching_lines(text: str) -> list[str]:
+    """The lines of ``text`` holding any of TF_WARNINGS, in order, each once."""
+    starts = set()
+    for needle in TF_WARNINGS:
+        at = text.find(needle)
+        while at >= 0:
+            start = text.rfind("\n", 0, at) + 1
+            starts.add(start)
+            end = text.find("\n", at)
+            at = text.find(needle, end) if end >= 0 else -1
+    lines = []
+    for start in sorted(starts):
+        end = text.find("\n", start)
+        lines.append(text[start:] if end < 0 else text[start:end])
+    return lines
 
 
 def prepare(root: Path) -> str:
@@ -146,14 +164,12 @@ def main() -> int:
             warnings, recovered, suspects = [], [], dict.fromkeys(SUSPECTS, 0)
             # A finished group's logs are copied to <run_dir>/logs/attempt-N/ and its state removed.
             for log in [*r["state_dir"].rglob("*.log"), *(r["run_dir"] / "logs").rglob("*.log")]:
-                for line in log.read_text(errors="replace").splitlines():
-                    if not TF_WARNINGS.search(line):
-                        continue
+                for line in matching_lines(log.read_text(errors="replace")):
                     warnings.append(f"{log.name}: {line[:400]}")
-                    for key, text in SUSPECTS.items():
-                        suspects[key] += text in line
-                    if found := RECOVERED.search(line):
-                        stuck_at, cause, resumed_at, lost = found.groups()
+                    for key, needle in SUSPECTS.items():
+                        suspects[key] += needle in line
+                    if recovery := RECOVERED.search(line):
+                        stuck_at, cause, resumed_at, lost = recovery.groups()
                         recovered.append({"task": log.stem, "stuck_after_step": int(stuck_at),
                                           "resumed_at_step": int(resumed_at), "steps_redone": int(stuck_at) - int(resumed_at),
                                           "lost_secs": float(lost), "cause": cause})
