@@ -38,6 +38,7 @@ def tf_training(
     expand: dict[str, Any] | None = None,
     select_by: str = "loss",
     max_active_trainings: int | None = None,
+    pool: str | None = None,
     compare_to_served: bool = False,
     serving_base: str | None = None,
     on_unblessed: str = "skip",
@@ -73,6 +74,9 @@ def tf_training(
     :param select_by: with ``expand``: the eval metric that picks the run to export (lower
         is better for losses and errors, higher otherwise).
     :param max_active_trainings: with ``expand``: how many mapped launches and waits run at once.
+    :param pool: the Airflow pool of the launch and the wait. With a pool that counts deferred
+        tasks (``include_deferred``), its slots bound the trainings running at once across every
+        DAG run that uses it; the others queue in Airflow until a slot frees.
     :param compare_to_served: bless only a model at least as good as the one served.
     :param serving_base: where exported models live; default ``<storage>/models``.
     :param on_unblessed: ``skip`` (default) or ``fail`` the export of an unblessed model.
@@ -88,14 +92,15 @@ def tf_training(
     wait_options: dict[str, Any] = {"poke_interval": poke_interval, "timeout": timeout}
     if deferrable is not None:
         wait_options["deferrable"] = deferrable
+    pooled = {"pool": pool} if pool else {}
     mapped = {"max_active_tis_per_dagrun": max_active_trainings} if expand and max_active_trainings else {}
 
     with TaskGroup(group_id=group_id) as group:
         launch_args = dict(task_id="launch", dataset=dataset, backend=backend, backend_options=backend_options,
-                           retries=launch_retries, retry_delay=launch_retry_delay, **launch_options)
+                           retries=launch_retries, retry_delay=launch_retry_delay, **pooled, **launch_options)
         if expand:
             launch = LaunchTFClusterOperator.partial(**launch_args, **mapped).expand(**expand)
-            wait = WorkerCompletionSensor.partial(task_id="wait_for_workers", **wait_options, **mapped).expand(
+            wait = WorkerCompletionSensor.partial(task_id="wait_for_workers", **wait_options, **pooled, **mapped).expand(
                 group=launch.output)
             evaluate = EvaluateModelOperator.partial(
                 task_id="evaluate", thresholds=thresholds, compare_to_served=compare_to_served,
@@ -103,7 +108,7 @@ def tf_training(
             ).expand(launch=launch.output)
         else:
             launch = LaunchTFClusterOperator(**launch_args)
-            wait = WorkerCompletionSensor(task_id="wait_for_workers", group=launch.output, **wait_options)
+            wait = WorkerCompletionSensor(task_id="wait_for_workers", group=launch.output, **wait_options, **pooled)
             evaluate = EvaluateModelOperator(
                 task_id="evaluate", launch=launch.output, thresholds=thresholds,
                 compare_to_served=compare_to_served, serving_base=serving_base, model_name=model_name,

@@ -8,8 +8,17 @@ and a JSON summary.
 
     .venv/bin/python bench/stress_long_runs.py --rounds 3 --parallel 3 --steps 60000
 
-TensorFlow's C++ warnings (``RunStep still blocked``, ``RunGraph ... received twice``) are kept in
-the task logs (TF_CPP_MIN_LOG_LEVEL=1)."""
+A stuck step the runtime cancels and recovers from (``stalled step recovered`` in a log, see
+runtime/step_bound.py) is not a stall of the harness: each run's result lists those recoveries
+with the time and the global steps each cost. ``--stall-secs`` (default 400 s, past the 300 s
+cap of a step) catches only what the runtime did not recover.
+
+TensorFlow's C++ warnings (``RunStep still blocked``, ``RunGraph ... received twice``,
+``Retrying call for``) are kept in the task logs (TF_CPP_MIN_LOG_LEVEL=1). ``--vmodule`` turns on
+TensorFlow's verbose logging for the named source files (``TF_CPP_VMODULE``, and then
+TF_CPP_MIN_LOG_LEVEL=0, as verbose lines are INFO), ``--grpc-trace`` gRPC's tracers
+(``GRPC_TRACE``, ``GRPC_VERBOSITY=debug``). ``--max-minutes`` stops the stress after that long
+(runs still going are stopped and counted as cut, neither stalled nor finished)."""
 
 from __future__ import annotations
 
@@ -25,8 +34,31 @@ import tempfile
 import time
 from pathlib import Path
 
-TF_WARNINGS = re.compile(r"RunStep still blocked|received twice|No response from RunGraph|DEADLINE|Deadline|"
-                         r"UnavailableError|operation_timeout|Timed out|recreated|status=failed", re.I)
+TF_WARNINGS = ("RunStep still blocked", "received twice", "No response from RunGraph", "DEADLINE", "Deadline",
+               "deadline", "UnavailableError", "operation_timeout", "Timed out", "timed out", "recreated",
+               "status=failed", "Retrying call", "step stuck", "stalled step recovered")
+"""Log text kept from a run's tasks (literal: a task's log can hold millions of lines)."""
+RECOVERED = re.compile(r"stalled step recovered: the (?:step|checkpoint save) after global step (\d+): (.*?); the session "
+                       r"was recreated at global step (\d+), ([\d.]+) s after")
+SUSPECTS = {"received_twice": "received twice", "grpc_retries": "Retrying call for",
+            "still_blocked": "RunStep still blocked"}
+
+
+def matching_lines(text: str) -> list[str]:
+    """The lines of ``text`` holding any of TF_WARNINGS, in order, each once."""
+    starts = set()
+    for needle in TF_WARNINGS:
+        at = text.find(needle)
+        while at >= 0:
+            start = text.rfind("\n", 0, at) + 1
+            starts.add(start)
+            end = text.find("\n", at)
+            at = text.find(needle, end) if end >= 0 else -1
+    lines = []
+    for start in sorted(starts):
+        end = text.find("\n", start)
+        lines.append(text[start:] if end < 0 else text[start:end])
+    return lines
 
 
 def prepare(root: Path) -> str:
@@ -73,18 +105,31 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--parallel", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60000)
-    parser.add_argument("--stall-secs", type=float, default=90.0)
+    parser.add_argument("--stall-secs", type=float, default=400.0)
     parser.add_argument("--checkpoint-every-secs", type=float, default=10.0)
     parser.add_argument("--extra", default="", help="more airflow-tf run flags, e.g. '--operation-timeout-secs 30'")
     parser.add_argument("--keep", help="directory to keep runs and logs in (default: a temporary one)")
+    parser.add_argument("--vmodule", default="", help="TF_CPP_VMODULE for the tasks, e.g. "
+                        "'grpc_state=2,recent_request_ids=2,master_session=2,worker=2,grpc_remote_worker=2'")
+    parser.add_argument("--grpc-trace", default="", help="GRPC_TRACE for the tasks, e.g. 'channel,subchannel,http'")
+    parser.add_argument("--max-minutes", type=float, default=None, help="stop the whole stress after this long")
     args = parser.parse_args()
+    deadline = time.monotonic() + args.max_minutes * 60 if args.max_minutes else None
 
     root = Path(args.keep or tempfile.mkdtemp(prefix="stress-"))
     root.mkdir(parents=True, exist_ok=True)
     dataset = prepare(root)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="1")
+    pass_env: list[str] = []
+    if args.vmodule:
+        env.update(TF_CPP_VMODULE=args.vmodule, TF_CPP_MIN_LOG_LEVEL="0")  # TF_* reaches the tasks
+    if args.grpc_trace:
+        env.update(GRPC_TRACE=args.grpc_trace, GRPC_VERBOSITY="debug")
+        pass_env = ["--pass-env", "GRPC_TRACE", "--pass-env", "GRPC_VERBOSITY"]
     results = []
     for round_no in range(args.rounds):
+        if deadline is not None and time.monotonic() >= deadline:
+            break
         runs = []
         for i in range(args.parallel):
             name = f"stress-{round_no}-{i}"
@@ -94,14 +139,19 @@ def main() -> int:
             cmd = [sys.executable, "-m", "airflow_tf.cli", "run", "--dataset", dataset, "--run-dir", str(run_dir),
                    "--name", name, "--state-dir", str(state_dir), "--steps", str(args.steps),
                    "--workers", "2", "--ps", "1", "--learning-rate", "0.01",
-                   "--checkpoint-every-secs", str(args.checkpoint_every_secs), *args.extra.split()]
+                   "--checkpoint-every-secs", str(args.checkpoint_every_secs), *pass_env, *args.extra.split()]
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             runs.append({"name": name, "proc": proc, "run_dir": run_dir, "state_dir": state_dir,
                          "start": time.monotonic(), "step": None, "moved": time.monotonic()})
         while any(r["proc"].poll() is None for r in runs):
             time.sleep(2)
+            if deadline is not None and time.monotonic() >= deadline:
+                for r in runs:
+                    if r["proc"].poll() is None and "stalled" not in r:
+                        r["cut"] = progress(r["run_dir"])
+                        os.killpg(r["proc"].pid, signal.SIGTERM)
             for r in runs:
-                if r["proc"].poll() is not None or "stalled" in r:
+                if r["proc"].poll() is not None or "stalled" in r or "cut" in r:
                     continue
                 step = progress(r["run_dir"])
                 if step != r["step"]:
@@ -111,19 +161,33 @@ def main() -> int:
                     (root / f"{r['name']}.stacks").write_text(stacks(r["state_dir"]))
                     os.killpg(r["proc"].pid, signal.SIGTERM)
         for r in runs:
-            warnings = []
+            warnings, recovered, suspects = [], [], dict.fromkeys(SUSPECTS, 0)
             # A finished group's logs are copied to <run_dir>/logs/attempt-N/ and its state removed.
             for log in [*r["state_dir"].rglob("*.log"), *(r["run_dir"] / "logs").rglob("*.log")]:
-                warnings += [f"{log.name}: {line}" for line in log.read_text(errors="replace").splitlines()
-                             if TF_WARNINGS.search(line)]
+                for line in matching_lines(log.read_text(errors="replace")):
+                    warnings.append(f"{log.name}: {line[:400]}")
+                    for key, needle in SUSPECTS.items():
+                        suspects[key] += needle in line
+                    if recovery := RECOVERED.search(line):
+                        stuck_at, cause, resumed_at, lost = recovery.groups()
+                        recovered.append({"task": log.stem, "stuck_after_step": int(stuck_at),
+                                          "resumed_at_step": int(resumed_at), "steps_redone": int(stuck_at) - int(resumed_at),
+                                          "lost_secs": float(lost), "cause": cause})
             result = {"name": r["name"], "exit": r["proc"].returncode, "seconds": round(time.monotonic() - r["start"]),
-                      "final_step": progress(r["run_dir"]), "stalled_at": r.get("stalled"),
-                      "tf_warnings": warnings[:20]}
+                      "final_step": progress(r["run_dir"]), "stalled_at": r.get("stalled"), "cut_at": r.get("cut"),
+                      "recovered_stalls": recovered, **suspects, "tf_warnings": warnings[:20]}
             results.append(result)
             print(json.dumps(result), flush=True)
     stalled = [r for r in results if r["stalled_at"] is not None]
-    print(json.dumps({"runs": len(results), "stalled": len(stalled), "failed": sum(r["exit"] != 0 for r in results),
-                      "root": str(root)}), flush=True)
+    cut = [r for r in results if r["cut_at"] is not None]
+    recoveries = [s for r in results for s in r["recovered_stalls"]]
+    print(json.dumps({"runs": len(results), "finished": sum(r["exit"] == 0 for r in results), "cut": len(cut),
+                      "stalled": len(stalled),
+                      "failed": sum(r["exit"] != 0 and r not in cut and r not in stalled for r in results),
+                      "recovered_stalls": len(recoveries),
+                      "max_lost_secs": max((s["lost_secs"] for s in recoveries), default=0),
+                      "max_steps_redone": max((s["steps_redone"] for s in recoveries), default=0),
+                      **{key: sum(r[key] for r in results) for key in SUSPECTS}, "root": str(root)}), flush=True)
     return 1 if stalled else 0
 
 

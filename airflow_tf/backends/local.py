@@ -22,6 +22,7 @@ its logs are copied to ``<run_dir>/logs/attempt-<N>/`` when the group ends or is
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import shutil
@@ -31,12 +32,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from airflow_tf.cluster import GroupSpec, GroupStatus, Phase, TaskStatus
 from airflow_tf.cluster.memory import TASK_BASELINE_BYTES, mem_available_bytes, memory_bytes
+from airflow_tf.cluster.names import task_name
 from airflow_tf.files import atomic_open, is_local, read_json, strip_file_scheme, write_json
 
 from .base import BackendError, GroupRef, poll_watch
@@ -145,9 +148,8 @@ def mem_available_mb() -> float | None:
     return None if available is None else available / 2**20
 
 
-def check_capacity(spec: GroupSpec) -> None:
-    """Refuse a group whose tasks would not fit in the memory available now; warn when its
-    training tasks outnumber the CPU cores (they would share them, each slower)."""
+def expected_memory_mb(spec: GroupSpec) -> dict[str, float]:
+    """Expected resident MiB of one task of each role that counts (see :data:`TASK_MEMORY_MB`)."""
     per_role = {}
     for role, role_spec in spec.roles.items():
         requested = role_spec.resources.get("requests", {}).get("memory")
@@ -158,14 +160,37 @@ def check_capacity(spec: GroupSpec) -> None:
                 raise BackendError(f"roles.{role}.resources.requests.memory: {err}") from None
         elif role_spec.command is None and role != "evaluator":  # the runtime's evaluator exits at once
             per_role[role] = TASK_MEMORY_MB
+    return per_role
+
+
+def resident_mb(pid: int) -> float:
+    """``VmRSS`` of a process in MiB (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def check_capacity(spec: GroupSpec, promised_mb: float = 0.0) -> None:
+    """Refuse a group whose tasks would not fit in the memory available now, less
+    ``promised_mb`` (what groups already launched will still take as their tasks start: they
+    are not in ``MemAvailable`` yet); warn when its training tasks outnumber the CPU cores
+    (they would share them, each slower)."""
+    per_role = expected_memory_mb(spec)
     needed = sum(per_role.get(role, 0) for role, _ in spec.tasks())
     available = mem_available_mb()
-    if available is not None and needed > available:
+    if available is not None and needed > available - promised_mb:
         parts = ", ".join(f"{spec.replicas(r)} {r} x {mb:.0f} MiB" for r, mb in per_role.items() if spec.replicas(r))
+        starting = (f", of which {promised_mb:.0f} MiB will be taken by groups still starting"
+                    if promised_mb >= 1 else "")
         raise BackendError(
             f"training group {spec.name!r} needs about {needed:.0f} MiB ({parts}) but this machine has only "
-            f"{available:.0f} MiB available (MemAvailable in /proc/meminfo); launch fewer tasks, free memory, "
-            "or use the kubernetes backend"
+            f"{available:.0f} MiB available (MemAvailable in /proc/meminfo{starting}); launch fewer tasks, wait "
+            "for other trainings to finish (retries of the launch do), free memory, or use the kubernetes backend"
         )
     trainers = spec.replicas("worker") + spec.replicas("chief")
     cores = len(os.sched_getaffinity(0))
@@ -293,7 +318,11 @@ class LocalBackend:
         if saved is not None and self._is_live(group, saved):
             return self._ref(spec.name, saved["spec"].get("success_policy", "AllWorkers"))
         _check_inputs(spec)
-        check_capacity(spec)
+        with self._admission():
+            check_capacity(spec, self._promised_memory_mb())
+            return self._create(spec, group, saved, owner_pid)
+
+    def _create(self, spec: GroupSpec, group: GroupDir, saved: dict[str, Any] | None, owner_pid: int | None) -> GroupRef:
         owner_pid = os.getpid() if owner_pid is None else owner_pid
         owner = {"pid": owner_pid, "start_time": process_start_time(owner_pid)}
         if owner["start_time"] is None:
@@ -321,6 +350,48 @@ class LocalBackend:
             shutil.rmtree(staging, ignore_errors=True)
         self._start_supervisor(group, spec)
         return self._ref(spec.name, spec.success_policy)
+
+    @contextmanager
+    def _admission(self) -> Iterator[None]:
+        """One launch at a time is admitted per state directory (a lock on the directory
+        itself): two launches at the same instant would both count the same free memory."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.state_dir, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _promised_memory_mb(self) -> float:
+        """MiB the live groups of this state directory are expected to take but do not hold yet:
+        tasks not started, or still importing TensorFlow (expected minus resident)."""
+        total = 0.0
+        for path in self.state_dir.iterdir() if self.state_dir.is_dir() else ():
+            group = GroupDir(path)
+            saved = None if path.name.startswith(".") else read_json(group.spec, missing_ok=True)
+            if saved is None:
+                continue
+            state = read_json(group.state, missing_ok=True)
+            if state is None:
+                if time.time() - saved["launched_at"] > NEVER_STARTED_AFTER:
+                    continue
+                state = {}
+            elif state["supervisor"]["state"] != "running" or not is_running(
+                    state["supervisor"]["pid"], state["supervisor"]["start_time"]):
+                continue
+            spec = GroupSpec.from_dict(saved["spec"])
+            per_role = expected_memory_mb(spec)
+            processes = state.get("processes", {})
+            phases = {t["name"]: t["phase"] for t in state.get("status", {}).get("tasks", [])}
+            for role, index in spec.tasks():
+                name, expected = task_name(spec.name, role, index), per_role.get(role, 0.0)
+                process = processes.get(name)
+                if process and is_running(process["pid"], process["start_time"]):
+                    total += max(0.0, expected - resident_mb(process["pid"]))
+                elif phases.get(name, Phase.PENDING.value) in (Phase.PENDING.value, Phase.RESTARTING.value):
+                    total += expected
+        return total
 
     def hand_over(self, ref: GroupRef) -> None:
         """Untie the group from the process that launched it: from now on it runs until it

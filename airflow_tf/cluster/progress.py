@@ -8,12 +8,14 @@ import re
 from typing import Any
 
 PREFIX = "airflow-tf progress"
-_FIELDS = ("global_step", "target_step", "percent", "examples_per_sec", "loss", "eta_seconds")
+_FIELDS = ("global_step", "target_step", "percent", "examples_per_sec", "loss", "eta_seconds", "stalls")
+_INTEGERS = ("global_step", "target_step", "stalls")
 _LINE = re.compile(PREFIX + r"((?:\s+\w+=\S+)+)")
 
 
 def format_progress(global_step: int, target_step: int, examples_per_sec: float,
-                    loss: float | None, eta_seconds: float | None) -> str:
+                    loss: float | None, eta_seconds: float | None, stalls: int = 0) -> str:
+    """``stalls``: steps that ran past their bound and were recovered so far (shown when > 0)."""
     percent = 100.0 * min(global_step, target_step) / target_step if target_step else 0.0
     parts = [
         f"global_step={int(global_step)}",
@@ -23,24 +25,36 @@ def format_progress(global_step: int, target_step: int, examples_per_sec: float,
         f"loss={'nan' if loss is None else f'{loss:.6g}'}",
         f"eta_seconds={'nan' if eta_seconds is None else f'{eta_seconds:.1f}'}",
     ]
+    if stalls:
+        parts.append(f"stalls={int(stalls)}")
     return f"{PREFIX} " + " ".join(parts)
 
 
 def parse_progress(text: str) -> dict[str, Any] | None:
-    """The last progress line in ``text`` as a dict, or None if there is none."""
-    matches = _LINE.findall(text)
-    if not matches:
-        return None
+    """The last whole progress line in ``text`` as a dict, or None if there is none. A line
+    another writer of the same log cut into (TensorFlow's C++ logging shares the file) is
+    skipped for the one before it: a log line never stops the reader."""
+    for match in reversed(_LINE.findall(text)):
+        try:
+            return _fields(match)
+        except ValueError:
+            continue
+    return None
+
+
+def _fields(pairs: str) -> dict[str, Any]:
     result: dict[str, Any] = {}
-    for pair in matches[-1].split():
+    for pair in pairs.split():
         key, _, value = pair.partition("=")
         if key not in _FIELDS:
             continue
-        if key in ("global_step", "target_step"):
+        if key in _INTEGERS:
             result[key] = int(value)
         else:
             number = float(value)
             result[key] = None if math.isnan(number) else number
+    if "global_step" not in result or "target_step" not in result:
+        raise ValueError("not a whole progress line")
     return result
 
 
@@ -55,4 +69,6 @@ def describe(progress: dict[str, Any] | None) -> str:
         text += f", loss {progress['loss']:.4g}"
     if progress.get("eta_seconds") is not None:
         text += f", ETA {progress['eta_seconds']:.0f}s"
+    if progress.get("stalls"):
+        text += f", {progress['stalls']} stuck step(s) recovered (see the chief's log: 'stalled step recovered')"
     return text

@@ -3,13 +3,17 @@ the runtime, so any module may use it)."""
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime, timezone
 
 
 def log(message: str) -> None:
     """One line of the task's log, flushed at once (the log is read while the task runs)."""
     stamp = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    print(f"{stamp} {message}", flush=True)
+    # One write with its newline: print() writes the newline separately, and on an unbuffered
+    # stdout TensorFlow's C++ logging (stderr, same file) could land in between.
+    sys.stdout.write(f"{stamp} {message}\n")
+    sys.stdout.flush()
 
 
 def log_exit(result: dict) -> int:

@@ -90,6 +90,8 @@ class FiniteSaver(tf.compat.v1.train.Saver):
         super().__init__(var_list=var_list, **kwargs)
         self._on_nan = on_nan
         self._stopped: str | None = None
+        self.step_bound = None
+        """A :class:`~.step_bound.StepBoundHook` that bounds each save, or None."""
         variables = [v for value in var_list.values() for v in (value if isinstance(value, list) else [value])]
         checks = []
         for variable in variables:
@@ -103,6 +105,12 @@ class FiniteSaver(tf.compat.v1.train.Saver):
         self._stopped = reason
 
     def save(self, sess, save_path, global_step=None, *args, **kwargs):
+        if self.step_bound is None or sess is None:
+            return self._save(sess, save_path, global_step, *args, **kwargs)
+        with self.step_bound.bounding_save(sess) as bounded:
+            return self._save(bounded, save_path, global_step, *args, **kwargs)
+
+    def _save(self, sess, save_path, global_step=None, *args, **kwargs):
         if self._stopped:
             log(f"airflow-tf not checkpointed: {self._stopped} (on_nan=stop)")
             return None
@@ -142,7 +150,7 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
     ``examples_per_step`` examples (one batch, or ``replicas_to_aggregate`` batches in sync mode)."""
 
     def __init__(self, global_step, loss, target: int, examples_per_step: int, run_dir: str, every_secs: float,
-                 summary_every_steps: int, learning_rate: float):
+                 summary_every_steps: int, learning_rate: float, step_bound=None):
         self._global_step = global_step
         self._loss = loss
         self._target = target
@@ -151,6 +159,8 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         self._every_secs = every_secs
         self._summary_every_steps = summary_every_steps
         self._learning_rate = learning_rate
+        self._step_bound = step_bound
+        """The chief's :class:`~.step_bound.StepBoundHook`: its recovered stalls are reported."""
         self.last_loss: float | None = None
         self._report: Window | None = None
         self._summary: Window | None = None
@@ -187,13 +197,14 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         self._rate = rate if rate is not None else self._rate
         steps_per_sec = self._rate / self._examples_per_step
         eta = max(0, self._target - step) / steps_per_sec if steps_per_sec > 0 else None
-        log(format_progress(step, self._target, self._rate, self.last_loss, eta))
+        stalls = list(self._step_bound.stalls) if self._step_bound is not None else []
+        log(format_progress(step, self._target, self._rate, self.last_loss, eta, stalls=len(stalls)))
         report = {
             "global_step": step, "target_step": self._target,
             "percent": round(100.0 * min(step, self._target) / self._target, 2),
             "examples_per_sec": round(self._rate, 2), "eta_seconds": eta,
             "loss": self.last_loss if self.last_loss is not None and math.isfinite(self.last_loss) else None,
-            "done": done, "time": time.time(), **extra,
+            "done": done, "time": time.time(), "stalls": stalls, **extra,
         }
         write_json(os.path.join(self._run_dir, PROGRESS_FILE), report, fsync=False)  # rewritten often
         self.summarize(step, now, flush=done)

@@ -5,7 +5,8 @@ Every trainer builds its own graph: the variables are placed on the ps tasks (ro
 initialises the variables or restores them from the newest intact checkpoint in the run
 directory, checkpoints every ``checkpoint_every_secs`` seconds and at the end (never non-finite
 variables), and reports progress. A NaN/inf loss fails or stops the task (``on_nan``); a step
-longer than ``operation_timeout_secs`` recreates the session, as a lost ps does."""
+far longer than the recent ones (see .step_bound; ``operation_timeout_secs`` at most) is
+cancelled and the session recreated, as after a lost ps."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from .models import (build_model, check_checkpoint, compute_loss, latest_checkpo
                      resolve_loss, weight_key)
 from .optimizers import make_optimizer
 from .session_hooks import FiniteSaver, NonFiniteLossHook, ProgressHook, StopAtTargetHook, SyncReplicasHook
+from .step_bound import StepBoundHook
 from .task import Task, session_config
 from .towers import tower_devices, towers_train_op
 
@@ -256,7 +258,9 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
 
         stop = StopAtTargetHook(global_step, target)
         non_finite = NonFiniteLossHook(global_step, loss, config.on_nan, saver)
-        hooks = [stop]
+        bound = StepBoundHook(global_step, config.operation_timeout_secs)
+        saver.step_bound = bound
+        hooks = [bound, stop]  # the bound first: its clock spans the whole step
         if config.sync:
             hooks.append(SyncReplicasHook(optimizer, task.is_chief))
         hooks.append(non_finite)  # before the saver: a step with a NaN loss is never checkpointed
@@ -264,7 +268,8 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
         tf_config = session_config(task, config)
         if task.is_chief:
             progress = ProgressHook(global_step, loss, target, examples_per_step, config.run_dir,
-                                    config.log_every_secs, config.summary_every_steps, config.learning_rate)
+                                    config.log_every_secs, config.summary_every_steps, config.learning_rate,
+                                    step_bound=bound)
             hooks += [
                 tf.compat.v1.train.CheckpointSaverHook(
                     config.run_dir, save_secs=config.checkpoint_every_secs, saver=saver

@@ -154,3 +154,31 @@ def decide(metrics: Mapping[str, float], task: str, thresholds: Mapping[str, Any
         checks.append({"rule": "none", "passed": True,
                        "reason": "no thresholds and no baseline given: any finite model is blessed"})
     return all(c["passed"] for c in checks), checks
+
+
+def training_context(progress: Mapping[str, Any] | None, checkpoint_step: int | None, sync: bool,
+                     replicas_to_aggregate: int | None = None) -> list[str]:
+    """Why an unblessed model may be what it is, from the chief's last progress report
+    (``progress.json``) and the evaluated checkpoint: the facts that differ from run to run."""
+    if not progress:
+        return ["training: the run left no progress report (progress.json), so how it ended is unknown"]
+    facts = []
+    target, final = progress.get("target_step"), progress.get("global_step")
+    if checkpoint_step is not None and target and checkpoint_step < target:
+        facts.append(f"training: the evaluated checkpoint is at global step {checkpoint_step} of the target {target} "
+                     f"(the run {'reported its end' if progress.get('done') else 'never reported its end'} at "
+                     f"global step {final}): it stopped early or its last checkpoint is older")
+    loss = progress.get("loss")
+    if loss is not None:
+        facts.append(f"training: the last reported training loss was {loss:.4g} at global step {final}")
+    stalls = progress.get("stalls") or []
+    if stalls:
+        redone = ", ".join(f"after global step {s['global_step']} ({s['cause']})" for s in stalls)
+        facts.append(f"training: {len(stalls)} stuck step(s) were cut and the session recreated, redoing the steps "
+                     f"since the last checkpoint: {redone}")
+    if sync:
+        facts.append(f"training: synchronous, {replicas_to_aggregate or 'all'} gradient(s) per global step; gradients "
+                     "computed on weights that have moved on are dropped, so a slow or restarted worker's steps are "
+                     "lost and the model can differ from run to run: compare with the run's curve "
+                     "(training_curve.png) and the other runs' metrics")
+    return facts

@@ -15,7 +15,7 @@ from airflow_tf.cluster import TrainingConfig
 from airflow_tf.cluster.model_code import model_code_record
 from airflow_tf.files import local_path, read_json, write_json
 
-from .blessing import TASK_METRICS, baseline_metric_for, decide, validate_thresholds
+from .blessing import TASK_METRICS, baseline_metric_for, decide, training_context, validate_thresholds
 from .curves import plot_training_curve
 from .versions import latest_export
 
@@ -64,6 +64,10 @@ def evaluate_checkpoint(run_dir: str | os.PathLike[str], dataset_uri: str, confi
     if baseline is not None and baseline_metric is None:
         baseline_metric = baseline.get("metric")
     blessed, checks = decide(metrics, task, thresholds, baseline, baseline_metric)
+    reasons = [c["reason"] for c in checks]
+    if not blessed:  # what the run itself shows, since runs of one DAG can differ
+        reasons += training_context(read_json(run_path / "progress.json", missing_ok=True),
+                                    checkpoint_step(checkpoint), config.sync, config.replicas_to_aggregate)
 
     result: dict[str, Any] = {
         "run_dir": str(run_path),
@@ -78,7 +82,7 @@ def evaluate_checkpoint(run_dir: str | os.PathLike[str], dataset_uri: str, confi
         "thresholds": validate_thresholds(thresholds, task),
         "baseline": _baseline_summary(baseline, task, baseline_metric),
         "blessed": blessed,
-        "reasons": [c["reason"] for c in checks],
+        "reasons": reasons,
         "checks": checks,
         "metrics_file": str(run_path / METRICS_FILE),
         "plot": None,

@@ -37,6 +37,14 @@ def test_the_task_group_wires_launch_wait_teardown_evaluate_export():
     assert not teardown.downstream_task_ids, "the teardown is a leaf: it decides the run's state"
 
 
+def test_a_pool_holds_the_launch_and_the_wait_so_its_slots_bound_the_trainings_at_once():
+    with _dag() as dag:
+        tf_training(dataset="/data/ds", model="linear_regression", steps=10, model_name="m", pool="tf_trainings")
+    pools = {t.task_id: t.pool for t in dag.tasks}
+    assert pools["training.launch"] == pools["training.wait_for_workers"] == "tf_trainings"
+    assert pools["training.evaluate"] == pools["training.teardown"] == "default_pool", "only the training holds a slot"
+
+
 def test_mapping_the_launch_over_any_documented_option_parses():
     with _dag():
         launch = LaunchTFClusterOperator.partial(

@@ -1,5 +1,6 @@
 """The local backend's supervisor mechanics, with tiny Python programs as tasks (real
-processes, no TensorFlow, so each test takes about a second)."""
+processes, no TensorFlow, so each test takes about a second). Deadlines are generous and
+waited for, never asserted as short durations: the suite shares two cores with other work."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import time
 import pytest
 
 from airflow_tf.backends import GroupRef, backend_for
-from airflow_tf.backends.local import LocalBackend, process_start_time
+from airflow_tf.backends.local import STOP_GRACE, LocalBackend, process_start_time
 from airflow_tf.backends.wait import failure_report, wait_for_group
 from airflow_tf.cluster import GroupSpec, Phase, RoleSpec, SpecError, TrainingConfig
 from airflow_tf.data import DatasetNotReadyError
@@ -24,6 +25,13 @@ from airflow_tf.data import DatasetNotReadyError
 def alive(pid: int) -> bool:
     # Zombies do not count: this machine's init does not reap orphans, other systems' do.
     return process_start_time(pid) is not None
+
+
+PROMPT = STOP_GRACE + 8.0
+"""Seconds within which a stop is "prompt" on a loaded machine: SIGTERM, then SIGKILL after
+STOP_GRACE, well before the teardown's own 15 s limit or a task's 600 s sleep."""
+SETTLE = 20.0
+"""Generous deadline for something that happens at once on an idle machine."""
 
 
 def program(code: str) -> list[str]:
@@ -53,7 +61,7 @@ def test_tasks_see_their_tf_config_and_the_ps_waits_for_teardown(local_state_dir
     ref = backend.launch(group("cfg", PRINT_TF_CONFIG, ps=ps, worker_env={"COLOR": "blue"}))
     assert ref.options == {"state_dir": str(local_state_dir)}
 
-    outcome, status = wait_for_group(backend, ref, timeout=20)
+    outcome, status = wait_for_group(backend, ref, timeout=30)
     assert outcome.succeeded, outcome.reason
     configs = [json.loads(backend.logs(ref, "worker", i).split("TF_CONFIG=")[1].splitlines()[0]) for i in (0, 1)]
     assert [c["task"] for c in configs] == [{"type": "worker", "index": 0}, {"type": "worker", "index": 1}]
@@ -68,13 +76,13 @@ def test_tasks_see_their_tf_config_and_the_ps_waits_for_teardown(local_state_dir
     assert status.task("ps", 0).phase is Phase.RUNNING
     started = time.monotonic()
     assert backend.teardown(ref, ["ps"]) == ["cfg-ps-0"]
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < PROMPT
     assert not alive(ps_pid)
     # The finished group stays readable (status, logs) until it is torn down as a whole.
     after = backend.status(ref)
     assert [t.name for t in after.tasks] == ["cfg-worker-0", "cfg-worker-1"] and after.exists
     assert backend.logs(ref, "ps", 0, tail_lines=5) == "serving\n"
-    wait_until(lambda: not group_processes(local_state_dir), 3, what="the supervisor to exit")
+    wait_until(lambda: not group_processes(local_state_dir), SETTLE, what="the supervisor to exit")
 
     assert sorted(backend.teardown(ref)) == ["cfg-worker-0", "cfg-worker-1"]
     assert backend.status(ref).exists is False
@@ -119,7 +127,7 @@ def test_killed_worker_is_restarted_and_finishes(local_state_dir, group_processe
     victim = wait_until(lambda: marker.exists() and backend.processes(ref).get("restart-worker-1"), what="worker 1")
     os.kill(victim, signal.SIGKILL)
 
-    outcome, status = wait_for_group(backend, ref, timeout=20)
+    outcome, status = wait_for_group(backend, ref, timeout=30)
     assert outcome.succeeded, outcome.reason
     worker1 = status.task("worker", 1)
     assert worker1.restarts == 1 and worker1.phase is Phase.SUCCEEDED
@@ -136,7 +144,7 @@ def test_program_error_fails_at_once_with_reason_and_last_log_lines(local_state_
         """)
     backend = LocalBackend()
     ref = backend.launch(group("broken", worker, backoff_limit=3))
-    outcome, status = wait_for_group(backend, ref, timeout=20)
+    outcome, status = wait_for_group(backend, ref, timeout=30)
 
     assert outcome.done and not outcome.succeeded
     assert outcome.failed_task.name == "broken-worker-1"
@@ -152,7 +160,7 @@ def test_program_error_fails_at_once_with_reason_and_last_log_lines(local_state_
 def test_a_command_that_does_not_exist_fails_its_task(local_state_dir, group_processes, wait_until):
     backend = LocalBackend()
     ref = backend.launch(group("typo", ["/nonexistent/trainer", "--fast"], workers=1))
-    outcome, _ = wait_for_group(backend, ref, timeout=10)
+    outcome, _ = wait_for_group(backend, ref, timeout=SETTLE)
     assert not outcome.succeeded and outcome.failed_task.name == "typo-worker-0"
     assert "cannot start '/nonexistent/trainer'" in outcome.reason and "roles.worker.command" in outcome.reason
     backend.teardown(ref)
@@ -162,7 +170,7 @@ def test_worker_that_keeps_failing_uses_up_the_backoff_limit(local_state_dir, gr
     worker = program("import sys\nprint('cannot reach the dataset')\nsys.exit(3)")
     backend = LocalBackend()
     ref = backend.launch(group("flaky", worker, workers=1, backoff_limit=2, worker_restart_policy="OnFailure"))
-    outcome, status = wait_for_group(backend, ref, timeout=20)
+    outcome, status = wait_for_group(backend, ref, timeout=30)
 
     assert not outcome.succeeded and outcome.failed_task.name == "flaky-worker-0"
     failed = status.task("worker", 0)
@@ -240,9 +248,9 @@ def test_ps_death_restarts_the_whole_group(local_state_dir, group_processes, wai
 def test_active_deadline_fails_the_group_and_stops_everything(local_state_dir, group_processes, wait_until):
     backend = LocalBackend()
     ref = backend.launch(group("slow", SERVE_FOREVER, active_deadline_seconds=1.0))
-    outcome, status = wait_for_group(backend, ref, timeout=15)
+    outcome, status = wait_for_group(backend, ref, timeout=30)
     assert not outcome.succeeded and "active deadline of 1 s passed" in outcome.reason
-    wait_until(lambda: not group_processes(local_state_dir), 3, what="every process to stop")
+    wait_until(lambda: not group_processes(local_state_dir), SETTLE, what="every process to stop")
     assert all(t.phase is Phase.FAILED for t in status.tasks)
     backend.teardown(ref)
 
@@ -253,9 +261,9 @@ def test_tasks_die_with_a_killed_supervisor(local_state_dir, group_processes, wa
     tasks = wait_until(lambda: len(p := backend.processes(ref)) == 3 and p, what="3 tasks")
     os.kill(backend.supervisor_pid(ref), signal.SIGKILL)
 
-    wait_until(lambda: not group_processes(local_state_dir), 2, what="the tasks to die with the supervisor")
+    wait_until(lambda: not group_processes(local_state_dir), SETTLE, what="the tasks to die with the supervisor")
     assert all(not alive(pid) for pid in tasks.values())
-    outcome, _ = wait_for_group(backend, ref, timeout=5)
+    outcome, _ = wait_for_group(backend, ref, timeout=SETTLE)
     assert not outcome.succeeded and "supervisor of group 'orphans'" in outcome.reason and "died" in outcome.reason
     assert sorted(backend.teardown(ref)) == sorted(tasks)
 
@@ -270,7 +278,7 @@ def test_teardown_is_prompt_even_for_a_task_that_ignores_sigterm(local_state_dir
     deleted = backend.teardown(ref)
     elapsed = time.monotonic() - started
     assert sorted(deleted) == ["stubborn-ps-0", "stubborn-worker-0", "stubborn-worker-1"]
-    assert elapsed < 2.0, f"teardown took {elapsed:.2f} s"
+    assert elapsed < PROMPT, f"teardown took {elapsed:.2f} s"
     assert not group_processes(local_state_dir)
 
 
@@ -283,8 +291,8 @@ def test_group_stops_when_its_owner_process_dies(local_state_dir, group_processe
     finally:
         owner.kill()
         owner.wait()
-    wait_until(lambda: not group_processes(local_state_dir), 3, what="the group to stop with its owner")
-    outcome, _ = wait_for_group(backend, ref, timeout=5)
+    wait_until(lambda: not group_processes(local_state_dir), SETTLE, what="the group to stop with its owner")
+    outcome, _ = wait_for_group(backend, ref, timeout=SETTLE)
     assert f"launching process (pid {owner.pid}) exited" in outcome.reason
     backend.teardown(ref)
 

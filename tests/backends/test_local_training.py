@@ -139,12 +139,12 @@ def test_run_killed_mid_training_takes_its_group_with_it(signum, local_state_dir
         killed_at = time.monotonic()
         cli.send_signal(signum)
         cli.wait(timeout=30)
-        wait_until(lambda: not group_processes(local_state_dir), 5, what="every process of the group to stop")
+        wait_until(lambda: not group_processes(local_state_dir), 30, what="every process of the group to stop")
         gone_after = time.monotonic() - killed_at
     finally:
         cli.kill()
         cli.communicate()
-    assert gone_after < 5
+    assert gone_after < 15, f"the group took {gone_after:.1f} s to stop"  # not the 600 s of a forgotten group
     if signum == signal.SIGTERM:
         assert cli.returncode == 128 + signal.SIGTERM
         assert os.listdir(local_state_dir) == [], "SIGTERM deletes the group"

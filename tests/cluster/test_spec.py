@@ -121,3 +121,15 @@ def test_progress_line_round_trips_and_the_last_line_wins():
                         "examples_per_sec": 5300.2, "loss": 0.42, "eta_seconds": None}
     assert describe(progress) == "global step 500/1000 (50.0%), 5300 examples/s, loss 0.42"
     assert parse_progress("nothing here") is None
+
+
+def test_a_progress_line_cut_by_tensorflows_logging_is_skipped_and_stalls_are_shown():
+    from airflow_tf.cluster.progress import describe, format_progress, parse_progress
+
+    # Seen in a long run: TensorFlow's C++ logging wrote into the middle of the chief's line.
+    cut = format_progress(900, 1000, 10.0, 0.5, 280.5) + "I0000 00:00:1795466152.632978 21348 grpc_state.cc:61] ..."
+    log = "\n".join([format_progress(800, 1000, 10.0, 0.5, 20.0, stalls=1), cut])
+    progress = parse_progress(log)
+    assert progress["global_step"] == 800 and progress["stalls"] == 1, "the whole line before the cut one"
+    assert describe(progress).endswith("1 stuck step(s) recovered (see the chief's log: 'stalled step recovered')")
+    assert "stalls" not in format_progress(800, 1000, 10.0, 0.5, 20.0), "shown only once a stall happened"

@@ -10,6 +10,7 @@ import re
 import shutil
 import signal
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -134,6 +135,65 @@ def test_a_step_stuck_on_a_stopped_ps_times_out_and_the_session_recovers(linear_
     assert run.lines("worker-0", "(recreated: a step timed out or a ps was lost)"), \
         "the chief's stuck step neither timed out nor recovered"
     assert step_of(models.latest_checkpoint(run_dir)) >= 4000
+
+
+def test_a_stuck_step_is_cut_at_the_bound_from_the_runs_own_step_times_and_the_recovery_shows(linear_dataset,
+                                                                                              tmp_path):
+    """With the default 300 s operation timeout, a step (or checkpoint save) stuck on a SIGSTOPped
+    ps is cancelled after the step bound (the 30 s floor: this run's steps take milliseconds), not 300 s; the
+    chief's log names the step and the cause, and the progress (sensor's log) counts it."""
+    from datetime import datetime
+
+    from airflow_tf.cluster.progress import describe, parse_progress
+    from airflow_tf.runtime.step_bound import STALL_FLOOR_SECS
+
+    run_dir, state_dir = tmp_path / "run", tmp_path / "state"
+    stopped: list[tuple[int, float]] = []
+    lock = threading.Lock()
+
+    def stop_ps_once(status) -> None:
+        try:
+            step = json.loads((run_dir / "progress.json").read_text())["global_step"]
+        except (OSError, ValueError):
+            return
+        with lock:
+            if stopped or step < 300:
+                return
+            (ps,) = [pid for pid in group_processes_of(state_dir)
+                     if environ_of(pid).get("AIRFLOW_TF_TASK") == "fault-bound-ps-0"]
+            os.kill(ps, signal.SIGSTOP)
+            stopped.append((ps, time.time()))
+            threading.Timer(STALL_FLOOR_SECS + 10, os.kill, (ps, signal.SIGCONT)).start()
+
+    try:
+        run = train_group("fault-bound", linear_dataset, run_dir, state_dir, workers=2, steps=3000,
+                          checkpoint_every_secs=2.0, on_status=stop_ps_once)
+    finally:
+        for pid, _ in stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    assert stopped, "the run ended before the ps could be stopped"
+    assert run.config.operation_timeout_secs == 300, "the default cap"
+    assert run.succeeded, run.report
+
+    (stuck,) = run.lines("worker-0", "airflow-tf step stuck")
+    assert f"past its bound of {STALL_FLOOR_SECS:g} s (max of the {STALL_FLOOR_SECS:g} s floor" in stuck, stuck
+    noticed = datetime.fromisoformat(stuck.split(" ", 1)[0].replace("Z", "+00:00")).timestamp()
+    after_stop = noticed - stopped[0][1]
+    # Cut at the bound (plus the watcher's 1 s tick and a loaded machine's slack), far from 300 s.
+    assert STALL_FLOOR_SECS - 1 <= after_stop <= STALL_FLOOR_SECS + 15, f"noticed {after_stop:.1f} s after the stop"
+    (recovered,) = run.lines("worker-0", "airflow-tf stalled step recovered")
+    assert re.search(r"the (step|checkpoint save) after global step \d+: it ran past its bound of 30 s and TensorFlow "
+                     r"cancelled it; "
+                     r"the session was recreated at global step \d+", recovered), recovered
+
+    progress = json.loads((run_dir / "progress.json").read_text())
+    assert progress["done"] and len(progress["stalls"]) == 1 and progress["stalls"][0]["bound_secs"] == 30
+    last = parse_progress(run.logs["worker-0"])
+    assert last["stalls"] == 1 and "1 stuck step(s) recovered" in describe(last)
+    assert step_of(models.latest_checkpoint(run_dir)) >= 3000
 
 
 def test_a_tensorflow_error_is_reported_by_its_cause(linear_dataset, tmp_path):

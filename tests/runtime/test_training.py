@@ -69,15 +69,20 @@ def test_async_workers_learn_the_seed_line_and_report_progress(async_run):
     assert {"loss", "examples_per_sec", "learning_rate"} <= tags, "TensorBoard has no training curves"
 
 
-def test_the_training_curve_has_a_point_every_summary_every_steps(async_run):
-    """The curve TensorBoard and training_curve.png draw, read as serving reads it."""
+def test_the_training_curve_has_many_points_up_to_the_final_step(async_run):
+    """The curve TensorBoard and training_curve.png draw, read as serving reads it. The chief
+    writes a point at its first step at or after each multiple of summary_every_steps (the exact
+    rule is tested in test_session_hooks.py); in async training the other worker's steps between
+    two of the chief's are not the chief's to see, so the spacing of the points is not fixed."""
     from airflow_tf.serving.curves import read_scalars
 
     scalars = read_scalars(async_run.run_dir)
     loss_steps = [step for step, _ in scalars["loss"]]
-    assert len(loss_steps) >= STEPS // SUMMARY_EVERY_STEPS - 2, f"only {len(loss_steps)} points: {loss_steps}"
-    gaps = np.diff(loss_steps)
-    assert gaps.max() <= 2 * SUMMARY_EVERY_STEPS + 2, f"a hole in the curve: {loss_steps}"
+    final_step = json.loads((async_run.run_dir / "progress.json").read_text())["global_step"]
+    assert loss_steps == sorted(set(loss_steps)) and loss_steps[-1] == final_step, loss_steps
+    # Reports every log_every_secs alone give a handful of points over this short run.
+    assert len(loss_steps) >= STEPS // SUMMARY_EVERY_STEPS // 4, f"only {len(loss_steps)} points: {loss_steps}"
+    assert all(np.isfinite(value) for _, value in scalars["loss"])
     assert np.allclose([value for _, value in scalars["learning_rate"]], async_run.config.learning_rate)
 
 
@@ -120,14 +125,14 @@ def test_sync_workers_learn_and_neither_start_nor_exit_idles(linear_dataset, tra
     assert "mode=sync replicas_to_aggregate=2" in train_line
 
     # TensorFlow's defaults idle here: a worker polls for the chief's initialisation every 30 s,
-    # and the chief waits 120 s for its sync queue runner at exit.
+    # and the chief waits 120 s for its sync queue runner at exit (the margins allow for a loaded machine).
     chief_ready = timestamp(run.lines("worker-0", "session ready")[0])
     worker_built = timestamp(run.lines("worker-1", "airflow-tf train ")[0])
     worker_ready = timestamp(run.lines("worker-1", "session ready")[0])
-    assert (worker_ready - max(chief_ready, worker_built)).total_seconds() < 10
+    assert (worker_ready - max(chief_ready, worker_built)).total_seconds() < 20
     last_step = timestamp(run.lines("worker-0", "airflow-tf progress")[-1])
     exit_line = timestamp(run.lines("worker-0", "airflow-tf task exit")[0])
-    assert (exit_line - last_step).total_seconds() < 10
+    assert (exit_line - last_step).total_seconds() < 30
 
 
 def test_sync_aggregating_fewer_gradients_than_workers_finishes_and_learns(linear_dataset, train, tmp_path):

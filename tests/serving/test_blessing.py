@@ -83,3 +83,19 @@ def test_a_diverged_model_is_never_blessed():
 def test_no_rules_blesses_a_finite_model_and_says_so():
     blessed, checks = decide(REGRESSION, "regression")
     assert blessed and "no thresholds and no baseline" in checks[0]["reason"]
+
+
+def test_an_unblessed_runs_own_facts_name_an_early_checkpoint_stalls_and_sync_drops():
+    from airflow_tf.serving.blessing import training_context
+
+    progress = {"global_step": 1500, "target_step": 1500, "done": True, "loss": 0.25,
+                "stalls": [{"global_step": 389, "cause": "it ran past its bound of 30 s and TensorFlow cancelled it"}]}
+    facts = training_context(progress, checkpoint_step=1200, sync=True, replicas_to_aggregate=2)
+    assert facts[0].startswith("training: the evaluated checkpoint is at global step 1200 of the target 1500")
+    assert "training: the last reported training loss was 0.25 at global step 1500" in facts
+    assert any("1 stuck step(s) were cut" in f and "after global step 389" in f for f in facts)
+    assert any("synchronous, 2 gradient(s) per global step" in f and "dropped" in f for f in facts)
+    # A run that reached its target asynchronously, without stalls: only its loss.
+    assert training_context({**progress, "stalls": []}, 1500, sync=False) == [
+        "training: the last reported training loss was 0.25 at global step 1500"]
+    assert "no progress report" in training_context(None, 10, sync=False)[0]

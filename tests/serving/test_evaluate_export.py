@@ -94,6 +94,10 @@ def test_an_impossible_threshold_is_not_blessed_and_says_why(run, linear_dataset
     result = evaluate_checkpoint(run_dir, linear_dataset, config, thresholds=IMPOSSIBLE)
     assert result["blessed"] is False
     assert result["reasons"][0].startswith("mse ") and "> max 1e-09" in result["reasons"][0]
+    # Then what the run itself showed: its last training loss, from the chief's progress report.
+    final = json.loads((run_dir / "progress.json").read_text())
+    assert f"training: the last reported training loss was {final['loss']:.4g} at global step " \
+           f"{final['global_step']}" in result["reasons"]
     assert json.loads((run_dir / "metrics.json").read_text())["blessed"] is False
 
 

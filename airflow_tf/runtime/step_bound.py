@@ -1,0 +1,172 @@
+"""A bound on every training step taken from the run's own step times: a step that runs far
+longer than the recent ones is treated as stuck, TensorFlow cancels it, and the session is
+recreated (see :mod:`.training`), instead of waiting for the fixed ``operation_timeout_secs``.
+
+The bound is ``max(STALL_FLOOR_SECS, STALL_MULTIPLE x the median of the last RECENT_STEPS
+steps)``, never more than ``operation_timeout_secs`` (the user's cap, also the bound of a
+session's first step, which registers its graphs on every task and has no history yet). It is
+passed to each step as ``RunOptions.timeout_in_ms``, so TensorFlow itself abandons the step.
+The chief's checkpoint saves read every variable from the ps, so they are bounded the same way
+by the recent saves' times."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import deque
+from contextlib import contextmanager
+from typing import Iterator, Sequence
+
+import tensorflow as tf
+from tensorflow.python.client.session import SessionInterface
+
+from .logs import log
+
+STALL_FLOOR_SECS = 30.0
+"""No step is cut shorter than this: a loaded machine, a checkpoint on the ps or a slow worker
+in sync mode can stretch one step to seconds without anything being stuck."""
+STALL_MULTIPLE = 20.0
+RECENT_STEPS = 200
+WATCH_INTERVAL_SECS = 1.0
+
+
+def step_bound(recent_secs: Sequence[float], cap_secs: float) -> float:
+    """Seconds one step may take, given the durations of the recent ones."""
+    if not recent_secs:
+        return cap_secs
+    return min(cap_secs, max(STALL_FLOOR_SECS, STALL_MULTIPLE * statistics.median(recent_secs)))
+
+
+def describe_bound(recent_secs: Sequence[float], cap_secs: float) -> str:
+    bound = step_bound(recent_secs, cap_secs)
+    if not recent_secs:
+        return f"{bound:g} s (operation_timeout_secs, the first step of a session)"
+    median = statistics.median(recent_secs)
+    return (f"{bound:g} s (max of the {STALL_FLOOR_SECS:g} s floor and {STALL_MULTIPLE:g} x the median "
+            f"{median:.3g} s of the last {len(recent_secs)} steps, at most operation_timeout_secs={cap_secs:g})")
+
+
+class BoundedSession(SessionInterface):
+    """A session whose every ``run`` carries a timeout (for code that calls ``run`` itself, such
+    as ``Saver.save``)."""
+
+    def __init__(self, session, timeout_secs: float):
+        self._session = session
+        self._timeout_ms = max(1, round(timeout_secs * 1000))
+
+    @property
+    def graph(self):
+        return self._session.graph
+
+    @property
+    def sess_str(self):
+        return self._session.sess_str
+
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+        bounded = tf.compat.v1.RunOptions()
+        if options is not None:
+            bounded.CopyFrom(options)
+        bounded.timeout_in_ms = self._timeout_ms
+        return self._session.run(fetches, feed_dict, options=bounded, run_metadata=run_metadata)
+
+    def partial_run_setup(self, fetches, feeds=None):
+        raise NotImplementedError("partial runs are not bounded")
+
+    def partial_run(self, handle, fetches, feed_dict=None):
+        raise NotImplementedError("partial runs are not bounded")
+
+
+class StepBoundHook(tf.compat.v1.train.SessionRunHook):
+    """Bounds each step of this task (first in the hook list, so its clock spans the step).
+
+    A thread logs ``airflow-tf step stuck ...`` when a step passes its bound (TensorFlow cancels
+    it at that moment); when the recreated session is ready, ``airflow-tf stalled step
+    recovered ...`` names the step, the cause and the time lost, and :attr:`stalls` records it
+    for the progress report."""
+
+    def __init__(self, global_step, cap_secs: float):
+        self._global_step = global_step
+        self._cap = cap_secs
+        self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
+        self._recent_saves: deque[float] = deque(maxlen=RECENT_STEPS)
+        self._lock = threading.Lock()
+        self._fresh = True
+        """The next step is a session's first: bounded by the cap only, and not a typical step."""
+        self._started: float | None = None
+        self._bound = cap_secs
+        self._bound_text = ""
+        self._warned = False
+        self._what = "step"
+        self._last_step: int | None = None
+        self.stalls: list[dict] = []
+        """One entry per recovered step: ``{"global_step", "bound_secs", "lost_secs", "cause"}``."""
+
+    def begin(self):
+        threading.Thread(target=self._watch, name="airflow-tf-step-bound", daemon=True).start()
+
+    def after_create_session(self, session, coord):
+        step = int(session.run(self._global_step))
+        with self._lock:
+            started, warned, bound, what = self._started, self._warned, self._bound, self._what
+            self._started, self._fresh = None, True
+        if started is None:
+            self._last_step = step
+            return
+        lost = time.monotonic() - started
+        after = self._last_step if self._last_step is not None else step
+        cause = (f"it ran past its bound of {bound:g} s and TensorFlow cancelled it" if warned else
+                 f"TensorFlow aborted it after {lost:.1f} s (a parameter server was lost or restarted)")
+        self.stalls.append({"global_step": after, "what": what, "bound_secs": bound, "lost_secs": round(lost, 1),
+                            "cause": cause})
+        log(f"airflow-tf stalled step recovered: the {what} after global step {after}: {cause}; "
+            f"the session was recreated at global step {step}, {lost:.1f} s after the {what} began")
+        self._last_step = step
+
+    def before_run(self, run_context):
+        fresh = self._fresh
+        bound = self._cap if fresh else step_bound(self._recent, self._cap)
+        with self._lock:
+            self._started, self._bound, self._warned, self._what = time.monotonic(), bound, False, "step"
+            self._bound_text = "" if not fresh else describe_bound((), self._cap)
+        options = tf.compat.v1.RunOptions(timeout_in_ms=max(1, round(bound * 1000)))
+        return tf.compat.v1.train.SessionRunArgs(self._global_step, options=options)
+
+    def after_run(self, run_context, run_values):
+        with self._lock:
+            took = time.monotonic() - self._started
+            self._started = None
+            if not self._fresh:
+                self._recent.append(took)
+        self._fresh = False
+        self._last_step = int(run_values.results)
+
+    @contextmanager
+    def bounding_save(self, session) -> Iterator[BoundedSession]:
+        """``session`` bounded for one checkpoint save, by the recent saves as steps are by
+        the recent steps. A save that fails leaves its start recorded, for the recovery's line."""
+        recent = tuple(self._recent_saves)
+        bound = step_bound(recent, self._cap)
+        with self._lock:
+            self._started, self._bound, self._warned, self._what = time.monotonic(), bound, False, "checkpoint save"
+            self._bound_text = describe_bound(recent, self._cap).replace(" steps", " saves").replace(
+                "the first step of a session", "the first save")
+        yield BoundedSession(session, bound)
+        with self._lock:
+            self._recent_saves.append(time.monotonic() - self._started)
+            self._started = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(WATCH_INTERVAL_SECS)
+            with self._lock:
+                if self._started is None or self._warned:
+                    continue
+                ran = time.monotonic() - self._started
+                if ran < self._bound:
+                    continue
+                self._warned = True
+                how = self._bound_text or describe_bound(tuple(self._recent), self._cap)
+                what = self._what
+            log(f"airflow-tf step stuck: the {what} after global step {self._last_step} has run {ran:.0f} s, "
+                f"past its bound of {how}; it is cancelled and the session recreated")

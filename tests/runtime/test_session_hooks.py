@@ -1,0 +1,90 @@
+"""The chief's report and the step bound, driven step by step. A real group cannot choose which
+global steps its chief sees, so these feed the hooks a scripted sequence through a stand-in
+session (``session.run`` returns the global step); the event files and logs are real."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import tensorflow as tf
+
+from airflow_tf.runtime import step_bound
+from airflow_tf.runtime.session_hooks import ProgressHook
+from airflow_tf.serving.curves import read_scalars
+
+EVERY = 20
+
+
+class GlobalStep:
+    """Stands in for a session: ``run`` returns the current global step, whatever is fetched."""
+
+    def __init__(self, value: int):
+        self.value = value
+
+    def run(self, fetches):
+        return self.value
+
+
+def drive(hook, seen: list[int], session: GlobalStep) -> None:
+    """The chief runs one step for each value in ``seen``: the global step its run fetched."""
+    context = tf.compat.v1.train.SessionRunContext(None, session)
+    for before in seen:
+        session.value = before + 1
+        hook.after_run(context, tf.compat.v1.train.SessionRunValues({"step": before, "loss": 0.5}, None, None))
+
+
+def test_a_summary_follows_every_multiple_the_global_step_crosses_even_in_a_jump(tmp_path):
+    # The chief's view of an async run: the other worker's steps make the global step jump
+    # (here 21 -> 68 across 40 and 60).
+    seen = list(range(0, 21)) + [67] + list(range(68, 100))
+    session = GlobalStep(0)
+    with tf.Graph().as_default():  # the chief's hooks run in graph mode
+        hook = ProgressHook(None, None, target=100, examples_per_step=32, run_dir=str(tmp_path), every_secs=3600,
+                            summary_every_steps=EVERY, learning_rate=0.1)
+        hook.after_create_session(session, None)
+        drive(hook, seen, session)
+        hook.end(session)
+        tf.compat.v1.summary.FileWriterCache.clear()
+
+    points = [step for step, _ in read_scalars(tmp_path)["loss"]]
+    # The first step's report, then the chief's first step at or after 20, 40 and 60 (one point
+    # at 68: the chief ran no step in between), 80 and 100.
+    assert points == [1, 20, 68, 80, 100]
+    assert json.loads((tmp_path / "progress.json").read_text())["done"]
+
+
+def test_the_bound_follows_the_recent_steps_between_the_floor_and_the_cap():
+    assert step_bound.step_bound([], cap_secs=300) == 300, "a session's first step has only the cap"
+    assert step_bound.step_bound([0.004] * 50, cap_secs=300) == step_bound.STALL_FLOOR_SECS
+    slow = [4.0] * 10 + [0.1]  # the median, not one quick step, sets the pace
+    assert step_bound.step_bound(slow, cap_secs=300) == step_bound.STALL_MULTIPLE * 4.0
+    assert step_bound.step_bound([60.0] * 5, cap_secs=300) == 300, "never beyond operation_timeout_secs"
+    assert step_bound.step_bound([0.004], cap_secs=5) == 5, "a cap below the floor wins"
+
+
+def test_a_step_past_its_bound_is_logged_then_its_recovery_counted(capsys, monkeypatch):
+    monkeypatch.setattr(step_bound, "WATCH_INTERVAL_SECS", 0.05)
+    hook = step_bound.StepBoundHook(None, cap_secs=0.3)
+    hook.begin()
+    session = GlobalStep(41)
+    hook.after_create_session(session, None)
+    context = tf.compat.v1.train.SessionRunContext(None, session)
+    args = hook.before_run(context)
+    assert args.options.timeout_in_ms == 300, "the step carries its bound to TensorFlow"
+    hook.after_run(context, tf.compat.v1.train.SessionRunValues(41, None, None))
+
+    hook.before_run(context)  # this step never returns: TensorFlow cancels it at the bound
+    deadline = time.monotonic() + 10
+    while "airflow-tf step stuck" not in (out := capsys.readouterr().out):
+        assert time.monotonic() < deadline, "the watcher never logged the stuck step"
+        time.sleep(0.05)
+    assert "the step after global step 41 has run 0 s, past its bound of 0.3 s" in out
+    session.value = 42
+    hook.after_create_session(session, None)  # the session recreated
+    out = capsys.readouterr().out
+    assert "stalled step recovered: the step after global step 41: it ran past its bound of 0.3 s" in out
+    assert "recreated at global step 42" in out
+    assert hook.stalls == [{"global_step": 41, "what": "step", "bound_secs": 0.3, "lost_secs": hook.stalls[0]["lost_secs"],
+                            "cause": "it ran past its bound of 0.3 s and TensorFlow cancelled it"}]
