@@ -85,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         return CONFIG_ERROR
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ info and warnings drown the task log
     os.environ["TF_GRPC_DEFAULT_OPTIONS"] = grpc_default_options(os.environ.get("TF_GRPC_DEFAULT_OPTIONS"))
+    if task.type == "ps":
+        # A ps computes nothing oneDNN speeds up, and oneDNN's allocator keeps every buffer it
+        # ever held: initialising an embedding table would cost the ps twice the table for good.
+        os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
     log(f"airflow-tf task start role={task.type} index={task.index} pid={os.getpid()} "
         f"cluster={json.dumps(task.cluster, sort_keys=True, separators=(',', ':'))}")
     log_exit_on_signal(task)

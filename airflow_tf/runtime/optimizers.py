@@ -40,12 +40,42 @@ class LazyAdamOptimizer(tf.compat.v1.train.AdamOptimizer):
         return tf.group(var_update, m_update, v_update)
 
 
+def _filled(value: float):
+    """An initializer that fills its shape with ``value`` by a ``Fill`` op. TensorFlow's
+    ``constant_initializer`` makes a ``Const`` node whose kernel keeps the whole tensor for the
+    life of the process: one more table-sized copy on the ps for every accumulator."""
+
+    def initializer(shape, dtype=tf.float32, partition_info=None):
+        return tf.fill(shape, tf.constant(value, dtype=dtype))
+
+    return initializer
+
+
+class AdagradOptimizer(tf.compat.v1.train.AdagradOptimizer):
+    """TensorFlow's Adagrad, its accumulators initialised without a kept constant."""
+
+    def _create_slots(self, var_list):
+        for v in var_list:
+            self._get_or_make_slot_with_initializer(v, _filled(self._initial_accumulator_value), v.get_shape(),
+                                                    v.dtype.base_dtype, "accumulator", self._name)
+
+
+class FtrlOptimizer(tf.compat.v1.train.FtrlOptimizer):
+    """TensorFlow's FTRL, its accumulators initialised without a kept constant."""
+
+    def _create_slots(self, var_list):
+        for v in var_list:
+            self._get_or_make_slot_with_initializer(v, _filled(self._initial_accumulator_value), v.shape, v.dtype,
+                                                    "accum", self._accum_name or self._name)
+            self._zeros_slot(v, "linear", self._linear_name or self._name)
+
+
 GRAPH_OPTIMIZERS = {
     "sgd": tf.compat.v1.train.GradientDescentOptimizer,
     "adam": tf.compat.v1.train.AdamOptimizer,
     "lazy_adam": LazyAdamOptimizer,
-    "adagrad": tf.compat.v1.train.AdagradOptimizer,
-    "ftrl": tf.compat.v1.train.FtrlOptimizer,
+    "adagrad": AdagradOptimizer,
+    "ftrl": FtrlOptimizer,
     "rmsprop": tf.compat.v1.train.RMSPropOptimizer,
 }
 
