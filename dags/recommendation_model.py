@@ -8,7 +8,7 @@ servers and look rows up where they live."""
 import keras
 
 
-def build(buckets: int = 262_144, dim: int = 16, hidden_units: int = 64):
+def build(buckets: int = 524_288, dim: int = 16, hidden_units: int = 64):
     user = keras.Input((), dtype="string", name="user")
     item = keras.Input((), dtype="string", name="item")
     user_vector = keras.layers.Embedding(buckets, dim, name="user_embedding")(
