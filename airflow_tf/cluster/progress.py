@@ -14,7 +14,7 @@ _LINE = re.compile(PREFIX + r"((?:\s+\w+=\S+)+)")
 
 
 def format_progress(global_step: int, target_step: int, examples_per_sec: float,
-                    loss: float | None, eta_seconds: float | None, stalls: int = 0) -> str:
+                    loss: float | None, eta_seconds: float | None, *, stalls: int = 0) -> str:
     """``stalls``: steps that ran past their bound and were recovered so far (shown when > 0)."""
     percent = 100.0 * min(global_step, target_step) / target_step if target_step else 0.0
     parts = [

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
 import tensorflow as tf
 
 from airflow_tf.runtime import step_bound
