@@ -15,6 +15,7 @@ import os
 from collections import defaultdict
 
 import tensorflow as tf
+from tensorflow.core.protobuf import rewriter_config_pb2
 from tensorflow.python.training import monitored_session
 
 from airflow_tf.cluster.training import TrainingConfig
@@ -266,6 +267,10 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
         hooks.append(non_finite)  # before the saver: a step with a NaN loss is never checkpointed
         progress = None
         tf_config = session_config(task, config)
+        if tables:
+            # Grappler folds a slot's fill (an accumulator's initial value) into a constant the ps
+            # keeps for good, and the first sparse update then copies the slot: twice its memory.
+            tf_config.graph_options.rewrite_options.constant_folding = rewriter_config_pb2.RewriterConfig.OFF
         if task.is_chief:
             progress = ProgressHook(global_step, loss, target, examples_per_step, config.run_dir,
                                     config.log_every_secs, config.summary_every_steps, config.learning_rate,
