@@ -129,12 +129,15 @@ class Access:
 
 
 def _all_dag_ids() -> set[str]:
+    """Every DAG the auth manager is asked about (``get_authorized_dag_ids`` asks about these)."""
     from airflow.models.dag import DagModel
+    from airflow.models.dagbundle import DagBundleModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
     with create_session() as session:
-        return set(session.scalars(select(DagModel.dag_id)).all())
+        query = select(DagModel.dag_id).join(DagBundleModel, DagModel.bundle_name == DagBundleModel.name)
+        return set(session.scalars(query).all())
 
 
 def access_of(user: Any) -> Access:

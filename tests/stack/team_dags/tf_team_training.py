@@ -39,6 +39,9 @@ with DAG(
                                        eval_fraction=0.2, shards=2)
     launch = LaunchTFClusterOperator(task_id="launch", dataset=prepare.output, ps=1, workers=1,
                                      steps="{{ params.steps }}", log_every_secs=1, summary_every_steps=20)
-    wait = WorkerCompletionSensor(task_id="wait_for_workers", group=launch.output, deferrable=True, timeout=900)
+    # Polls on a worker slot: in multi-team mode a deferred task waits for a triggerer of its own
+    # team (``airflow triggerer --team-name``), and the test stack runs one global triggerer.
+    wait = WorkerCompletionSensor(task_id="wait_for_workers", group=launch.output, deferrable=False,
+                                  poke_interval=2, timeout=900)
     teardown = TeardownTFClusterOperator(task_id="teardown", group=launch.output)
     prepare >> launch >> wait >> teardown.as_teardown(setups=launch)
