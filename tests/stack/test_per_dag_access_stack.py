@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 import requests
@@ -200,8 +201,8 @@ def test_the_training_view_lists_each_user_only_the_groups_of_the_dags_they_may_
         assert group["state"] == "succeeded" and group["backend"] == "local" and group["map_index"] == -1
         assert group["global_step"] >= SMALL_STEPS and group["target_step"] == SMALL_STEPS and group["percent"] == 100
         assert group["examples_per_sec"] > 0 and group["loss"] is not None and group["failure_reason"] is None
-        assert group["log_url"].endswith(f"/dags/tf_{team}/runs/{mine['run_id']}/tasks/wait_for_workers")
-        assert mine["name"] in group["tensorboard_url"].replace("%2D", "-").replace("\\", "")
+        assert unquote(group["log_url"]) == f"{url}/dags/tf_{team}/runs/{mine['run_id']}/tasks/wait_for_workers"
+        assert mine["name"] in unquote(group["tensorboard_url"]).replace("\\", "")
     admin = get(team_stack.admin, f"{url}/training/api/groups").json()["groups"]
     assert sorted(g["dag_id"] for g in admin) == ["tf_team_a", "tf_team_b"], admin
     page = get(team_stack.api("alice"), f"{url}/training/")
