@@ -151,7 +151,9 @@ PAGE = """<!doctype html>
   th, td { border-bottom: 1px solid #e5e7eb; padding: .35rem .5rem; text-align: left; white-space: nowrap; }
   th { background: #f3f4f6; position: sticky; top: 0; }
   td.num { text-align: right; font-variant-numeric: tabular-nums; }
-  td.reason { white-space: normal; max-width: 28rem; color: #b91c1c; }
+  td.run { white-space: normal; word-break: break-all; max-width: 13rem; }
+  td.reason { white-space: normal; max-width: 24rem; color: #b91c1c; }
+  .scroll { overflow-x: auto; }
   .running { color: #1d4ed8; font-weight: 600; } .succeeded { color: #15803d; } .failed { color: #b91c1c; }
   progress { width: 6rem; vertical-align: middle; }
   #status { color: #6b7280; margin: .5rem 0; }
@@ -159,10 +161,10 @@ PAGE = """<!doctype html>
 <body>
 <h1 style="font-size: 1.25rem">Training groups</h1>
 <div id="status">loading…</div>
-<table><thead><tr>
+<div class="scroll"><table><thead><tr>
   <th>DAG</th><th>Run</th><th>Map index</th><th>Backend</th><th>State</th><th>Step / target</th><th>%</th>
   <th>Examples/s</th><th>Loss</th><th>ETA</th><th>Last update</th><th>Failure reason</th><th>Links</th>
-</tr></thead><tbody id="groups"></tbody></table>
+</tr></thead><tbody id="groups"></tbody></table></div>
 <script>
 const API = __API__, EVERY = __EVERY__ * 1000;
 function cell(row, text, cls) {
@@ -188,7 +190,7 @@ async function refresh() {
     body.replaceChildren();
     for (const g of groups) {
       const row = body.insertRow(); row.dataset.group = g.group; row.dataset.state = g.state;
-      cell(row, g.dag_id); cell(row, g.run_id); cell(row, g.map_index >= 0 ? g.map_index : ""); cell(row, g.backend);
+      cell(row, g.dag_id); cell(row, g.run_id, "run"); cell(row, g.map_index >= 0 ? g.map_index : ""); cell(row, g.backend);
       cell(row, g.state, g.state);
       cell(row, g.global_step == null ? "" : g.global_step + " / " + g.target_step, "num step");
       const pct = cell(row, "", "num");
