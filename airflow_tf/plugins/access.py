@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from airflow_tf.cluster.results import LaunchResult
@@ -160,4 +159,4 @@ async def signed_in_user(request: Request) -> Any:
     return await resolve_user_from_token(token)
 
 
-__all__ = ["Access", "HTTPException", "Launch", "access_of", "recorded_launches", "run_owners", "signed_in_user"]
+__all__ = ["Access", "Launch", "access_of", "recorded_launches", "run_owners", "signed_in_user"]

@@ -228,12 +228,12 @@ class TensorBoardApp:
         except HTTPException as exc:
             await JSONResponse({"detail": exc.detail}, status_code=exc.status_code)(scope, receive, send)
             return
-        access = await run_in_threadpool(access_of, user)
         if scope["path"].removeprefix(scope.get("root_path", "")) == DAG_RUN_VIEW:
             dag_id, run_id = request.query_params.get("dag_id"), request.query_params.get("run_id")
             if not dag_id or not run_id:
                 await JSONResponse({"detail": "dag_id and run_id are required"}, status_code=400)(scope, receive, send)
                 return
+            access = await run_in_threadpool(access_of, user)
             if not access.may_read_dag(dag_id):  # the same answer as for a DAG that does not exist
                 await JSONResponse({"detail": "DAG run not found"}, status_code=404)(scope, receive, send)
                 return
@@ -242,6 +242,10 @@ class TensorBoardApp:
             await RedirectResponse(target, status_code=307)(scope, receive, send)
             return
         app = await run_in_threadpool(self._tensorboard)
+        # Only TensorBoard's data endpoints (``/data/...``, ``/experiment/<id>/data/...``) read
+        # runs; its pages and scripts need no database reads. A request without READABLE set
+        # sees no run at all, so skipping the lookup can hide runs but never show one.
+        access = await run_in_threadpool(access_of, user) if "/data/" in scope["path"] else None
         token = READABLE.set(access)
         try:
             await app(scope, receive, send)
