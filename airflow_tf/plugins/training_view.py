@@ -151,7 +151,7 @@ PAGE = """<!doctype html>
   th, td { border-bottom: 1px solid #e5e7eb; padding: .35rem .5rem; text-align: left; white-space: nowrap; }
   th { background: #f3f4f6; position: sticky; top: 0; }
   td.num { text-align: right; font-variant-numeric: tabular-nums; }
-  td.run { white-space: normal; word-break: break-all; max-width: 13rem; }
+  td.run { white-space: normal; word-break: break-all; min-width: 12rem; max-width: 15rem; }
   td.reason { white-space: normal; max-width: 24rem; color: #b91c1c; }
   .scroll { overflow-x: auto; }
   .running { color: #1d4ed8; font-weight: 600; } .succeeded { color: #15803d; } .failed { color: #b91c1c; }
