@@ -146,23 +146,23 @@ def readable_rows(user: Any) -> list[dict[str, Any]]:
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Training</title>
 <style>
-  body { font-family: system-ui, sans-serif; margin: 1rem; font-size: 14px; color: #1f2937; }
+  body { font-family: system-ui, sans-serif; margin: .75rem; font-size: 13px; color: #1f2937; }
   table { border-collapse: collapse; width: 100%; }
-  th, td { border-bottom: 1px solid #e5e7eb; padding: .35rem .5rem; text-align: left; white-space: nowrap; }
+  th, td { border-bottom: 1px solid #e5e7eb; padding: .3rem .35rem; text-align: left; white-space: nowrap; }
   th { background: #f3f4f6; position: sticky; top: 0; }
   td.num { text-align: right; font-variant-numeric: tabular-nums; }
-  td.run { white-space: normal; word-break: break-all; min-width: 12rem; max-width: 15rem; }
+  td.run { white-space: normal; word-break: break-all; min-width: 10rem; max-width: 13rem; }
   td.reason { white-space: normal; max-width: 24rem; color: #b91c1c; }
   .scroll { overflow-x: auto; }
   .running { color: #1d4ed8; font-weight: 600; } .succeeded { color: #15803d; } .failed { color: #b91c1c; }
-  progress { width: 6rem; vertical-align: middle; }
+  progress { width: 3.5rem; vertical-align: middle; }
   #status { color: #6b7280; margin: .5rem 0; }
 </style></head>
 <body>
 <h1 style="font-size: 1.25rem">Training groups</h1>
 <div id="status">loading…</div>
 <div class="scroll"><table><thead><tr>
-  <th>DAG</th><th>Run</th><th>Map index</th><th>Backend</th><th>State</th><th>Step / target</th><th>%</th>
+  <th>DAG</th><th>Run</th><th>Map</th><th>Backend</th><th>State</th><th>Step / target</th><th>%</th>
   <th>Examples/s</th><th>Loss</th><th>ETA</th><th>Last update</th><th>Failure reason</th><th>Links</th>
 </tr></thead><tbody id="groups"></tbody></table></div>
 <script>
