@@ -55,7 +55,8 @@ class AirflowStack:
     default the PostgreSQL cluster in ``postgres_dir``).
 
     ``database`` is ``postgres``, ``sqlite`` or ``auto`` (PostgreSQL, else SQLite); after
-    :meth:`start`, :attr:`database` says which one serves."""
+    :meth:`start`, :attr:`database` says which one serves. ``setup``: ``airflow`` commands run
+    after ``db migrate``, before the components start (e.g. ``("teams", "sync")``)."""
 
     def __init__(
         self,
@@ -67,6 +68,7 @@ class AirflowStack:
         postgres_dir: Path | None = None,
         env: dict[str, str] | None = None,
         venv: Path = Path(sys.prefix),  # the environment running this (.venv, or CI's others)
+        setup: tuple[tuple[str, ...], ...] = (),
     ) -> None:
         if database not in ("auto", "postgres", "sqlite"):
             raise StackError(f"database: {database!r} is not one of auto, postgres, sqlite")
@@ -77,6 +79,7 @@ class AirflowStack:
         self.port = port or free_port()
         self.database = database
         self.extra_env = dict(env or {})
+        self.setup = tuple(setup)
         self.bin = Path(venv) / "bin"
         self.url = f"http://127.0.0.1:{self.port}"
         self.password = ""
@@ -142,6 +145,8 @@ class AirflowStack:
         self._env = self.environment(self._database_url())
         self._ensure_password()
         self._airflow("db", "migrate", log="db-migrate.log", timeout=timeout)
+        for command in self.setup:
+            self._airflow(*command, log="setup.log", timeout=timeout)
         for component in COMPONENTS:
             self._spawn(component)
         self.wait_healthy(timeout)

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
 from typing import Any
 
@@ -72,3 +74,19 @@ def describe(progress: dict[str, Any] | None) -> str:
     if progress.get("stalls"):
         text += f", {progress['stalls']} stuck step(s) recovered (see the chief's log: 'stalled step recovered')"
     return text
+
+
+PROGRESS_FILE = "progress.json"
+"""The chief's latest report in the run directory (rewritten whole at every report)."""
+
+
+def read_progress_file(run_dir: str) -> dict[str, Any] | None:
+    """The chief's latest report in ``run_dir`` (a local path): global_step, target_step, percent,
+    examples_per_sec, loss, eta_seconds, done, time (seconds since the epoch) as written, or None
+    when there is none yet or it cannot be read (a report being replaced, a run on object storage)."""
+    try:
+        with open(os.path.join(run_dir, PROGRESS_FILE), encoding="utf-8") as f:
+            report = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return report if isinstance(report, dict) and "global_step" in report else None

@@ -38,11 +38,22 @@ def scalars_url(names: list[str], base: str = URL_PREFIX) -> str:
     return f"{base}/?runFilter={quote(pattern, safe='')}#timeseries"
 
 
-def _base_url() -> str:
-    """The mount's URL: ``[api] base_url`` + the prefix (absolute when base_url is set)."""
+def airflow_url() -> str:
+    """``[api] base_url`` without its trailing slash ('' when unset: links then start with ``/``)."""
     from airflow.configuration import conf
 
-    return conf.get("api", "base_url", fallback="").rstrip("/") + URL_PREFIX
+    return conf.get("api", "base_url", fallback="").rstrip("/")
+
+
+def _base_url() -> str:
+    """The mount's URL: ``[api] base_url`` + the prefix (absolute when base_url is set)."""
+    return airflow_url() + URL_PREFIX
+
+
+def task_url(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
+    """The task instance's page (its log) in the Airflow UI."""
+    path = "/".join(quote(part, safe="") for part in ("dags", dag_id, "runs", run_id, "tasks", task_id))
+    return f"{airflow_url()}/{path}" + (f"/mapped/{map_index}" if map_index >= 0 else "")
 
 
 class TensorBoardLink(BaseOperatorLink):

@@ -2,14 +2,20 @@
 
 A mounted app is not behind Airflow's login by itself, so :class:`TensorBoardApp` checks every
 request the way Airflow's own API does (the JWT in ``Authorization: Bearer`` or the UI's
-``_token`` cookie, through the auth manager) and asks the auth manager whether the user may
-read DAG runs: TensorBoard shows the runs of every DAG. TensorBoard itself is built on the first
-authorised request (the API server starts fast, and works without ``tensorboard`` installed:
-then the mount answers how to enable it)."""
+``_token`` cookie, through the auth manager) and then serves only the runs of the DAGs the user
+may read (:mod:`.access`): TensorBoard's plugins read their data through a data provider, and
+the one given to them (:class:`ReadableRunsProvider`) answers for the request's readable runs
+only, so the runs list, every data endpoint and every page see the same filtered logdir. A run
+the user may not read is not found, exactly like a run that does not exist. TensorBoard itself
+is built on the first authorised request (the API server starts fast, and works without
+``tensorboard`` installed: then the mount answers how to enable it)."""
 
 from __future__ import annotations
 
+import base64
+import contextvars
 import html
+import json
 import logging
 import threading
 from typing import Any, Callable
@@ -20,16 +26,27 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse
 
-from airflow_tf.cluster.results import LaunchResult
 from airflow_tf.storage import runs_dir
 
-from .links import URL_PREFIX, TensorBoardLink, run_name, scalars_url
+from .access import Access, access_of, recorded_launches, signed_in_user
+from .links import URL_PREFIX, TensorBoardLink, scalars_url
+from .training_view import URL_PREFIX as TRAINING_PREFIX
+from .training_view import TrainingViewApp
 
 log = logging.getLogger(__name__)
 
 DAG_RUN_VIEW = "/airflow/dag-run"
 """Inside the mount: redirects to the curves of one DAG run's launches (the DAG-run view)."""
 RELOAD_INTERVAL_SECS = 5
+
+# TensorBoard's plugins that read their data through the data provider only, and so see only the
+# readable runs. Left out: debugger-v2 and the projector read the logdir themselves; the profile
+# and what-if redirects show nothing of a run.
+PLUGINS = ("core", "timeseries", "scalars", "custom_scalars", "images", "audio", "graphs", "distributions",
+           "histograms", "text", "pr_curves", "hparams", "mesh")
+
+READABLE: contextvars.ContextVar[Access | None] = contextvars.ContextVar("airflow_tf_readable", default=None)
+"""The current request's :class:`Access` (a2wsgi runs TensorBoard in a copy of the request's context)."""
 
 NOT_INSTALLED = """<!doctype html>
 <html><head><title>TensorBoard is not installed</title></head>
@@ -43,65 +60,138 @@ show them: the <code>tensorboard</code> package is missing ({error}).</p>
 """
 
 
+def _readable(run: str) -> bool:
+    access = READABLE.get()
+    return access is not None and access.may_read_run(run)  # no request's access: nothing
+
+
+def readable_runs_provider(inner: Any) -> Any:
+    """``inner`` (TensorBoard's data provider over the whole logdir) seen through the current
+    request's :data:`READABLE` access: listings leave out the other runs, reads of them find nothing."""
+    from tensorboard import errors
+    from tensorboard.data import provider
+
+    class ReadableRunsProvider(provider.DataProvider):
+        def _filter(self, ctx: Any, experiment_id: str, run_tag_filter: Any) -> Any:
+            wanted = run_tag_filter.runs if run_tag_filter is not None else None
+            if wanted is None:
+                wanted = [run.run_name for run in inner.list_runs(ctx, experiment_id=experiment_id)]
+            tags = run_tag_filter.tags if run_tag_filter is not None else None
+            return provider.RunTagFilter(runs=[run for run in wanted if _readable(run)], tags=tags)
+
+        def _only_readable(self, result: dict) -> dict:
+            return {run: tags for run, tags in result.items() if _readable(run)}
+
+        def experiment_metadata(self, ctx=None, *, experiment_id):
+            return inner.experiment_metadata(ctx, experiment_id=experiment_id)
+
+        def list_plugins(self, ctx=None, *, experiment_id):
+            return inner.list_plugins(ctx, experiment_id=experiment_id)
+
+        def list_runs(self, ctx=None, *, experiment_id):
+            return [run for run in inner.list_runs(ctx, experiment_id=experiment_id) if _readable(run.run_name)]
+
+        def _listing(self, method: str, ctx: Any, experiment_id: str, plugin_name: str, run_tag_filter: Any) -> dict:
+            narrowed = self._filter(ctx, experiment_id, run_tag_filter)
+            if not narrowed.runs:
+                return {}
+            found = getattr(inner, method)(ctx, experiment_id=experiment_id, plugin_name=plugin_name,
+                                           run_tag_filter=narrowed)
+            return self._only_readable(found)
+
+        def list_scalars(self, ctx=None, *, experiment_id, plugin_name, run_tag_filter=None):
+            return self._listing("list_scalars", ctx, experiment_id, plugin_name, run_tag_filter)
+
+        def list_tensors(self, ctx=None, *, experiment_id, plugin_name, run_tag_filter=None):
+            return self._listing("list_tensors", ctx, experiment_id, plugin_name, run_tag_filter)
+
+        def list_blob_sequences(self, ctx=None, *, experiment_id, plugin_name, run_tag_filter=None):
+            return self._listing("list_blob_sequences", ctx, experiment_id, plugin_name, run_tag_filter)
+
+        def read_last_scalars(self, ctx=None, *, experiment_id, plugin_name, run_tag_filter=None):
+            return self._listing("read_last_scalars", ctx, experiment_id, plugin_name, run_tag_filter)
+
+        def _read(self, method: str, ctx: Any, experiment_id: str, plugin_name: str, downsample: Any,
+                  run_tag_filter: Any) -> dict:
+            narrowed = self._filter(ctx, experiment_id, run_tag_filter)
+            if not narrowed.runs:
+                return {}
+            found = getattr(inner, method)(ctx, experiment_id=experiment_id, plugin_name=plugin_name,
+                                           downsample=downsample, run_tag_filter=narrowed)
+            return self._only_readable(found)
+
+        def read_scalars(self, ctx=None, *, experiment_id, plugin_name, downsample=None, run_tag_filter=None):
+            return self._read("read_scalars", ctx, experiment_id, plugin_name, downsample, run_tag_filter)
+
+        def read_tensors(self, ctx=None, *, experiment_id, plugin_name, downsample=None, run_tag_filter=None):
+            return self._read("read_tensors", ctx, experiment_id, plugin_name, downsample, run_tag_filter)
+
+        def read_blob_sequences(self, ctx=None, *, experiment_id, plugin_name, downsample=None, run_tag_filter=None):
+            return self._read("read_blob_sequences", ctx, experiment_id, plugin_name, downsample, run_tag_filter)
+
+        def read_blob(self, ctx=None, *, blob_key):
+            # The local provider's blob key is URL-safe base64 of a JSON list whose third item is
+            # the run; a key that does not decode so names no run anyone may read.
+            try:
+                run = json.loads(base64.urlsafe_b64decode(blob_key + "=="))[2]
+            except (ValueError, TypeError, IndexError, KeyError):
+                raise errors.NotFoundError("blob %r" % blob_key) from None
+            if not isinstance(run, str) or not _readable(run):
+                raise errors.NotFoundError("blob %r" % blob_key)
+            return inner.read_blob(ctx, blob_key=blob_key)
+
+        # Hyperparameters come from tensors (listed above, filtered); the experiment-level
+        # answers of these two would cover every run, so they stay empty.
+        def list_hyperparameters(self, ctx=None, *, experiment_ids, limit=None):
+            return provider.ListHyperparametersResult(hyperparameters=[], session_groups=[])
+
+        def read_hyperparameters(self, ctx=None, *, experiment_ids, filters=None, sort=None,
+                                 hparams_to_include=None):
+            return []
+
+    return ReadableRunsProvider()
+
+
 def build_tensorboard(logdir: str) -> Callable:
-    """TensorBoard's WSGI app over ``logdir`` (imports TensorBoard: call it when first needed)."""
-    from tensorboard import program
+    """TensorBoard's WSGI app over ``logdir``, each request seeing only its readable runs
+    (imports TensorBoard: call it when first needed)."""
+    from tensorboard import default, program
     from tensorboard.backend import application
     from tensorboard.backend.event_processing import data_ingester
 
-    board = program.TensorBoard()
+    plugins = [p for p in default.get_plugins() if _plugin_name(p) in PLUGINS]
+    board = program.TensorBoard(plugins=plugins)
     # path_prefix "": the mount's prefix reaches TensorBoard as SCRIPT_NAME. load_fast false:
     # read event files in this process instead of starting TensorBoard's data-server binary.
     board.configure(logdir=logdir, path_prefix="", load_fast="false", reload_interval=RELOAD_INTERVAL_SECS)
     ingester = data_ingester.LocalDataIngester(board.flags)
     ingester.start()
+    # No multiplexer for the plugins: what reads it directly would bypass the filter.
     return application.TensorBoardWSGIApp(
-        board.flags, board.plugin_loaders, ingester.data_provider, board.assets_zip_provider,
-        ingester.deprecated_multiplexer,
+        board.flags, board.plugin_loaders, readable_runs_provider(ingester.data_provider), board.assets_zip_provider,
+        None,
     )
 
 
-async def authorized_user(request: Request) -> Any:
-    """The signed-in user, as Airflow's API finds it; 401/403 without a valid token or read access
-    to DAG runs."""
-    from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
-    from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
-    from airflow.api_fastapi.core_api.security import resolve_user_from_token
+def _plugin_name(plugin: Any) -> str | None:
+    """The name a TensorBoard plugin (class or loader) serves under."""
+    from tensorboard.plugins.core import core_plugin
 
-    header = request.headers.get("authorization", "")
-    scheme, _, credentials = header.partition(" ")
-    token = credentials.strip() if scheme.lower() == "bearer" else request.cookies.get(COOKIE_NAME_JWT_TOKEN)
-    user = await resolve_user_from_token(token)
-    if not get_auth_manager().is_authorized_dag(method="GET", access_entity=DagAccessEntity.RUN, user=user):
-        raise HTTPException(status_code=403, detail="Forbidden: TensorBoard needs read access to DAG runs")
-    return user
+    if isinstance(plugin, core_plugin.CorePluginLoader):
+        return "core"
+    return getattr(plugin, "plugin_name", None)
 
 
 def launch_runs(dag_id: str, run_id: str) -> list[str]:
     """TensorBoard run names of the launches in one DAG run (their XCom results), sorted."""
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    names = set()
-    with create_session() as session:
-        rows = session.execute(
-            select(XComModel.value).where(
-                XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.key == "return_value"
-            )
-        ).all()
-        for row in rows:
-            value = XComModel.deserialize_value(row)
-            if isinstance(value, dict) and {"group", "run_dir", "training"} <= value.keys():
-                if name := run_name(LaunchResult.from_dict(value).run_dir):
-                    names.add(name)
-    return sorted(names)
+    return sorted({launch.run_name for launch in recorded_launches()
+                   if launch.dag_id == dag_id and launch.run_id == run_id and launch.run_name})
 
 
 class TensorBoardApp:
-    """The ASGI app mounted at ``/tensorboard``: authentication, the DAG-run view, then TensorBoard
-    (a2wsgi's WSGIMiddleware around TensorBoard's WSGI app, built on first use)."""
+    """The ASGI app mounted at ``/tensorboard``: authentication, the user's readable runs, the
+    DAG-run view, then TensorBoard (a2wsgi's WSGIMiddleware around TensorBoard's WSGI app, built
+    on first use)."""
 
     def __init__(self, factory: Callable[[str], Callable] = build_tensorboard) -> None:
         self._factory = factory
@@ -134,7 +224,7 @@ class TensorBoardApp:
             return
         request = Request(scope, receive)
         try:
-            await authorized_user(request)
+            user = await signed_in_user(request)
         except HTTPException as exc:
             await JSONResponse({"detail": exc.detail}, status_code=exc.status_code)(scope, receive, send)
             return
@@ -143,20 +233,42 @@ class TensorBoardApp:
             if not dag_id or not run_id:
                 await JSONResponse({"detail": "dag_id and run_id are required"}, status_code=400)(scope, receive, send)
                 return
+            access = await run_in_threadpool(access_of, user)
+            if not access.may_read_dag(dag_id):  # the same answer as for a DAG that does not exist
+                await JSONResponse({"detail": "DAG run not found"}, status_code=404)(scope, receive, send)
+                return
             names = await run_in_threadpool(launch_runs, dag_id, run_id)
             target = scalars_url(names, scope.get("root_path", "").rstrip("/"))
             await RedirectResponse(target, status_code=307)(scope, receive, send)
             return
         app = await run_in_threadpool(self._tensorboard)
-        await app(scope, receive, send)
+        # Only TensorBoard's data endpoints (``/data/...``, ``/experiment/<id>/data/...``) read
+        # runs; its pages and scripts need no database reads. A request without READABLE set
+        # sees no run at all, so skipping the lookup can hide runs but never show one.
+        access = await run_in_threadpool(access_of, user) if "/data/" in scope["path"] else None
+        token = READABLE.set(access)
+        try:
+            await app(scope, receive, send)
+        finally:
+            READABLE.reset(token)
 
 
 class TensorBoardPlugin(AirflowPlugin):
     """Registered through the ``airflow.plugins`` entry point of the airflow-tf distribution."""
 
     name = "airflow_tf"
-    fastapi_apps = [{"app": TensorBoardApp(), "url_prefix": URL_PREFIX, "name": "TensorBoard"}]
+    fastapi_apps = [
+        {"app": TensorBoardApp(), "url_prefix": URL_PREFIX, "name": "TensorBoard"},
+        {"app": TrainingViewApp(), "url_prefix": TRAINING_PREFIX, "name": "Training"},
+    ]
     external_views = [
+        {
+            # In the UI's navigation: the training groups of every DAG the user may read.
+            "name": "Training",
+            "href": f"{TRAINING_PREFIX}/",
+            "destination": "nav",
+            "url_route": "training",
+        },
         {
             "name": "TensorBoard",
             # The UI fills in {DAG_ID} and {RUN_ID} for views on a DAG run.

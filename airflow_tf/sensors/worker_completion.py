@@ -15,6 +15,10 @@ from airflow_tf.backends.wait import completion_event, group_failure_message, wa
 from airflow_tf.triggers.worker_completion import WorkerCompletionTrigger
 
 
+FAILURE_XCOM_KEY = "failure_reason"
+"""Where a failed wait records why the group failed (read by the Training view)."""
+
+
 class TrainingGroupFailed(AirflowException):
     """A task of the group failed beyond its restart budget, or the group's deadline passed."""
 
@@ -68,14 +72,14 @@ class WorkerCompletionSensor(BaseSensorOperator):
         event = self._check()
         if event is None:
             return False
-        return PokeReturnValue(is_done=True, xcom_value=self._finish(event))
+        return PokeReturnValue(is_done=True, xcom_value=self._finish(event, context))
 
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
             return super().execute(context)
         event = self._check()
         if event is not None:
-            return self._finish(event)
+            return self._finish(event, context)
         ref = self._ref()
         self.defer(
             trigger=WorkerCompletionTrigger(group=ref.to_dict(), success_policy=self._policy(ref),
@@ -85,11 +89,14 @@ class WorkerCompletionSensor(BaseSensorOperator):
         )
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
-        return self._finish(event)
+        return self._finish(event, context)
 
-    def _finish(self, event: dict[str, Any]) -> dict[str, Any]:
+    def _finish(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
         if event["status"] != "success":
             failed = event["failed_task"]
+            # The reason alone (no log tail) for the Training view; the task log has the rest.
+            if ti := (context or {}).get("ti"):
+                ti.xcom_push(key=FAILURE_XCOM_KEY, value=event["reason"])
             raise TrainingGroupFailed(group_failure_message(
                 event["group"]["name"], event["reason"], failed and failed["name"], event["log_tail"],
                 self.log_tail_lines,

@@ -107,6 +107,21 @@ def test_crashing_workers_fail_the_run_with_the_reason_and_teardown_still_runs(a
     assert re.search(r"failed: task tf-\S+-worker-\d \(worker \d\) failed: exit code 2", result.stdout)
     assert "no_such_package" in result.stdout, "the sensor quotes the worker's last log lines"
     assert not group_processes(tmp_path / "groups"), "no process of the group is left"
+    # The Training view's row, read from this Airflow's database as the API server reads it.
+    code = """
+import json
+from airflow_tf.plugins.access import recorded_launches
+from airflow_tf.plugins.training_view import _waits, training_rows
+launches = [launch for launch in recorded_launches() if launch.dag_id == "tf_test_crashing_workers"]
+print(json.dumps(training_rows(launches, _waits(launches))))
+"""
+    env = dict(airflow_home.env, AIRFLOW_TF_STORAGE=str(tmp_path / "storage"))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [row] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert row["state"] == "failed" and row["backend"] == "local", row
+    assert re.search(r"task tf-\S+-worker-\d \(worker \d\) failed: exit code 2", row["failure_reason"]), row
+    assert row["log_url"].endswith("/tasks/training.wait_for_workers"), row
 
 
 def test_retried_launch_reattaches_to_the_same_group(airflow_home, tmp_path, group_processes):

@@ -1,8 +1,8 @@
-"""Drives the plugin's mounted app (TensorBoardApp) with Starlette's TestClient inside an Airflow
+"""Drives the plugin's mounted app (TensorBoardApp, or the one at --mount) with Starlette's TestClient inside an Airflow
 home given by the environment (token checks read the metadata database), as a separate process
 so that this Airflow configuration is the one loaded.
 
-    python mounted_app.py '<requests as JSON>' [--without-tensorboard]
+    python mounted_app.py '<requests as JSON>' [--without-tensorboard] [--mount=/training]
 
 Each request: {"path", "params", "auth": null | "bad" | <role>, "via": "header" | "cookie"};
 prints one JSON list of {"status", "body"} (the body parsed as JSON when it is JSON)."""
@@ -24,9 +24,10 @@ from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser 
 from airflow_tf.plugins.tensorboard import TensorBoardPlugin  # noqa: E402
 
 manager = create_auth_manager()
-[mount] = TensorBoardPlugin.fastapi_apps
+prefix = next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--mount=")), "/tensorboard")
+[mount] = [app for app in TensorBoardPlugin.fastapi_apps if app["url_prefix"] == prefix]
 answers = []
-with TestClient(mount["app"], base_url="http://airflow/tensorboard", root_path="/tensorboard",
+with TestClient(mount["app"], base_url=f"http://airflow{prefix}", root_path=prefix,
                 follow_redirects=False) as client:
     for request in json.loads(sys.argv[1]):
         auth, headers = request.get("auth"), {}

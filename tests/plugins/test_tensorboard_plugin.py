@@ -36,8 +36,9 @@ def test_airflow_plugins_manager_finds_the_plugin_through_the_entry_point(tmp_pa
     plugin = plugins["airflow_tf"]
     # Loaded from the distribution's entry point (not a plugins folder).
     assert "value='airflow_tf.plugins.tensorboard:TensorBoardPlugin', group='airflow.plugins'" in plugin["source"]
-    assert [app["url_prefix"] for app in plugin["fastapi_apps"]] == ["/tensorboard"]
-    assert [(v["name"], v["destination"]) for v in plugin["external_views"]] == [("TensorBoard", "dag_run")]
+    assert [app["url_prefix"] for app in plugin["fastapi_apps"]] == ["/tensorboard", "/training"]
+    assert [(v["name"], v["destination"]) for v in plugin["external_views"]] == [
+        ("Training", "nav"), ("TensorBoard", "dag_run")]
     assert any("TensorBoardLink" in link for link in plugin["operator_extra_links"])
 
 
@@ -128,7 +129,7 @@ def test_without_tensorboard_installed_the_mount_explains_how_to_enable_it(airfl
 
 
 def test_the_plugin_mounts_one_lazy_app_and_builds_tensorboard_only_when_asked():
-    [mount] = TensorBoardPlugin.fastapi_apps
+    mount, _ = TensorBoardPlugin.fastapi_apps
     assert mount["url_prefix"] == "/tensorboard" and isinstance(mount["app"], TensorBoardApp)
     code = "import sys, airflow_tf.plugins.tensorboard, airflow_tf.operators.launch; " \
            "print(sorted(m for m in ('tensorboard', 'tensorflow') if m in sys.modules))"

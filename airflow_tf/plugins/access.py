@@ -1,0 +1,162 @@
+"""Who may see which training run: the one rule behind the TensorBoard mount and the Training view.
+
+A training run belongs to the DAG whose launch task recorded it: the launch's XCom result
+(``LaunchResult``: run directory, group, map index) is stored by Airflow under the launch's own
+``dag_id``, so the mapping comes from Airflow's metadata database, never from a name the client
+sends. A user may see a run when the auth manager lets them read every DAG that recorded it
+(``get_authorized_dag_ids``, which asks per team where Airflow runs in multi-team mode). A run no
+launch recorded (e.g. ``airflow-tf run`` without Airflow, or a DAG run since deleted) is shown only
+to users who may read every DAG Airflow knows."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from starlette.requests import Request
+
+from airflow_tf.cluster.results import LaunchResult
+
+from .links import run_name
+
+RECORDS_TTL_SECS = 5.0
+"""How long the launches read from XCom are reused: TensorBoard's page sends many requests at once."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch task's recorded result, and where Airflow keeps it."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int
+    result: LaunchResult
+    recorded_at: float
+    """When the launch pushed its result (seconds since the epoch)."""
+
+    @property
+    def run_name(self) -> str | None:
+        """The run's TensorBoard name, or None when its run directory is outside ``<storage>/runs/``."""
+        return run_name(self.result.run_dir)
+
+
+def _is_launch_result(value: Any) -> bool:
+    return isinstance(value, dict) and {"group", "run_dir", "training", "dataset"} <= value.keys()
+
+
+def _read_launches() -> list[Launch]:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    launches = []
+    with create_session() as session:
+        rows = session.execute(
+            select(XComModel.dag_id, XComModel.run_id, XComModel.task_id, XComModel.map_index,
+                   XComModel.timestamp, XComModel.value).where(XComModel.key == "return_value")
+        ).all()
+        for row in rows:
+            value = XComModel.deserialize_value(row)
+            if not _is_launch_result(value):
+                continue
+            try:
+                result = LaunchResult.from_dict(value)
+            except (TypeError, ValueError):
+                continue
+            launches.append(Launch(row.dag_id, row.run_id, row.task_id, int(row.map_index), result,
+                                   row.timestamp.timestamp() if row.timestamp else 0.0))
+    return launches
+
+
+class _Records:
+    """The launches recorded in XCom, read at most every RECORDS_TTL_SECS seconds."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._read_at = float("-inf")
+        self._launches: list[Launch] = []
+
+    def launches(self) -> list[Launch]:
+        with self._lock:
+            if time.monotonic() - self._read_at > RECORDS_TTL_SECS:
+                self._launches = _read_launches()
+                self._read_at = time.monotonic()
+            return self._launches
+
+
+RECORDS = _Records()
+
+
+def recorded_launches() -> list[Launch]:
+    return RECORDS.launches()
+
+
+def run_owners(launches: Iterable[Launch]) -> dict[str, set[str]]:
+    """TensorBoard run name -> the DAG ids whose launches recorded it."""
+    owners: dict[str, set[str]] = {}
+    for launch in launches:
+        if name := launch.run_name:
+            owners.setdefault(name, set()).add(launch.dag_id)
+    return owners
+
+
+@dataclass(frozen=True)
+class Access:
+    """What one signed-in user may read, decided once per request."""
+
+    dag_ids: frozenset[str]
+    """The DAGs the auth manager lets the user read."""
+    every_dag: bool
+    """True when those are all the DAGs Airflow knows (the user may read unrecorded runs too)."""
+    owners: dict[str, set[str]]
+
+    def may_read_dag(self, dag_id: str) -> bool:
+        return dag_id in self.dag_ids
+
+    def may_read_run(self, name: str) -> bool:
+        """Whether TensorBoard run ``name`` (a run directory below ``runs/``, or a directory inside
+        one, e.g. ``<group>/eval``) may be shown."""
+        parts = name.strip("/").split("/")
+        for end in range(len(parts), 0, -1):
+            owners = self.owners.get("/".join(parts[:end]))
+            if owners is not None:
+                return owners <= self.dag_ids
+        return self.every_dag
+
+
+def _all_dag_ids() -> set[str]:
+    """Every DAG the auth manager is asked about (``get_authorized_dag_ids`` asks about these)."""
+    from airflow.models.dag import DagModel
+    from airflow.models.dagbundle import DagBundleModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        query = select(DagModel.dag_id).join(DagBundleModel, DagModel.bundle_name == DagBundleModel.name)
+        return set(session.scalars(query).all())
+
+
+def access_of(user: Any) -> Access:
+    """The user's :class:`Access`, from the auth manager's own answer (blocking: database reads)."""
+    from airflow.api_fastapi.app import get_auth_manager
+
+    dag_ids = frozenset(get_auth_manager().get_authorized_dag_ids(user=user, method="GET"))
+    return Access(dag_ids, _all_dag_ids() <= dag_ids, run_owners(recorded_launches()))
+
+
+async def signed_in_user(request: Request) -> Any:
+    """The signed-in user, as Airflow's API finds it: the JWT in ``Authorization: Bearer`` or the
+    UI's ``_token`` cookie; 401 without a token, 401/403 for an expired or invalid one."""
+    from airflow.api_fastapi.auth.managers.base_auth_manager import COOKIE_NAME_JWT_TOKEN
+    from airflow.api_fastapi.core_api.security import resolve_user_from_token
+
+    header = request.headers.get("authorization", "")
+    scheme, _, credentials = header.partition(" ")
+    token = credentials.strip() if scheme.lower() == "bearer" else request.cookies.get(COOKIE_NAME_JWT_TOKEN)
+    return await resolve_user_from_token(token)
+
+
+__all__ = ["Access", "Launch", "access_of", "recorded_launches", "run_owners", "signed_in_user"]

@@ -1,0 +1,269 @@
+"""Per-DAG access to TensorBoard and the Training view on the real stack.
+
+The stack here runs in Airflow's multi-team mode with the simple auth manager: two DAG bundles,
+each owned by a team (``team_a``, ``team_b``), each holding one training DAG (``tf_team_a``,
+``tf_team_b``); alice is a viewer in team_a, bob a viewer in team_b, admin an admin. The auth
+manager answers per DAG (through the DAG's team), as Airflow's own REST API shows first. Both
+DAGs train; then each user sees only their own team's runs in TensorBoard and in the Training
+view, gets 404 for the other team's scalars, the admin sees both, and signed out is 401. In
+Chromium, alice sees a running group's step move in the Training view, and signed out is refused.
+
+A stack of its own (not the session's ``stack``): multi-team mode is set when Airflow starts."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+import requests
+
+from airflow_stack import AirflowStack  # noqa: E402  (conftest puts scripts/ on the path)
+from airflow_tf.cluster.progress import read_progress_file
+from airflow_tf.plugins.links import run_name
+
+from stack.conftest import ARTIFACTS, USERNAME, AirflowAPI, training_processes
+
+pytestmark = pytest.mark.slow
+
+TEAM_DAG_FILE = Path(__file__).parent / "team_dags" / "tf_team_training.py"
+TEAMS = ("team_a", "team_b")
+USERS = {"alice": "team_a", "bob": "team_b"}
+LAUNCH = "launch"
+SMALL_STEPS = 300
+
+
+class TeamStack:
+    def __init__(self, airflow: AirflowStack, storage: Path, state_dir: Path, passwords: dict[str, str]) -> None:
+        self.airflow = airflow
+        self.url = airflow.url
+        self.storage = storage
+        self.state_dir = state_dir
+        self.passwords = passwords
+        self.admin = AirflowAPI(airflow.url, USERNAME, airflow.password)
+
+    def api(self, user: str) -> AirflowAPI:
+        return AirflowAPI(self.url, user, self.passwords[user])
+
+
+@pytest.fixture(scope="module")
+def team_stack(tmp_path_factory):
+    root = tmp_path_factory.mktemp("team-stack")
+    bundles = []
+    for team in TEAMS:
+        folder = root / "bundles" / team
+        folder.mkdir(parents=True)
+        (folder / TEAM_DAG_FILE.name).symlink_to(TEAM_DAG_FILE)
+        bundles.append({"name": f"{team}-dags", "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+                        "kwargs": {"path": str(folder)}, "team_name": team})
+    (root / "dags").mkdir()  # every DAG is in a team's bundle
+    home = root / "airflow"
+    home.mkdir()
+    passwords = {user: secrets.token_urlsafe(12) for user in USERS}
+    (home / "passwords.json").write_text(json.dumps(passwords))
+    storage, state_dir = root / "storage", root / "groups"
+    pg_parent = Path(tempfile.mkdtemp(prefix="airflow-tf-pg-"))
+    pg_parent.chmod(0o755)  # PostgreSQL runs as 'postgres', which cannot enter pytest's private tmp dirs
+    airflow = AirflowStack(
+        home, root / "dags", postgres_dir=pg_parent / "data",
+        env={
+            "AIRFLOW_TF_STORAGE": str(storage),
+            "AIRFLOW_TF_STATE_DIR": str(state_dir),
+            "AIRFLOW__CORE__MULTI_TEAM": "True",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
+                [f"{USERNAME}:admin", *(f"{user}:viewer:{team}" for user, team in USERS.items())]),
+            "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(bundles),
+        },
+        setup=(("teams", "sync"),),  # the bundles' teams, before the auth manager checks its users' teams
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    try:
+        airflow.start()
+        yield TeamStack(airflow, storage, state_dir, passwords)
+    finally:
+        airflow.stop()
+        for component in ("api-server", "scheduler", "dag-processor", "triggerer"):
+            log = airflow.home / "logs" / f"{component}.log"
+            if log.exists():
+                shutil.copy(log, ARTIFACTS / f"team-stack-{component}.log")
+        shutil.rmtree(pg_parent, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def no_team_training_left(request):
+    """After each test, no process of a training group this stack started may be running."""
+    yield
+    if "team_stack" not in request.fixturenames:
+        return
+    state_dir = request.getfixturevalue("team_stack").state_dir
+    deadline = time.monotonic() + 10.0
+    while (left := training_processes(state_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for proc in left:
+        proc.kill()
+    assert not left, f"training processes left running: {[p.pid for p in left]}"
+
+
+def launch_result(api: AirflowAPI, dag_id: str, run_id: str) -> dict:
+    return api.call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{LAUNCH}/xcomEntries/return_value",
+                    params={"deserialize": "true"})["value"]
+
+
+@pytest.fixture(scope="module")
+def trained(team_stack) -> dict[str, dict]:
+    """Both teams' DAGs trained once: per DAG id, its run id, TensorBoard run name and run dir."""
+    admin = team_stack.admin
+    runs = {}
+    for team in TEAMS:
+        dag_id = f"tf_{team}"
+        admin.wait_for_dag(dag_id, timeout=300)
+        admin.unpause(dag_id)
+        runs[dag_id] = admin.trigger(dag_id, conf={"steps": SMALL_STEPS})
+    found = {}
+    for dag_id, run_id in runs.items():
+        run = admin.wait_for_run(dag_id, run_id, timeout=1200)
+        assert run["state"] == "success", admin.failure_report(dag_id, run_id)
+        result = launch_result(admin, dag_id, run_id)
+        name = run_name(result["run_dir"], str(team_stack.storage / "runs"))
+        assert name, result
+        found[dag_id] = {"run_id": run_id, "name": name, "run_dir": result["run_dir"]}
+    return found
+
+
+def get(api: AirflowAPI | None, url: str, **kwargs) -> requests.Response:
+    session = api.session if api else requests
+    return session.get(url, timeout=120, **kwargs)
+
+
+def test_airflows_own_api_grants_each_user_one_dag(team_stack, trained):
+    for user, team in USERS.items():
+        api = team_stack.api(user)
+        dags = {d["dag_id"] for d in api.call("GET", "/dags")["dags"]}
+        assert dags == {f"tf_{team}"}, (user, dags)
+    assert {d["dag_id"] for d in team_stack.admin.call("GET", "/dags")["dags"]} == {"tf_team_a", "tf_team_b"}
+
+
+def test_tensorboard_shows_each_user_only_the_runs_of_the_dags_they_may_read(team_stack, trained):
+    url = team_stack.url
+    a, b = trained["tf_team_a"]["name"], trained["tf_team_b"]["name"]
+    users = {user: team_stack.api(user) for user in USERS}
+
+    assert get(None, f"{url}/tensorboard/data/runs").status_code == 401
+    assert get(None, f"{url}/tensorboard/data/plugin/scalars/scalars", params={"run": a, "tag": "loss"}).status_code == 401
+
+    for user, api, own, other in (("alice", users["alice"], a, b), ("bob", users["bob"], b, a)):
+        listed = get(api, f"{url}/tensorboard/data/runs")
+        assert listed.status_code == 200 and own in listed.json() and other not in listed.json(), (user, listed.text)
+        tags = get(api, f"{url}/tensorboard/data/plugin/scalars/tags").json()
+        assert own in tags and other not in tags, (user, tags)
+        curve = get(api, f"{url}/tensorboard/data/plugin/scalars/scalars", params={"run": own, "tag": "loss"})
+        assert curve.status_code == 200 and len(curve.json()) >= 2, (user, curve.text[:500])
+        # The other team's run answers exactly like a run that does not exist.
+        theirs = get(api, f"{url}/tensorboard/data/plugin/scalars/scalars", params={"run": other, "tag": "loss"})
+        missing = get(api, f"{url}/tensorboard/data/plugin/scalars/scalars",
+                      params={"run": "tf-no-such-run", "tag": "loss"})
+        assert theirs.status_code == missing.status_code == 404, (user, theirs.text, missing.text)
+        assert theirs.text.replace(other, "tf-no-such-run") == missing.text
+        # The time-series page's data (what the UI draws) and the DAG-run view follow the same rule.
+        series = api.session.post(f"{url}/tensorboard/data/plugin/timeseries/timeSeries", timeout=120,
+                                  data={"requests": json.dumps([{"plugin": "scalars", "tag": "loss"}])})
+        assert series.status_code == 200, series.text[:500]
+        [answer] = series.json()
+        assert own in answer["runToSeries"] and other not in answer["runToSeries"], (user, answer)
+        other_dag = "tf_team_b" if user == "alice" else "tf_team_a"
+        view = get(api, f"{url}/tensorboard/airflow/dag-run", allow_redirects=False,
+                   params={"dag_id": other_dag, "run_id": trained[other_dag]["run_id"]})
+        assert view.status_code == 404, view.text
+
+    admin = team_stack.admin
+    listed = get(admin, f"{url}/tensorboard/data/runs").json()
+    assert {a, b} <= set(listed), listed
+    for name in (a, b):
+        assert get(admin, f"{url}/tensorboard/data/plugin/scalars/scalars",
+                   params={"run": name, "tag": "loss"}).status_code == 200
+
+
+def test_the_training_view_lists_each_user_only_the_groups_of_the_dags_they_may_read(team_stack, trained):
+    url = team_stack.url
+    assert get(None, f"{url}/training/api/groups").status_code == 401
+    assert get(None, f"{url}/training/").status_code == 401
+    for user, team in USERS.items():
+        groups = get(team_stack.api(user), f"{url}/training/api/groups").json()["groups"]
+        assert [g["dag_id"] for g in groups] == [f"tf_{team}"], (user, groups)
+        [group] = groups
+        mine = trained[f"tf_{team}"]
+        assert group["run_id"] == mine["run_id"] and group["group"] == mine["name"]
+        assert group["state"] == "succeeded" and group["backend"] == "local" and group["map_index"] == -1
+        assert group["global_step"] >= SMALL_STEPS and group["target_step"] == SMALL_STEPS and group["percent"] == 100
+        assert group["examples_per_sec"] > 0 and group["loss"] is not None and group["failure_reason"] is None
+        assert unquote(group["log_url"]) == f"{url}/dags/tf_{team}/runs/{mine['run_id']}/tasks/wait_for_workers"
+        assert mine["name"] in unquote(group["tensorboard_url"]).replace("\\", "")
+    admin = get(team_stack.admin, f"{url}/training/api/groups").json()["groups"]
+    assert sorted(g["dag_id"] for g in admin) == ["tf_team_a", "tf_team_b"], admin
+    page = get(team_stack.api("alice"), f"{url}/training/")
+    assert page.status_code == 200 and "Training groups" in page.text
+
+
+@pytest.mark.timeout(2400)
+def test_in_chromium_a_signed_in_user_sees_a_running_groups_step_move_and_signed_out_is_refused(
+        team_stack, trained, browser):
+    url, admin = team_stack.url, team_stack.admin
+    # Long enough to watch it train for about a minute, at the rate the small run reached.
+    report = read_progress_file(trained["tf_team_a"]["run_dir"])
+    steps_per_sec = report["examples_per_sec"] / 64 if report and report.get("examples_per_sec") else 100
+    steps = int(min(1_000_000, max(3000, steps_per_sec * 60)))
+    run_id = admin.trigger("tf_team_a", conf={"steps": steps})
+
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(120_000)
+    page.set_default_navigation_timeout(180_000)
+    screenshot = ARTIFACTS / "ui-training-view.png"
+    screenshot.unlink(missing_ok=True)
+    try:
+        page.goto(url)
+        page.get_by_label("Username").fill("alice")
+        page.get_by_label("Password").fill(team_stack.passwords["alice"])
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_url(lambda u: "/login" not in u and u.startswith(url))
+        page.goto(f"{url}/plugin/training")
+        row = page.frame_locator("iframe").locator("tr[data-state=running]").filter(has_text=run_id)
+        step = row.locator("td.step")
+        step.wait_for(timeout=600_000)  # the run is queued, prepared, launched; then the chief reports
+        deadline, first = time.monotonic() + 300, None
+        while time.monotonic() < deadline:
+            text = step.inner_text(timeout=60_000).strip()
+            if text:
+                current = int(text.split("/")[0])
+                if first is None:
+                    first = current
+                elif current > first:
+                    break
+            page.wait_for_timeout(1000)
+        else:
+            raise AssertionError(f"the step stayed at {first} for 300 s")
+        assert step.inner_text().strip().endswith(f"/ {steps}")
+        page.screenshot(path=str(screenshot), full_page=True)
+        assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        # Only her team's groups: bob's DAG is not listed.
+        assert page.frame_locator("iframe").locator("tr").filter(has_text="tf_team_b").count() == 0
+    except BaseException:
+        page.screenshot(path=str(ARTIFACTS / "ui-training-view-error.png"), full_page=True)
+        raise
+    finally:
+        context.close()
+
+    anonymous = browser.new_context()
+    try:
+        response = anonymous.new_page().goto(f"{url}/training/")
+        assert response.status == 401, response.status
+    finally:
+        anonymous.close()
+
+    run = admin.wait_for_run("tf_team_a", run_id, timeout=1200)
+    assert run["state"] == "success", admin.failure_report("tf_team_a", run_id)
