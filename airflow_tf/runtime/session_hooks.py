@@ -10,13 +10,12 @@ import time
 
 import tensorflow as tf
 
-from airflow_tf.cluster.progress import format_progress
+from airflow_tf.cluster.progress import PROGRESS_FILE, format_progress
 from airflow_tf.files import write_json
 
 from .errors import NonFiniteError
 from .logs import log
 
-PROGRESS_FILE = "progress.json"
 
 
 class StopAtTargetHook(tf.compat.v1.train.SessionRunHook):
