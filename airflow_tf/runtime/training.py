@@ -268,9 +268,13 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
         progress = None
         tf_config = session_config(task, config)
         if tables:
-            # Grappler folds a slot's fill (an accumulator's initial value) into a constant the ps
-            # keeps for good, and the first sparse update then copies the slot: twice its memory.
+            # No constant folding: Grappler folds a slot's fill (an accumulator's initial value)
+            # into a constant the ps keeps for good, so the first sparse update copies the slot;
+            # and each ps evaluates a table's initial values to fold them whenever a graph is
+            # registered with it. Both cost the ps a table's memory.
             tf_config.graph_options.rewrite_options.constant_folding = rewriter_config_pb2.RewriterConfig.OFF
+            tf_config.graph_options.optimizer_options.opt_level = tf.compat.v1.OptimizerOptions.L0
+            tf_config.graph_options.optimizer_options.do_common_subexpression_elimination = True
         if task.is_chief:
             progress = ProgressHook(global_step, loss, target, examples_per_step, config.run_dir,
                                     config.log_every_secs, config.summary_every_steps, config.learning_rate,
