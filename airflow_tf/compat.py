@@ -43,8 +43,8 @@ FEATURES: Mapping[str, Feature] = {
     for feature in (
         Feature("hitl", "human-in-the-loop operators", (3, 1), "airflow.providers.standard.operators.hitl",
                 "ApprovalOperator", "apache-airflow>=3.1 and apache-airflow-providers-standard"),
-        Feature("asset_partitions", "asset partitions (partition_key)", (3, 2), "airflow.sdk",
-                "Context.partition_key", "apache-airflow>=3.2"),
+        Feature("asset_partitions", "asset partitions", (3, 2), "airflow.sdk",
+                "PartitionedAssetTimetable", "apache-airflow>=3.2"),
         Feature("task_state_store", "the task state store (durable execution)", (3, 3), "airflow.sdk",
                 "Context.task_state_store", "apache-airflow>=3.3"),
     )
@@ -142,5 +142,8 @@ def task_state_store(context: Mapping[str, Any]) -> Any | None:
 
 
 def partition_key(context: Mapping[str, Any]) -> str | None:
-    """The DAG run's partition key (Airflow 3.2+), or None (no partition, or an older Airflow)."""
-    return context.get("partition_key") if has_asset_partitions() else None
+    """The DAG run's partition key (Airflow 3.2+), or None (no partition, or an older Airflow).
+    Airflow 3.3 puts it in the context; 3.2 has it on the context's DAG run only."""
+    if not has_asset_partitions():
+        return None
+    return context.get("partition_key") or getattr(context.get("dag_run"), "partition_key", None)

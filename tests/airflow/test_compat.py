@@ -12,6 +12,7 @@ import importlib.metadata
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import airflow
 import pytest
@@ -65,6 +66,7 @@ def test_the_features_of_airflow_3_3_are_where_compat_looks():
 
     hitl = compat.require("hitl")
     assert {"ApprovalOperator", "HITLOperator", "HITLBranchOperator", "HITLEntryOperator"} <= set(dir(hitl))
+    assert compat.require("asset_partitions").PartitionedAssetTimetable.__name__ == "PartitionedAssetTimetable"
     assert {"partition_key", "task_state_store"} <= set(Context.__annotations__)
 
 
@@ -73,7 +75,7 @@ def test_an_older_airflow_gets_a_refusal_naming_both_versions(pretend_airflow):
     assert compat.has_hitl() is (INSTALLED >= (3, 1))
     assert not compat.has_asset_partitions() and not compat.has_task_state_store()
     with pytest.raises(compat.AirflowFeatureUnavailable, match=r"^Partitioned retraining needs Airflow 3\.2 or newer"
-                       r" \(asset partitions \(partition_key\), airflow\.sdk\); this is Airflow 3\.1\.8: "
+                       r" \(asset partitions, airflow\.sdk\); this is Airflow 3\.1\.8: "
                        r"install apache-airflow>=3\.2$"):
         compat.require("asset_partitions", "Partitioned retraining")
     assert compat.missing("task_state_store") == (
@@ -96,6 +98,8 @@ def test_context_values_of_a_newer_airflow_are_none_on_an_older_one(pretend_airf
     assert compat.task_state_store(context) is (store if INSTALLED >= (3, 3) else None)
     assert compat.partition_key(context) == ("2026-11-23" if INSTALLED >= (3, 2) else None)
     assert compat.partition_key({}) is None
+    on_the_run = {"dag_run": SimpleNamespace(partition_key="2026-11-22")}  # where Airflow 3.2 keeps it
+    assert compat.partition_key(on_the_run) == ("2026-11-22" if INSTALLED >= (3, 2) else None)
     pretend_airflow(3, 1, 8)
     assert compat.task_state_store(context) is None and compat.partition_key(context) is None
 
