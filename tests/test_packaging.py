@@ -51,7 +51,10 @@ CHECK = textwrap.dedent('''
     except ImportError:
         tensorflow_importable = False
 
-    from airflow.dag_processing.dagbag import DagBag
+    try:
+        from airflow.dag_processing.dagbag import DagBag
+    except ImportError:  # Airflow 3.1 keeps it in airflow.models
+        from airflow.models.dagbag import DagBag
     bag = DagBag(dag_folder=sys.argv[1])
     print(json.dumps({"modules": len(names), "tensorflow_modules": loaded,
                       "tensorflow_importable": tensorflow_importable, "dags": sorted(bag.dag_ids),
