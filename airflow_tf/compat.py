@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
@@ -59,7 +60,8 @@ def airflow_version() -> tuple[int, int, int] | None:
             text = metadata.version(distribution)
         except metadata.PackageNotFoundError:
             continue
-        parts = [int("".join(c for c in part if c.isdigit()) or 0) for part in text.split(".")[:3]]
+        # "3.2.0rc1" -> (3, 2, 0): the leading digits of each part
+        parts = [int(m[0]) if (m := re.match(r"\d+", part)) else 0 for part in text.split(".")[:3]]
         return tuple(parts + [0] * (3 - len(parts)))  # type: ignore[return-value]
     return None
 

@@ -114,3 +114,13 @@ def test_importing_compat_and_reading_the_version_loads_neither_airflow_nor_tens
             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'airflow', 'tensorflow', 'keras'})))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert json.loads(run.stdout) == []
+
+
+@pytest.mark.parametrize("installed, read", [("3.2.0rc1", (3, 2, 0)), ("3.1.8", (3, 1, 8)), ("3.3", (3, 3, 0))])
+def test_a_release_candidate_reads_as_its_release(monkeypatch, installed, read):
+    monkeypatch.setattr(compat.metadata, "version", lambda distribution: installed)
+    compat.airflow_version.cache_clear()
+    try:
+        assert compat.airflow_version() == read
+    finally:
+        compat.airflow_version.cache_clear()
