@@ -22,7 +22,8 @@ import re
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 class AirflowFeatureUnavailable(RuntimeError):
@@ -132,7 +133,7 @@ def missing(feature: str, purpose: str | None = None) -> str | None:
 def require(feature: str, purpose: str | None = None) -> ModuleType:
     """The module providing ``feature``; raises :class:`AirflowFeatureUnavailable` with the
     :func:`missing` message when this Airflow lacks it. ``purpose`` names what the user asked for."""
-    module, why = _probe(feature)
+    module, _ = _probe(feature)
     if module is None:
         raise AirflowFeatureUnavailable(missing(feature, purpose))
     return module
