@@ -12,7 +12,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "airflow_tf"
 TENSORFLOW = {"tensorflow", "keras", "tensorboard"}
-AIRFLOW_SIDE = ["operators", "sensors", "triggers", "backends", "data", "plugins", "task_groups.py", "storage.py"]
+AIRFLOW_SIDE = ["operators", "sensors", "triggers", "backends", "data", "plugins", "task_groups.py", "storage.py",
+                "compat.py"]
 
 
 def _modules(room: str) -> list[Path]:

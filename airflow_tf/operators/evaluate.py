@@ -7,7 +7,7 @@ import json
 from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.providers.common.compat.sdk import AirflowFailException, AirflowSkipException
 
 from airflow_tf.cluster.results import EvaluationResult, ExportResult, LaunchResult
 from airflow_tf.storage import models_dir

@@ -7,7 +7,7 @@ from typing import Any, Iterable, Sequence
 from airflow.sdk import BaseOperator
 from airflow.sdk.definitions.mappedoperator import MappedOperator
 from airflow.sdk.definitions.xcom_arg import XComArg
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.providers.common.compat.sdk import AirflowFailException
 
 from airflow_tf.backends import GroupRef, backend_for, get_backend
 from airflow_tf.cluster import evaluate, group_name

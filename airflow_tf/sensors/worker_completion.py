@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException
+from airflow.providers.common.compat.sdk import AirflowException
 
 from airflow_tf.backends import GroupRef, backend_for
 from airflow_tf.backends.wait import completion_event, group_failure_message, waiting_message

@@ -81,7 +81,7 @@ def test_the_provider_config_section_is_listed_by_airflow(tmp_path):
     assert set(get_provider_info()["config"]["airflow_tf"]["options"]) == {"storage", "state_dir"}
     airflow = str(Path(sys.executable).with_name("airflow"))
     env = {"AIRFLOW_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "AIRFLOW__AIRFLOW_TF__STORAGE": "/shared/tf"}
-    listed = subprocess.run([airflow, "config", "list", "--section", "airflow_tf", "--show-values"], env=env,
+    listed = subprocess.run([airflow, "config", "list", "--section", "airflow_tf"], env=env,
                             capture_output=True, text=True, timeout=300)
     assert "[airflow_tf]" in listed.stdout and "state_dir" in listed.stdout, listed.stdout + listed.stderr
     code = "from airflow_tf.storage import runs_dir; print(runs_dir())"

@@ -146,11 +146,19 @@ def test_evaluation_and_export_run_as_jobs_and_their_results_come_back(emulator,
     exported = {"path": "/models/mnist/3", "version": 3, "model_name": "mnist", "metrics": metrics["metrics"],
                 "blessed": True}
     thread = _kubelet(emulator, "export", RESULT_MARKER + json.dumps(exported) + "\n")
-    context = {"outlet_events": defaultdict(SimpleNamespace)}
+    # Keyed by the asset's name, as Airflow's own accessor is (an Asset is unhashable on Airflow 3.1).
+    events = defaultdict(SimpleNamespace)
+
+    class OutletEvents:
+        def __getitem__(self, asset):
+            return events[asset.name]
+
+    context = {"outlet_events": OutletEvents()}
     result = ExportSavedModelOperator(task_id="export", launch=_launch_result(ref), model_name="mnist",
                                       metrics=result, serving_base="/models").execute(context)
     thread.join()
     assert (result["version"], result["path"]) == (3, "/models/mnist/3")
+    assert events["airflow_tf.model.mnist"].extra["version"] == 3, "the model asset's event names the version"
     request = json.loads(_created_job(emulator, "tf-mnist-export")["spec"]["template"]["spec"]["containers"][0]
                          ["command"][5])
     assert request["serving_base"] == "/models" and request["metrics"]["blessed"] is True
@@ -158,7 +166,7 @@ def test_evaluation_and_export_run_as_jobs_and_their_results_come_back(emulator,
 
 
 def test_a_refused_evaluation_fails_without_retries_naming_the_pod(emulator, kubeconfig):
-    from airflow.sdk.exceptions import AirflowFailException
+    from airflow.providers.common.compat.sdk import AirflowFailException
 
     from airflow_tf.operators import EvaluateModelOperator
 

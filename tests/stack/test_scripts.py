@@ -89,3 +89,21 @@ def test_bootstrap_refuses_an_unsupported_interpreter_before_touching_the_enviro
     if "3.10" in interpreter:
         assert "is not supported: pyproject.toml requires >=3.11," in done.stderr
     assert [p.name for p in venv.iterdir()] == ["kept"], "the environment was left as it was"
+
+
+@pytest.mark.parametrize("variable, value, message", [
+    ("AIRFLOW_TF_CONSTRAINTS", "constraints/airflow-3.0-tf-2.18.txt",
+     "AIRFLOW_TF_CONSTRAINTS=constraints/airflow-3.0-tf-2.18.txt is not a file; the tested locks are constraints.txt and"),
+    ("AIRFLOW_TF_EXTRAS", "tensorflow,test] ; rm -rf x",
+     "AIRFLOW_TF_EXTRAS='tensorflow,test] ; rm -rf x' is not a comma-separated list of pyproject.toml's extras"),
+])
+def test_bootstrap_refuses_a_missing_lock_or_bad_extras_before_touching_the_environment(tmp_path, variable, value,
+                                                                                        message):
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / "kept").write_text("the user's environment")
+    done = subprocess.run([BOOTSTRAP], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, variable: value, "AIRFLOW_TF_VENV": str(venv)})
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert [p.name for p in venv.iterdir()] == ["kept"], "the environment was left as it was"
