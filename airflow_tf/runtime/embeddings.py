@@ -148,8 +148,9 @@ SLOTS_PER_TABLE = {"sgd": 0, "adagrad": 1, "adam": 2, "lazy_adam": 2, "ftrl": 2,
 
 
 def check_ps_memory(tables: list[ShardedTable], optimizer: str, ps_tasks: int, budget_bytes: int | None) -> None:
-    """Refuse tables whose shards and optimizer slots would not fit in one ps's ``budget_bytes``,
-    with the numbers, before any of them is allocated (instead of an OOM kill halfway)."""
+    """Refuse tables whose shards and optimizer slots would not fit in one ps's ``budget_bytes``
+    at its peak (while a checkpoint is written), with the numbers, before any of them is
+    allocated (instead of an OOM kill halfway)."""
     if budget_bytes is None or not tables:
         return
     copies = 1 + SLOTS_PER_TABLE.get(optimizer, 2)
@@ -158,6 +159,9 @@ def check_ps_memory(tables: list[ShardedTable], optimizer: str, ps_tasks: int, b
         for shard in table.shards:
             task = tf.DeviceSpec.from_string(shard.device).task or 0
             per_ps[task] += int(shard.shape[0]) * table.dim * table.shadow.dtype.size * copies
+    # A checkpoint save reads every variable, and TensorFlow copies a variable on read once a
+    # sparse update has touched it: while a checkpoint is written, a ps holds its part twice.
+    per_ps = [2 * held for held in per_ps]
     fullest = max(range(ps_tasks), key=per_ps.__getitem__)
     if per_ps[fullest] <= budget_bytes:
         return
@@ -166,7 +170,8 @@ def check_ps_memory(tables: list[ShardedTable], optimizer: str, ps_tasks: int, b
         f"{len(t.shards)} shard(s)" for t in tables)
     raise TaskConfigError(
         f"the embedding tables do not fit on the parameter servers: ps {fullest} would hold "
-        f"{_mib(per_ps[fullest])} (tables x {copies} for the table and its {optimizer} slots) but has "
+        f"{_mib(per_ps[fullest])} (tables x {copies} for the table and its {optimizer} slots, x 2 while a "
+        f"checkpoint is written) but has "
         f"{_mib(budget_bytes)} for them ({tables_text}; {ps_tasks} ps). Add ps tasks (tables are split over "
         "all of them), give the ps more memory (ps_memory_limit), lower min_shard_bytes so small tables split "
         "too, or use fewer rows or dimensions"
