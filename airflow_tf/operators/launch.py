@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Sequence
 
@@ -15,7 +16,7 @@ from airflow_tf.cluster.training import DEFAULT_MIN_SHARD_BYTES, dataset_uri_of
 from airflow_tf.plugins.links import TensorBoardLink
 from airflow_tf.storage import runs_dir
 
-from .common import no_retry_for, resolved_backend_options
+from .common import deprecated, no_retry_for, resolved_backend_options
 
 # Every TrainingConfig option a DAG author sets is an explicit parameter of the operator, so
 # Airflow's .partial()/.expand() validation sees it; dataset, run_dir and sync are group-level
@@ -110,6 +111,8 @@ class LaunchTFClusterOperator(BaseOperator):
     :param success_policy: ``AllWorkers`` (default) or ``ChiefOrWorker0``.
     :param port: the gRPC port of each task (kubernetes; local tasks get free ports).
     :param group_name: a fixed group name instead of the derived one.
+    :param training: deprecated since 0.2.0, removed in 0.3.0: a dict of the training options
+        above (``{"steps": 300, "learning_rate": 0.1}``); pass each as its own parameter.
     """
 
     template_fields: Sequence[str] = (
@@ -135,7 +138,8 @@ class LaunchTFClusterOperator(BaseOperator):
                  backend: str = "local", backend_options: dict[str, Any] | None = None, image: str | None = None,
                  role_options: dict[str, dict[str, Any]] | None = None, backoff_limit: int = 3,
                  active_deadline_seconds: float | None = None, success_policy: str = "AllWorkers",
-                 port: int = 2222, group_name: str | None = None, **kwargs: Any) -> None:
+                 port: int = 2222, group_name: str | None = None, training: dict[str, Any] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.dataset = dataset
         self.model = model
@@ -171,6 +175,26 @@ class LaunchTFClusterOperator(BaseOperator):
         self.success_policy = success_policy
         self.port = port
         self.group_name = group_name
+        if training is not None:
+            self._set_deprecated_training(training)
+
+    def _set_deprecated_training(self, training: Any) -> None:
+        """The first release's ``training={...}``: each key becomes its own (templated) parameter."""
+        deprecated("LaunchTFClusterOperator(training={...})",
+                   "one parameter per option, e.g. LaunchTFClusterOperator(steps=300, learning_rate=0.1)")
+        if not isinstance(training, dict):
+            raise TypeError(f"training: expected a dict of training options, got {training!r}")
+        unknown = sorted(set(training) - set(TRAINING_OPTIONS))
+        if unknown:
+            raise ValueError(f"training: unknown option(s) {', '.join(unknown)}; the options are "
+                             f"{', '.join(TRAINING_OPTIONS)}")
+        defaults = inspect.signature(LaunchTFClusterOperator.__init__).parameters
+        for name, value in training.items():
+            current = getattr(self, name)
+            if current != defaults[name].default and current not in ({}, value):
+                raise ValueError(f"training: {name} is given twice ({name}={current!r} and training[{name!r}]="
+                                 f"{value!r}); pass it once, as {name}=")
+            setattr(self, name, value)
 
     def training_options(self) -> dict[str, Any]:
         """The TrainingConfig options as set (rendered) on this task; '' and 'None' from a

@@ -198,3 +198,13 @@ def test_a_mapped_sweep_trains_one_group_per_learning_rate_and_exports_the_best(
     assert metadata["run_dir"] == best["run_dir"], (metadata["run_dir"], evaluations)
     assert metadata["training_config"]["learning_rate"] in (0.002, 0.02)
     assert not group_processes(tmp_path / "groups"), "no process of the group is left"
+
+
+def test_a_dag_written_against_the_first_release_still_runs(airflow_home, tmp_path, group_processes):
+    """training={...} and TeardownTFClusterOperator(launch_task_id=...) (0.1.0), deprecated."""
+    result = airflow_home.run("tf_test_first_release_api", tmp_path)
+    assert run_state(result.stdout) == "success", result.stdout[-4000:]
+    assert re.search(r"tore down [1-9]\d* task\(s\) of group ", result.stdout), \
+        "the teardown found the group from the launch's task id alone"
+    assert (tmp_path / "storage" / "models" / "first_release" / "1" / "saved_model.pb").exists()
+    assert not group_processes(tmp_path / "groups"), "no process of the group is left"
