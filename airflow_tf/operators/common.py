@@ -46,6 +46,28 @@ def deprecated(what: str, replacement: str) -> None:
                   AirflowTFDeprecationWarning, stacklevel=stacklevel)
 
 
+class AirflowFeatureUnavailable(RuntimeError):
+    """An option needs a newer Airflow than the one running (raised when the DAG asks for it)."""
+
+
+def airflow_version() -> str:
+    return getattr(airflow, "__version__", "unknown")
+
+
+def needs_airflow(feature: str, version: str, module: str) -> Any:
+    """``module`` imported for ``feature``; an Airflow without it refuses clearly, naming the
+    Airflow version that has it (users who do not ask for the feature never import it)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except Exception as exc:  # ImportError, or the provider's "needs Airflow 3.x" refusal
+        raise AirflowFeatureUnavailable(
+            f"{feature} needs Airflow {version} or later ({module}); this is Airflow {airflow_version()}: "
+            f"upgrade Airflow and apache-airflow-providers-standard, or leave {feature} off ({exc})"
+        ) from None
+
+
 def is_template(value: Any) -> bool:
     """A value only known when the task runs (Jinja text, an XComArg, a mapped argument)."""
     return not isinstance(value, str) or "{{" in value or "{%" in value
