@@ -68,6 +68,14 @@ def needs_airflow(feature: str, version: str, module: str) -> Any:
         ) from None
 
 
+def launch_labels(dag_id: str, task_id: str, run_id: str, map_index: int) -> dict[str, str]:
+    """The labels a launch stamps on its group, naming the task instance that launched it."""
+    from airflow_tf.cluster import label_value
+
+    return {"airflow.dag_id": label_value(dag_id), "airflow.task_id": label_value(task_id),
+            "airflow.run_id": label_value(run_id), "airflow.map_index": str(map_index)}
+
+
 def is_template(value: Any) -> bool:
     """A value only known when the task runs (Jinja text, an XComArg, a mapped argument)."""
     return not isinstance(value, str) or "{{" in value or "{%" in value

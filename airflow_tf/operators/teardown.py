@@ -10,9 +10,9 @@ from airflow.sdk.definitions.xcom_arg import XComArg
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_tf.backends import GroupRef, backend_for, get_backend
-from airflow_tf.cluster import evaluate, group_name
+from airflow_tf.cluster import evaluate, group_name, label_value
 
-from .common import deprecated, resolved_backend_options
+from .common import deprecated, launch_labels, resolved_backend_options
 
 
 ON_FINISH_ACTIONS = ("delete_pod", "delete_succeeded_pod", "keep_pod")
@@ -128,6 +128,13 @@ class TeardownTFClusterOperator(BaseOperator):
             for index in indexes:
                 name = group_name(ti.dag_id, self.launch_task_id, ti.run_id, index)
                 if name not in refs and (found := backend.find(name)) is not None:
+                    expected = launch_labels(ti.dag_id, self.launch_task_id, ti.run_id, index)
+                    # A Kubernetes label holds the value made a valid label value ("-1" is not one).
+                    if any(found.labels.get(key) not in (value, label_value(value)) for key, value in expected.items()):
+                        # Same name, someone else's group (another run or deployment): not ours to delete.
+                        self.log.warning("group %s (uid %s) has this launch's name but was not launched by it "
+                                         "(its labels: %s); leaving it alone", name, found.uid, found.labels)
+                        continue
                     refs[name] = found
         return list(refs.values())
 
