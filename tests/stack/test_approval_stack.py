@@ -77,7 +77,7 @@ def test_a_person_approves_the_chosen_run_of_a_sweep_through_the_rest_api(stack)
 
     answer = api.call("PATCH", hitl_path(SWEEP, run_id, approve),
                       json={"chosen_options": ["Approve"], "params_input": {}})
-    assert answer["chosen_options"] == ["Approve"] and answer["responded_by_user"]["name"] == USERNAME
+    assert answer["chosen_options"] == ["Approve"] and answer["responded_by"]["name"] == USERNAME
     run = api.wait_for_run(SWEEP, run_id, timeout=600)
     assert run["state"] == "success", api.failure_report(SWEEP, run_id)
     assert api.task_instances(SWEEP, run_id)["sweep.export"]["state"] == "success"
