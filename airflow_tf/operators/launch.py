@@ -259,8 +259,7 @@ class LaunchTFClusterOperator(BaseOperator):
             who = f"this launch ({_launch_identity(context['ti'])})"
             with no_retry_for(NotOurGroupError, what="launch refused"):
                 if not check_ours(spec.name, store.get(GROUP_RECORD_KEY), existing, who):
-                    existing = None
-                    store.set(GROUP_RECORD_KEY, intent(spec.name))
+                    store.set(GROUP_RECORD_KEY, intent(spec.name))  # before creating: see backends/ownership.py
         # launch() is idempotent: on a retry it re-attaches, creating only what an interrupted
         # first try left missing.
         ref = backend.launch(spec)
