@@ -1,5 +1,5 @@
-"""``airflow-tf``: prepare datasets, run a training group without Airflow, render
-Kubernetes manifests, and run the demo DAG. This module only parses arguments; the work is
+"""``airflow-tf``: prepare datasets, run a training group, evaluate and export it without
+Airflow, render Kubernetes manifests, and run the demo DAG. This module only parses arguments; the work is
 done by the rooms below it."""
 
 from __future__ import annotations
@@ -163,6 +163,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 128 + signal.Signals[str(sig)].value
     except (SpecError, BackendError, ValueError) as err:  # includes a dataset without _SUCCESS
         raise SystemExit(f"airflow-tf run: {err}")
+    _record_launch(run_dir, spec, result.ref)
     final = _final_progress(run_dir) or {}
     if final.get("time", 0) < started_at:  # left by an earlier run in the same run dir
         final = result.status.progress or {}
@@ -179,12 +180,171 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0 if result.outcome.succeeded else 1
 
 
+LAUNCH_FILE = "launch.json"
+
+
+def _record_launch(run_dir: str, spec: Any, ref: Any) -> None:
+    """``<run_dir>/launch.json``: what a launch task returns (a LaunchResult), so ``airflow-tf
+    evaluate`` and ``export`` find the run's dataset and training options as the operators do."""
+    from airflow_tf.cluster.results import LaunchResult
+    from airflow_tf.files import write_json
+
+    result = LaunchResult(group=ref.to_dict(), run_dir=spec.training.run_dir, dataset=spec.training.dataset,
+                          training=spec.training.to_dict())
+    write_json(os.path.join(run_dir, LAUNCH_FILE), result.to_dict())
+
+
 def _final_progress(run_dir: str) -> Any:
     """The chief's ``progress.json`` (final step, loss, checkpoint), or None."""
     try:
         return read_json(os.path.join(run_dir, "progress.json"), missing_ok=True)
     except ValueError:  # not JSON: the summary then takes the last status's progress
         return None
+
+
+# -- evaluate and export -------------------------------------------------------------------
+def _json_arg(what: str) -> Callable[[str], Any]:
+    """A JSON value given inline or as @FILE."""
+    def parse(text: str) -> Any:
+        try:
+            return json.loads(open(text[1:], encoding="utf-8").read() if text.startswith("@") else text)
+        except OSError as e:
+            raise argparse.ArgumentTypeError(f"cannot read {text[1:]}: {e.strerror}")
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(f"{what}: not JSON ({e})")
+    return parse
+
+
+def _add_run_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run-dir", required=True,
+                   help=f"the run directory of `airflow-tf run` (its {LAUNCH_FILE} gives the dataset and the "
+                   "training options)")
+    p.add_argument("--launch", type=_json_arg("--launch"), default=None, metavar="JSON|@FILE",
+                   help=f"a launch result instead of <run-dir>/{LAUNCH_FILE} (a launch task's XCom)")
+
+
+def _launch_of(args: argparse.Namespace, command: str) -> Any:
+    from airflow_tf.cluster.results import LaunchResult
+
+    data = args.launch
+    if data is None:
+        path = os.path.join(args.run_dir, LAUNCH_FILE)
+        try:
+            data = read_json(path)
+        except FileNotFoundError:
+            raise SystemExit(f"airflow-tf {command}: {path} does not exist: give the run directory of "
+                             "`airflow-tf run`, or the launch result with --launch")
+        except ValueError as e:
+            raise SystemExit(f"airflow-tf {command}: {path}: {e}")
+    try:
+        launch = LaunchResult.from_dict(data)
+    except ValueError as e:
+        raise SystemExit(f"airflow-tf {command}: launch result: {e}")
+    if os.path.realpath(launch.run_dir) != os.path.realpath(args.run_dir):
+        raise SystemExit(f"airflow-tf {command}: the launch result is of run directory {launch.run_dir}, "
+                         f"not {args.run_dir}")
+    return launch
+
+
+def _serving_base(value: str | None) -> str:
+    from airflow_tf.storage import models_dir
+
+    return os.path.abspath(value or models_dir())
+
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "evaluate", help="evaluate a run's final checkpoint and decide whether it is blessed",
+        description="Evaluate the final checkpoint of a run on its dataset's eval split, as the "
+        "EvaluateModelOperator does: write metrics.json and training_curve.png into the run directory and "
+        "print the evaluation result (metrics, blessed, reasons) as JSON. Exit status 0 whether blessed or "
+        "not (see \"blessed\"); 2 when the options or the model are refused.",
+    )
+    _add_run_dir(p)
+    p.add_argument("--thresholds", type=_json_arg("--thresholds"), default=None, metavar="JSON|@FILE",
+                   help='blessing thresholds, e.g. \'{"mse": {"max": 1.0}}\'')
+    p.add_argument("--compare-to-served", action="store_true",
+                   help="also require the model to be at least as good as the latest export of --model-name")
+    p.add_argument("--model-name", default=None, help="the served model to compare with (--compare-to-served)")
+    p.add_argument("--serving-base", default=None,
+                   help="where exported models live (default <storage>/models, $AIRFLOW_TF_STORAGE)")
+    p.add_argument("--comparison-metric", default=None,
+                   help="the metric compared with the served model (default mse, or accuracy for classes)")
+    p.set_defaults(func=_cmd_evaluate)
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from airflow_tf import serving
+    from airflow_tf.serving import requests
+
+    launch = _launch_of(args, "evaluate")
+    if args.compare_to_served and not args.model_name:
+        raise SystemExit("airflow-tf evaluate: --compare-to-served needs --model-name (the served model)")
+    request = {"run_dir": launch.run_dir, "dataset": launch.dataset, "training": launch.training,
+               "thresholds": args.thresholds, "compare_to_served": args.compare_to_served,
+               "serving_base": _serving_base(args.serving_base) if args.compare_to_served else None,
+               "model_name": args.model_name, "comparison_metric": args.comparison_metric}
+    try:
+        result = requests.evaluate(request)
+    except (ValueError, serving.EvaluationError) as e:
+        print(f"airflow-tf evaluate: refused: {e}", file=sys.stderr)
+        return 2
+    print("model " + ("BLESSED" if result["blessed"] else f"NOT blessed: {result['reasons']}"), file=sys.stderr)
+    _print_json(result)
+    return 0
+
+
+NOT_EXPORTED = 3
+"""Exit status of ``airflow-tf export`` when an unblessed model is skipped (``--on-unblessed skip``)."""
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export", help="export a run's evaluated checkpoint as the next SavedModel version",
+        description="Export the evaluated checkpoint of a run as <serving-base>/<model-name>/<version>/ "
+        "(a SavedModel TensorFlow Serving loads), atomically, after checking its predictions, as the "
+        "ExportSavedModelOperator does; print the export result as JSON. Only a blessed model is exported: "
+        f"an unblessed one exits {NOT_EXPORTED} (--on-unblessed skip, the default) or 1 (fail), unless --force. "
+        "Exit status 2 when the options or the model are refused.",
+    )
+    _add_run_dir(p)
+    p.add_argument("--model-name", required=True, help="the served model's name, the directory under --serving-base")
+    p.add_argument("--serving-base", default=None,
+                   help="TensorFlow Serving's model base path (default <storage>/models, $AIRFLOW_TF_STORAGE)")
+    p.add_argument("--metrics", type=_json_arg("--metrics"), default=None, metavar="JSON|@FILE",
+                   help="the evaluation result (the output of `airflow-tf evaluate`; default the run's metrics.json)")
+    p.add_argument("--force", action="store_true", help="export even an unblessed model")
+    p.add_argument("--on-unblessed", choices=["skip", "fail"], default="skip",
+                   help=f"an unblessed model: skip (exit {NOT_EXPORTED}) or fail (exit 1)")
+    p.set_defaults(func=_cmd_export)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from airflow_tf import serving
+    from airflow_tf.cluster.results import EvaluationResult
+    from airflow_tf.serving import requests
+
+    launch = _launch_of(args, "export")
+    metrics = None
+    if args.metrics is not None:
+        try:
+            metrics = EvaluationResult.from_dict(args.metrics).to_dict()
+        except ValueError as e:
+            raise SystemExit(f"airflow-tf export: --metrics: {e}")
+    request = {"run_dir": launch.run_dir, "dataset": launch.dataset, "training": launch.training,
+               "serving_base": _serving_base(args.serving_base), "model_name": args.model_name,
+               "metrics": metrics, "force": args.force}
+    try:
+        result = requests.export(request)
+    except serving.NotBlessedError as e:
+        print(f"airflow-tf export: not exported: {e}", file=sys.stderr)
+        return NOT_EXPORTED if args.on_unblessed == "skip" else 1
+    except (ValueError, serving.ExportError) as e:
+        print(f"airflow-tf export: refused: {e}", file=sys.stderr)
+        return 2
+    print(f"exported {result['model_name']} version {result['version']} to {result['path']}", file=sys.stderr)
+    _print_json(result)
+    return 0
 
 
 # -- render -------------------------------------------------------------------------------
@@ -271,7 +431,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_prepare, _add_run, _add_render, _add_demo)
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    _add_prepare, _add_run, _add_evaluate, _add_export, _add_render, _add_demo)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,12 +47,16 @@ def tf_training(
     timeout: float = 24 * 3600.0,
     launch_retries: int = 2,
     launch_retry_delay: timedelta = timedelta(seconds=5),
+    approval: bool = False,
+    approval_timeout: timedelta | None = None,
+    on_approval_timeout: str = "reject",
     **launch_options: Any,
 ) -> TaskGroup:
     """Creates the training of one model as a task group and returns it (wire it with ``>>``).
 
     Inside: ``launch`` -> ``wait_for_workers`` -> ``teardown`` (the launch's teardown: it
-    runs on every path) and ``wait_for_workers`` -> ``evaluate`` -> ``export``. Every task uses
+    runs on every path) and ``wait_for_workers`` -> ``evaluate`` -> ``export`` (with
+    ``approval``: ``evaluate`` -> ``approve`` -> ``export``). Every task uses
     the same backend; task ids come from the objects, so renaming nothing breaks anything.
 
     A training that fails, times out (``timeout``) or whose run is marked failed or cancelled
@@ -85,10 +89,20 @@ def tf_training(
     :param timeout: seconds the wait may last before the training counts as failed.
     :param launch_retries: retries of the launch (each re-attaches to the group).
     :param launch_retry_delay: delay before a retry of the launch.
+    :param approval: a person approves the export first (``approve`` between evaluation and
+        export, an :class:`~airflow_tf.operators.approval.ApproveExportOperator`; Airflow 3.1 or
+        later): approve exports, reject ends the run without a new version. Needs ``model_name``.
+    :param approval_timeout: how long the approval waits; None: until someone answers.
+    :param on_approval_timeout: no answer in time means ``reject`` (default), ``approve`` or ``fail``.
     :param launch_options: the options of :class:`~airflow_tf.operators.LaunchTFClusterOperator`
         (``model``, ``steps``, ``learning_rate``, ``ps``, ``workers``, ``sync``, ...).
     """
     backend_options = dict(backend_options or {})
+    approve_class = None
+    if approval:
+        if model_name is None:
+            raise ValueError("approval=True needs model_name= (approval is of the export, and there is no export)")
+        from airflow_tf.operators.approval import ApproveExportOperator as approve_class
     wait_options: dict[str, Any] = {"poke_interval": poke_interval, "timeout": timeout}
     if deferrable is not None:
         wait_options["deferrable"] = deferrable
@@ -129,7 +143,13 @@ def tf_training(
             export = ExportSavedModelOperator(task_id="export", launch=export_launch, metrics=export_metrics,
                                               model_name=model_name, serving_base=serving_base,
                                               on_unblessed=on_unblessed)
-            evaluate >> export
+            if approve_class is not None:
+                approve = approve_class(task_id="approve", evaluation=export_metrics, model_name=model_name,
+                                        candidates=evaluate.output if expand else None,
+                                        response_timeout=approval_timeout, on_timeout=on_approval_timeout)
+                evaluate >> approve >> export
+            else:
+                evaluate >> export
     return group
 
 

@@ -22,6 +22,11 @@ class GroupRef:
     options: dict[str, Any] = field(default_factory=dict)
     """Backend settings needed to reconnect (state dir; connection id, config file, ...)."""
     success_policy: str = "AllWorkers"
+    uid: str | None = None
+    """What tells this group from another of the same name, made when it was created: the root
+    Job's uid on Kubernetes, the group's id on the local backend (None from an older launch)."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """The labels the launch stamped on the group (the Airflow dag, run, task and map index)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

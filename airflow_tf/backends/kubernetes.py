@@ -176,14 +176,16 @@ class KubernetesBackend:
     def namespace(self) -> str:
         return self._namespace or self.hook.get_namespace() or "default"
 
-    def _ref(self, group: str, success_policy: str, task_template: dict | None = None) -> GroupRef:
+    def _ref(self, group: str, success_policy: str, task_template: dict | None = None,
+             root: dict | None = None) -> GroupRef:
         options = {**self._hook_args(), "cluster_domain": self.cluster_domain, "network_policy": self.network_policy,
                    "ttl_seconds_after_finished": self.ttl_seconds_after_finished,
                    "ps_max_lifetime_seconds": self.ps_max_lifetime_seconds,
                    "progress_interval": self.progress_interval, "poll_interval": self.poll_interval,
                    "task_template": task_template}
         return GroupRef(backend=self.name, name=group, namespace=self.namespace, options=options,
-                        success_policy=success_policy)
+                        success_policy=success_policy, uid=None if root is None else root["metadata"].get("uid"),
+                        labels={} if root is None else _airflow_labels(root))
 
     def _ns(self, ref: GroupRef) -> str:
         return ref.namespace or self.namespace
@@ -300,7 +302,8 @@ class KubernetesBackend:
             log.info("launched training group %s in namespace %s: created %s", spec.name, namespace, ", ".join(created))
         else:
             log.info("training group %s already exists in namespace %s; re-attached", spec.name, namespace)
-        return self._ref(spec.name, spec.success_policy, task_template=root_body["spec"]["template"])
+        return self._ref(spec.name, spec.success_policy, task_template=root_body["spec"]["template"],
+                         root=root)
 
     def hand_over(self, ref: GroupRef) -> None:
         """Nothing to untie: the group's lifetime is bounded by Kubernetes itself (the root
@@ -312,7 +315,8 @@ class KubernetesBackend:
         if not roots:
             return None
         policy = roots[0]["metadata"]["annotations"].get(SUCCESS_POLICY, "AllWorkers")
-        return self._ref(name, policy, task_template=(roots[0].get("spec") or {}).get("template"))
+        return self._ref(name, policy, task_template=(roots[0].get("spec") or {}).get("template"),
+                         root=roots[0])
 
     def _group_jobs(self, namespace: str, group: str) -> list[dict]:
         # One-off Jobs (evaluation, export) carry the group label too; they are not tasks.
@@ -646,3 +650,8 @@ def _explain(action: str, status: int | None, reason: str | None, body: Any) -> 
         422: "the API server refused the manifest; run `airflow-tf render` with the same options to inspect it",
     }.get(status or 0, "")
     return f"{action}: HTTP {status} {message}" + (f" ({hint})" if hint else "")
+
+
+def _airflow_labels(obj: dict) -> dict[str, str]:
+    """The launch's own labels of an object (the Airflow ids), without the backend's."""
+    return {k: v for k, v in (obj["metadata"].get("labels") or {}).items() if k.startswith("airflow.")}

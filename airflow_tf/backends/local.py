@@ -291,16 +291,17 @@ class LocalBackend:
             raise BackendError(f"{name!r} is not a training group name")
         return GroupDir(self.state_dir / name)
 
-    def _ref(self, name: str, success_policy: str) -> GroupRef:
+    def _ref(self, name: str, saved: dict[str, Any]) -> GroupRef:
         return GroupRef(backend=self.name, name=name, options={"state_dir": str(self.state_dir)},
-                        success_policy=success_policy)
+                        success_policy=saved["spec"].get("success_policy", "AllWorkers"),
+                        uid=saved.get("group_id"), labels=dict(saved["spec"].get("labels") or {}))
 
     def find(self, name: str) -> GroupRef | None:
         group = self._dir(name)
         saved = read_json(group.spec, missing_ok=True)
         if saved is None:
             return None
-        return self._ref(name, saved["spec"].get("success_policy", "AllWorkers"))
+        return self._ref(name, saved)
 
     # -- launch -----------------------------------------------------------------------------
     def launch(self, spec: GroupSpec, owner_pid: int | None = None) -> GroupRef:
@@ -316,7 +317,7 @@ class LocalBackend:
         group = self._dir(spec.name)
         saved = read_json(group.spec, missing_ok=True)
         if saved is not None and self._is_live(group, saved):
-            return self._ref(spec.name, saved["spec"].get("success_policy", "AllWorkers"))
+            return self._ref(spec.name, saved)
         _check_inputs(spec)
         with self._admission():
             check_capacity(spec, self._promised_memory_mb())
@@ -335,8 +336,11 @@ class LocalBackend:
             previous = self._retire(group, staging) if saved is not None else 0
             attempt, logs_dir = _reserve_attempt(spec, previous + 1)
             write_group_file(staging / "owner.json", owner)
-            write_group_file(staging / "spec.json", {"spec": spec.to_dict(), "launched_at": time.time(),
-                                                     "attempt": attempt, "logs_dir": logs_dir})
+            # group_id: this attempt's identity, so a launcher can tell its own group from a
+            # same-named one created by someone else (or by an earlier attempt).
+            launched = {"spec": spec.to_dict(), "launched_at": time.time(), "attempt": attempt,
+                        "logs_dir": logs_dir, "group_id": uuid.uuid4().hex}
+            write_group_file(staging / "spec.json", launched)
             try:
                 os.rename(staging, group.path)
             except OSError as err:
@@ -344,12 +348,13 @@ class LocalBackend:
                     # Another launcher won the race: attach to its group.
                     if logs_dir:
                         os.rmdir(logs_dir)
-                    return self._ref(spec.name, spec.success_policy)
+                    winner = read_json(group.spec, missing_ok=True)
+                    return self._ref(spec.name, winner or {"spec": spec.to_dict()})
                 raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         self._start_supervisor(group, spec)
-        return self._ref(spec.name, spec.success_policy)
+        return self._ref(spec.name, launched)
 
     @contextmanager
     def _admission(self) -> Iterator[None]:

@@ -3,9 +3,14 @@ task runs, and which errors are worth a retry."""
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+import airflow
+import airflow.sdk
 from airflow.sdk import Asset
 from airflow.providers.common.compat.sdk import AirflowFailException
 
@@ -22,6 +27,53 @@ def model_asset(model_name: str) -> Asset:
     """The asset an export task updates with each model version it publishes (extra: version,
     path, metrics). Schedule a deployment DAG on it."""
     return Asset(name=f"airflow_tf.model.{model_name}", group="tensorflow")
+
+
+class AirflowTFDeprecationWarning(DeprecationWarning):
+    """A parameter or name of airflow-tf that still works but goes away in the next minor release."""
+
+
+def deprecated(what: str, replacement: str) -> None:
+    """Warns that ``what`` is deprecated, naming its replacement (CHANGELOG.md says when it goes
+    away). The warning points at the user's line: the first caller outside airflow-tf and Airflow
+    (an operator's ``__init__`` runs under Airflow's own wrappers)."""
+    ours = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(airflow.sdk.__file__),
+            os.path.dirname(airflow.__file__))
+    frame, stacklevel = sys._getframe(1), 2
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(ours):
+        frame, stacklevel = frame.f_back, stacklevel + 1
+    warnings.warn(f"{what} is deprecated and will be removed in airflow-tf 0.3.0: use {replacement}",
+                  AirflowTFDeprecationWarning, stacklevel=stacklevel)
+
+
+class AirflowFeatureUnavailable(RuntimeError):
+    """An option needs a newer Airflow than the one running (raised when the DAG asks for it)."""
+
+
+def airflow_version() -> str:
+    return getattr(airflow, "__version__", "unknown")
+
+
+def needs_airflow(feature: str, version: str, module: str) -> Any:
+    """``module`` imported for ``feature``; an Airflow without it refuses clearly, naming the
+    Airflow version that has it (users who do not ask for the feature never import it)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except Exception as exc:  # ImportError, or the provider's "needs Airflow 3.x" refusal
+        raise AirflowFeatureUnavailable(
+            f"{feature} needs Airflow {version} or later ({module}); this is Airflow {airflow_version()}: "
+            f"upgrade Airflow and apache-airflow-providers-standard, or leave {feature} off ({exc})"
+        ) from None
+
+
+def launch_labels(dag_id: str, task_id: str, run_id: str, map_index: int) -> dict[str, str]:
+    """The labels a launch stamps on its group, naming the task instance that launched it."""
+    from airflow_tf.cluster import label_value
+
+    return {"airflow.dag_id": label_value(dag_id), "airflow.task_id": label_value(task_id),
+            "airflow.run_id": label_value(run_id), "airflow.map_index": str(map_index)}
 
 
 def is_template(value: Any) -> bool:

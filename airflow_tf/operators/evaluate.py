@@ -81,29 +81,28 @@ class EvaluateModelOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_tf import serving
+        from airflow_tf.serving import requests
 
         launch = _launch_result(self.launch)
-        remote = _on_cluster(launch, "evaluate", {
+        options = {
             "thresholds": self.thresholds, "compare_to_served": self.compare_to_served,
             "serving_base": _serving_base(self.serving_base) if self.compare_to_served else None,
-            "model_name": self.model_name, "comparison_metric": self.comparison_metric})
+            "model_name": self.model_name, "comparison_metric": self.comparison_metric}
+        remote = _on_cluster(launch, "evaluate", options)
         if remote is not None:
             result = EvaluationResult.from_dict(remote)
             self.log.info("evaluation of %s on the cluster: %s; model %s", launch.run_dir, result.metrics,
                           "BLESSED" if result.blessed else f"NOT blessed: {result.reasons}")
             return result.to_dict()
-        config = launch.training_config()
-        baseline = None
-        with no_retry_for(ValueError, serving.EvaluationError, what="evaluation refused"):
-            if self.compare_to_served:
-                if not self.model_name:
-                    raise ValueError("compare_to_served=True needs model_name= (the served model to compare with)")
-                baseline = serving.served_baseline(_serving_base(self.serving_base), self.model_name, launch.dataset,
-                                                   config, metric=self.comparison_metric)
-                self.log.info("served model: %s",
-                              baseline or "none yet (the first export is compared with thresholds only)")
-            result = EvaluationResult.from_dict(serving.evaluate_checkpoint(
-                launch.run_dir, launch.dataset, config, thresholds=self.thresholds, baseline=baseline))
+        request = {"run_dir": launch.run_dir, "dataset": launch.dataset, "training": launch.training, **options}
+        with no_retry_for(ValueError, serving.EvaluationError, serving.BlessingConfigError,
+                          what="evaluation refused"):
+            if self.compare_to_served and not self.model_name:
+                raise ValueError("compare_to_served=True needs model_name= (the served model to compare with)")
+            result = EvaluationResult.from_dict(requests.evaluate(request))
+        if self.compare_to_served:
+            self.log.info("served model: %s", result.baseline or
+                          "none yet (the first export is compared with thresholds only)")
         self.log.info("evaluation of %s: %s", launch.run_dir, result.metrics)
         self.log.info("model %s", "BLESSED" if result.blessed else f"NOT blessed: {result.reasons}")
         return result.to_dict()
@@ -149,6 +148,7 @@ class ExportSavedModelOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_tf import serving
+        from airflow_tf.serving import requests
 
         launch = _launch_result(self.launch)
         with no_retry_for(ValueError, what="metrics"):
@@ -160,13 +160,12 @@ class ExportSavedModelOperator(BaseOperator):
             if self.on_unblessed == "skip":
                 raise AirflowSkipException(message)
             raise AirflowFailException(message)
-        remote = _on_cluster(launch, "export", {
-            "serving_base": _serving_base(self.serving_base), "model_name": self.model_name,
-            "metrics": None if metrics is None else metrics.to_dict(), "force": self.force})
+        options = {"serving_base": _serving_base(self.serving_base), "model_name": self.model_name,
+                   "metrics": None if metrics is None else metrics.to_dict(), "force": self.force}
+        remote = _on_cluster(launch, "export", options)
         with no_retry_for(ValueError, serving.NotBlessedError, what="export refused"):
-            result = ExportResult.from_dict(remote if remote is not None else serving.export_saved_model(
-                launch.run_dir, launch.dataset, launch.training_config(), _serving_base(self.serving_base),
-                self.model_name, metrics=None if metrics is None else metrics.to_dict(), force=self.force))
+            result = ExportResult.from_dict(remote if remote is not None else requests.export(
+                {"run_dir": launch.run_dir, "dataset": launch.dataset, "training": launch.training, **options}))
         self.log.info("exported %s version %s to %s", self.model_name, result.version, result.path)
         asset = model_asset(self.model_name)
         if any(getattr(outlet, "name", None) == asset.name for outlet in self.outlets):

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator
 
 from airflow_tf.backends import BackendError, GroupRef, backend_for, get_backend
-from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name, label_value
+from airflow_tf.backends.ownership import NotOurGroupError, check_ours, intent, record_of
+from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name
 from airflow_tf.cluster.results import LaunchResult
 from airflow_tf.cluster.model_code import snapshot_model_code
 from airflow_tf.cluster.training import DEFAULT_MIN_SHARD_BYTES, dataset_uri_of
 from airflow_tf.plugins.links import TensorBoardLink
 from airflow_tf.storage import runs_dir
 
-from .common import no_retry_for, resolved_backend_options
+from .common import deprecated, launch_labels, no_retry_for, resolved_backend_options
 
 # Every TrainingConfig option a DAG author sets is an explicit parameter of the operator, so
 # Airflow's .partial()/.expand() validation sees it; dataset, run_dir and sync are group-level
@@ -58,6 +60,12 @@ class LaunchTFClusterOperator(BaseOperator):
     task finds the group it already launched and re-attaches instead of starting another, and
     each mapped instance (``.partial(...).expand(learning_rate=[...])``) trains its own group
     in its own run directory.
+
+    On Airflow 3.3 and later the launch also records what it created (the group's name and
+    uid: the root Job's uid on Kubernetes, the group's id on the local backend) in the task
+    state store, and a retry re-attaches only to that group: a group of the same name that
+    this task did not create fails the launch, naming it, instead of being taken as its own.
+    Before 3.3 a retry re-attaches by name alone.
 
     Every parameter is templated; every one works in ``.partial()`` and ``.expand()``.
 
@@ -110,6 +118,8 @@ class LaunchTFClusterOperator(BaseOperator):
     :param success_policy: ``AllWorkers`` (default) or ``ChiefOrWorker0``.
     :param port: the gRPC port of each task (kubernetes; local tasks get free ports).
     :param group_name: a fixed group name instead of the derived one.
+    :param training: deprecated since 0.2.0, removed in 0.3.0: a dict of the training options
+        above (``{"steps": 300, "learning_rate": 0.1}``); pass each as its own parameter.
     """
 
     template_fields: Sequence[str] = (
@@ -135,7 +145,8 @@ class LaunchTFClusterOperator(BaseOperator):
                  backend: str = "local", backend_options: dict[str, Any] | None = None, image: str | None = None,
                  role_options: dict[str, dict[str, Any]] | None = None, backoff_limit: int = 3,
                  active_deadline_seconds: float | None = None, success_policy: str = "AllWorkers",
-                 port: int = 2222, group_name: str | None = None, **kwargs: Any) -> None:
+                 port: int = 2222, group_name: str | None = None, training: dict[str, Any] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.dataset = dataset
         self.model = model
@@ -171,6 +182,26 @@ class LaunchTFClusterOperator(BaseOperator):
         self.success_policy = success_policy
         self.port = port
         self.group_name = group_name
+        if training is not None:
+            self._set_deprecated_training(training)
+
+    def _set_deprecated_training(self, training: Any) -> None:
+        """The first release's ``training={...}``: each key becomes its own (templated) parameter."""
+        deprecated("LaunchTFClusterOperator(training={...})",
+                   "one parameter per option, e.g. LaunchTFClusterOperator(steps=300, learning_rate=0.1)")
+        if not isinstance(training, dict):
+            raise TypeError(f"training: expected a dict of training options, got {training!r}")
+        unknown = sorted(set(training) - set(TRAINING_OPTIONS))
+        if unknown:
+            raise ValueError(f"training: unknown option(s) {', '.join(unknown)}; the options are "
+                             f"{', '.join(TRAINING_OPTIONS)}")
+        defaults = inspect.signature(LaunchTFClusterOperator.__init__).parameters
+        for name, value in training.items():
+            current = getattr(self, name)
+            if current != defaults[name].default and current not in ({}, value):
+                raise ValueError(f"training: {name} is given twice ({name}={current!r} and training[{name!r}]="
+                                 f"{value!r}); pass it once, as {name}=")
+            setattr(self, name, value)
 
     def training_options(self) -> dict[str, Any]:
         """The TrainingConfig options as set (rendered) on this task; '' and 'None' from a
@@ -192,13 +223,8 @@ class LaunchTFClusterOperator(BaseOperator):
         config = TrainingConfig(dataset=dataset_uri_of(self.dataset), run_dir=run_dir,
                                 sync=_flag(self.sync, "sync"), **self.training_options())
         config = self._with_model_code(config)
-        labels = {
-            "airflow.dag_id": label_value(ti.dag_id),
-            "airflow.task_id": label_value(ti.task_id),
-            "airflow.run_id": label_value(ti.run_id),
-            "airflow.map_index": str(map_index),
-            "airflow.try_number": str(ti.try_number),
-        }
+        labels = {**launch_labels(ti.dag_id, ti.task_id, ti.run_id, map_index),
+                  "airflow.try_number": str(ti.try_number)}
         return GroupSpec.for_training(
             name, config, ps=_whole(self.ps, "ps", 1), workers=_whole(self.workers, "workers", 1),
             chief=_whole(self.chief, "chief", 0), image=self.image, role_options=self.role_options,
@@ -224,14 +250,26 @@ class LaunchTFClusterOperator(BaseOperator):
             spec = self.build_spec(context)
         backend = get_backend(self.backend, **resolved_backend_options(self.backend, self.backend_options))
         existing = backend.find(spec.name)
+        store = context.get("task_state_store")  # Airflow 3.3+: kept across the retries of this task
+        if store is None:
+            # Older Airflow: a retry re-attaches to the group of its (deterministic) name.
+            self.log.info("no task state store (Airflow before 3.3): a retry re-attaches to group %s by name alone",
+                          spec.name)
+        else:
+            who = f"this launch ({_launch_identity(context['ti'])})"
+            with no_retry_for(NotOurGroupError, what="launch refused"):
+                if not check_ours(spec.name, store.get(GROUP_RECORD_KEY), existing, who):
+                    store.set(GROUP_RECORD_KEY, intent(spec.name))  # before creating: see backends/ownership.py
         # launch() is idempotent: on a retry it re-attaches, creating only what an interrupted
         # first try left missing.
         ref = backend.launch(spec)
         self._launched = ref
+        if store is not None:
+            store.set(GROUP_RECORD_KEY, record_of(ref))
         if existing is not None:
-            self.log.info("re-attaching to training group %s launched by an earlier try", spec.name)
+            self.log.info("re-attaching to training group %s (uid %s) launched by an earlier try", spec.name, ref.uid)
         else:
-            self.log.info("launched training group %s on %s: %s", spec.name, self.backend,
+            self.log.info("launched training group %s (uid %s) on %s: %s", spec.name, ref.uid, self.backend,
                           ", ".join(f"{spec.replicas(r)} {r}" for r in spec.roles if spec.replicas(r)))
         assert spec.training is not None
         if spec.training.warm_start_from:
@@ -255,6 +293,14 @@ class LaunchTFClusterOperator(BaseOperator):
                 self.log.warning("launch killed: could not tear down group %s: %s", ref.name, exc)
                 return
             self.log.info("launch killed: tore down group %s", ref.name)
+
+
+GROUP_RECORD_KEY = "airflow_tf.training_group"
+"""The task state store's key of what this launch created: ``{"name", "uid", "backend", "namespace"}``."""
+
+
+def _launch_identity(ti: Any) -> str:
+    return f"dag {ti.dag_id}, run {ti.run_id}, task {ti.task_id}, map index {_map_index(ti)}"
 
 
 def _map_index(ti: Any) -> int:

@@ -10,9 +10,9 @@ from airflow.sdk.definitions.xcom_arg import XComArg
 from airflow.providers.common.compat.sdk import AirflowFailException
 
 from airflow_tf.backends import GroupRef, backend_for, get_backend
-from airflow_tf.cluster import evaluate, group_name
+from airflow_tf.cluster import evaluate, group_name, label_value
 
-from .common import resolved_backend_options
+from .common import deprecated, launch_labels, resolved_backend_options
 
 
 ON_FINISH_ACTIONS = ("delete_pod", "delete_succeeded_pod", "keep_pod")
@@ -62,6 +62,8 @@ class TeardownTFClusterOperator(BaseOperator):
         failed group's trainers for inspection) or ``keep_pod``; the logs are copied first
         in every case, and the parameter servers are always deleted.
     :param log_tail_lines: lines of each task's log copied into this task's log.
+    :param launch_task_id: deprecated since 0.2.0, removed in 0.3.0: pass ``launch=<the launch
+        operator>`` (or only ``group=launch.output``) instead of its task id.
     """
 
     template_fields: Sequence[str] = ("group", "roles", "backend_options")
@@ -69,10 +71,15 @@ class TeardownTFClusterOperator(BaseOperator):
 
     def __init__(self, *, group: Any = None, launch: Any = None, wait: Any = None, roles: list[str] | None = None,
                  backend: str | None = None, backend_options: dict[str, Any] | None = None,
-                 log_tail_lines: int = 200, on_finish_action: str = "delete_pod", **kwargs: Any) -> None:
+                 log_tail_lines: int = 200, on_finish_action: str = "delete_pod", launch_task_id: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if on_finish_action not in ON_FINISH_ACTIONS:
             raise ValueError(f"on_finish_action: {on_finish_action!r} is not one of {', '.join(ON_FINISH_ACTIONS)}")
+        if launch_task_id is not None:
+            deprecated("TeardownTFClusterOperator(launch_task_id=...)",
+                       "launch=<the launch operator>, or only group=launch.output")
+            launch = self._launch_by_id(launch_task_id, launch)
         if launch is None and isinstance(group, XComArg):
             launch = next(iter(group.iter_references()))[0]
         # A group whose launch did not return is found where the launch put it.
@@ -81,13 +88,25 @@ class TeardownTFClusterOperator(BaseOperator):
             backend_options = _launch_setting(launch, "backend_options")
         self.on_finish_action = on_finish_action
         self.group = group
-        self.launch_task_id = _task_id(launch, "launch")
+        self.launch_task_id = launch if isinstance(launch, str) and launch == launch_task_id else _task_id(launch, "launch")
         self.launch_is_mapped = isinstance(launch, MappedOperator)
         self.wait_task_id = _task_id(wait, "wait")
         self.roles = roles
         self.backend = backend
         self.backend_options = backend_options or {}
         self.log_tail_lines = log_tail_lines
+
+    def _launch_by_id(self, task_id: str, launch: Any) -> Any:
+        """The launch operator named by the deprecated ``launch_task_id``: the task of this DAG
+        when it is already defined (so a mapped launch and its backend are known), else the id."""
+        if not isinstance(task_id, str) or not task_id:
+            raise TypeError(f"launch_task_id: expected the launch's task id, got {task_id!r}")
+        dag = getattr(self, "dag", None)
+        task = dag.task_dict.get(task_id) if dag is not None else None
+        if launch is not None and _task_id(launch, "launch") != task_id:
+            raise ValueError(f"launch_task_id={task_id!r} names another task than launch "
+                             f"({_task_id(launch, 'launch')!r}); pass only launch=")
+        return launch if launch is not None else (task if task is not None else task_id)
 
     def _given_refs(self) -> list[GroupRef]:
         value = self.group
@@ -109,6 +128,13 @@ class TeardownTFClusterOperator(BaseOperator):
             for index in indexes:
                 name = group_name(ti.dag_id, self.launch_task_id, ti.run_id, index)
                 if name not in refs and (found := backend.find(name)) is not None:
+                    expected = launch_labels(ti.dag_id, self.launch_task_id, ti.run_id, index)
+                    # A Kubernetes label holds the value made a valid label value ("-1" is not one).
+                    if any(found.labels.get(key) not in (value, label_value(value)) for key, value in expected.items()):
+                        # Same name, someone else's group (another run or deployment): not ours to delete.
+                        self.log.warning("group %s (uid %s) has this launch's name but was not launched by it "
+                                         "(its labels: %s); leaving it alone", name, found.uid, found.labels)
+                        continue
                     refs[name] = found
         return list(refs.values())
 

@@ -8,12 +8,8 @@ checkpoints and the dataset from shared storage and writes there (``<run_dir>/me
 log line is the result, ``airflow-tf-result: {json}``, which the operator reads from the
 pod log, so the Airflow workers need not mount the training storage.
 
-The request (a JSON object, or ``@path`` of a file holding one):
-
-- evaluate: ``run_dir``, ``dataset``, ``training`` (the TrainingConfig dict), and optionally
-  ``thresholds``, ``compare_to_served`` with ``serving_base``, ``model_name``, ``comparison_metric``;
-- export: ``run_dir``, ``dataset``, ``training``, ``serving_base``, ``model_name``, and
-  optionally ``metrics`` (the evaluation result) and ``force``.
+The request (a JSON object, or ``@path`` of a file holding one) is described in
+:mod:`airflow_tf.serving.requests`.
 
 Exit status 0 with the result; 2 when the request or the model is refused (a retry would
 fail again), with the reason on stderr.
@@ -27,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .requests import COMMANDS, check_request
+
 RESULT_MARKER = "airflow-tf-result: "
 REFUSED = 2
 
@@ -38,36 +36,10 @@ def _request(text: str) -> dict[str, Any]:
         raise ValueError(f"--request: cannot read {text[1:]}: {e.strerror}") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"--request: not JSON ({e})") from None
-    missing = [key for key in ("run_dir", "dataset", "training") if not isinstance(data, dict) or key not in data]
-    if missing:
-        raise ValueError(f"--request: missing {', '.join(missing)} (a JSON object with run_dir, dataset, training)")
-    return data
-
-
-def evaluate(request: dict[str, Any]) -> dict[str, Any]:
-    from airflow_tf import serving
-
-    baseline = None
-    if request.get("compare_to_served"):
-        if not request.get("model_name") or not request.get("serving_base"):
-            raise ValueError("compare_to_served needs model_name and serving_base")
-        baseline = serving.served_baseline(request["serving_base"], request["model_name"], request["dataset"],
-                                           request["training"], metric=request.get("comparison_metric"))
-    return serving.evaluate_checkpoint(request["run_dir"], request["dataset"], request["training"],
-                                       thresholds=request.get("thresholds"), baseline=baseline)
-
-
-def export(request: dict[str, Any]) -> dict[str, Any]:
-    from airflow_tf import serving
-
-    if not request.get("model_name") or not request.get("serving_base"):
-        raise ValueError("export needs model_name and serving_base")
-    return serving.export_saved_model(request["run_dir"], request["dataset"], request["training"],
-                                      request["serving_base"], request["model_name"],
-                                      metrics=request.get("metrics"), force=bool(request.get("force")))
-
-
-COMMANDS = {"evaluate": evaluate, "export": export}
+    try:
+        return check_request(data)
+    except ValueError as e:
+        raise ValueError(f"--request: {e}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

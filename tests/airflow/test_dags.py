@@ -128,7 +128,11 @@ def test_retried_launch_reattaches_to_the_same_group(airflow_home, tmp_path, gro
     result = airflow_home.run("tf_test_launch_retry", tmp_path)
     assert run_state(result.stdout) == "success", result.stdout[-4000:]
     assert result.stdout.count("launched training group") == 1
-    assert "re-attaching to training group" in result.stdout
+    # Airflow 3.3's task state store: the first try recorded the group's uid, the retry found that very group.
+    launched = re.search(r"launched training group (\S+) \(uid ([0-9a-f]{32})\)", result.stdout)
+    reattached = re.search(r"re-attaching to training group (\S+) \(uid ([0-9a-f]{32})\)", result.stdout)
+    assert launched and reattached, result.stdout[-4000:]
+    assert reattached.groups() == launched.groups()
     assert not group_processes(tmp_path / "groups"), "no process of the group is left"
 
 
@@ -198,3 +202,36 @@ def test_a_mapped_sweep_trains_one_group_per_learning_rate_and_exports_the_best(
     assert metadata["run_dir"] == best["run_dir"], (metadata["run_dir"], evaluations)
     assert metadata["training_config"]["learning_rate"] in (0.002, 0.02)
     assert not group_processes(tmp_path / "groups"), "no process of the group is left"
+
+
+def test_a_dag_written_against_the_first_release_still_runs(airflow_home, tmp_path, group_processes):
+    """training={...} and TeardownTFClusterOperator(launch_task_id=...) (0.1.0), deprecated."""
+    result = airflow_home.run("tf_test_first_release_api", tmp_path)
+    assert run_state(result.stdout) == "success", result.stdout[-4000:]
+    assert re.search(r"tore down [1-9]\d* task\(s\) of group ", result.stdout), \
+        "the teardown found the group from the launch's task id alone"
+    assert (tmp_path / "storage" / "models" / "first_release" / "1" / "saved_model.pb").exists()
+    assert not group_processes(tmp_path / "groups"), "no process of the group is left"
+
+
+def test_a_same_named_group_the_launch_did_not_create_is_refused_and_left_alone(airflow_home, tmp_path,
+                                                                                group_processes):
+    from airflow_tf.backends.local import LocalBackend
+
+    result = airflow_home.run("tf_test_foreign_group", tmp_path)
+    assert run_state(result.stdout) == "failed", result.stdout[-4000:]
+    states = task_states(airflow_home, "tf_test_foreign_group", result.stdout)
+    assert states["launch"] == "failed" and states["wait_for_workers"] == "upstream_failed", states
+    assert re.search(r"launch refused: training group (\S+) \(local backend, uid [0-9a-f]{32}\) already exists, "
+                     r"but this launch \(dag tf_test_foreign_group, run \S+, task launch, map index -1\) did not "
+                     "create it", result.stdout), result.stdout[-4000:]
+    assert result.stdout.count("launch refused: training group") == 1, "refused at once, not retried"
+    assert "launched training group" not in result.stdout
+    # Someone else's group still runs: nothing of this run touched it. Stop it here.
+    backend = LocalBackend(tmp_path / "groups")
+    [name] = [p.name for p in (tmp_path / "groups").iterdir() if not p.name.startswith(".")]
+    ref = backend.find(name)
+    assert ref is not None and ref.labels["airflow.dag_id"] == "another_deployment"
+    assert backend.status(ref).exists
+    backend.teardown(ref)
+    assert not group_processes(tmp_path / "groups")

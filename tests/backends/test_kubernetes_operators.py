@@ -21,6 +21,7 @@ from test_kubernetes import NS, emulator, kubeconfig, make_spec, pod, tasks_of  
 from airflow_tf.backends import get_backend
 from airflow_tf.backends.kubernetes_manifests import GROUP_LABEL
 from airflow_tf.cluster import group_name
+from airflow_tf.operators.common import launch_labels
 from airflow_tf.serving.__main__ import RESULT_MARKER, main as serving_main, result_of
 
 
@@ -51,15 +52,28 @@ def test_teardown_of_a_launch_that_died_before_returning_removes_its_group(emula
     dag, teardown = _dag_with_launch(kubeconfig)
     assert teardown.backend == "kubernetes", "the launch's backend, never a fallback to the local one"
     run_id = "manual__2026-11-22T00:00:00+00:00"
-    # The launch created the group, then its process was killed: no XCom was ever pushed.
+    # The launch created the group (with its labels), then its process was killed: no XCom was ever pushed.
     name = group_name("train_k8s", "launch", run_id, -1)
-    get_backend("kubernetes", **_options(kubeconfig)).launch(make_spec(name=name))
+    labels = launch_labels("train_k8s", "launch", run_id, -1)
+    get_backend("kubernetes", **_options(kubeconfig)).launch(make_spec(name=name, labels=labels))
     assert len(emulator.objects("pods", NS)) == 3
 
     deleted = teardown.execute({"ti": _TaskInstance(dag_id="train_k8s", run_id=run_id)})
     assert deleted[0] == f"job/{name}-worker"
     for kind in ("jobs", "pods", "services"):
         assert emulator.objects(kind, NS, f"{GROUP_LABEL}={name}") == []
+
+
+def test_teardown_leaves_alone_a_same_named_group_its_launch_did_not_start(emulator, kubeconfig):
+    dag, teardown = _dag_with_launch(kubeconfig)
+    run_id = "manual__2026-11-22T00:00:00+00:00"
+    name = group_name("train_k8s", "launch", run_id, -1)
+    # Someone else's group under the name this launch would have used (another run's labels).
+    other = launch_labels("train_k8s", "launch", "manual__another", -1)
+    get_backend("kubernetes", **_options(kubeconfig)).launch(make_spec(name=name, labels=other))
+
+    assert teardown.execute({"ti": _TaskInstance(dag_id="train_k8s", run_id=run_id)}) == []
+    assert len(emulator.objects("pods", NS, f"{GROUP_LABEL}={name}")) == 3, "not ours: not deleted"
 
 
 @pytest.mark.parametrize("action, succeeded, kept", [

@@ -1,0 +1,95 @@
+"""``airflow-tf prepare -> run -> evaluate -> export`` in a temporary directory, without
+Airflow: each command is a real process that cannot import Airflow (imports of ``airflow`` are
+refused), trains a real local group and publishes a SavedModel that answers like TF Serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_tf.cli import NOT_EXPORTED
+from airflow_tf.data.samples import write_linear_regression_csv
+from airflow_tf.demo import predict
+
+pytestmark = pytest.mark.slow
+
+# The command line as a user without Airflow has it: any import of airflow fails.
+WITHOUT_AIRFLOW = """
+import sys
+class NoAirflow:
+    def find_spec(self, name, path=None, target=None):
+        if name == "airflow" or name.startswith("airflow."):
+            raise ImportError(f"{name}: Airflow is not installed here")
+sys.meta_path.insert(0, NoAirflow())
+from airflow_tf.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def airflow_tf(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {"PATH": os.environ["PATH"], "HOME": str(workdir), "AIRFLOW_TF_STATE_DIR": str(workdir / "groups"),
+           "AIRFLOW_TF_STORAGE": str(workdir / "storage")}
+    return subprocess.run([sys.executable, "-c", WITHOUT_AIRFLOW, *args], cwd=workdir, env=env, text=True,
+                          capture_output=True, timeout=600)
+
+
+def ok(done: subprocess.CompletedProcess) -> dict:
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_prepare_run_evaluate_export_without_airflow(tmp_path, group_processes):
+    write_linear_regression_csv(tmp_path / "linear.csv", rows=3000, seed=2)
+    prepared = ok(airflow_tf(tmp_path, "prepare", "--input", "linear.csv", "--output", "datasets", "--name", "linear",
+                             "--label", "y", "--shards", "2", "--quiet"))
+    run = ok(airflow_tf(tmp_path, "run", "--dataset", prepared["dataset_uri"], "--run-dir", "runs/first",
+                        "--ps", "1", "--workers", "2", "--steps", "800", "--learning-rate", "0.05"))
+    assert run["succeeded"], run
+    run_dir = tmp_path / "runs" / "first"
+    assert json.loads((run_dir / "launch.json").read_text())["training"]["steps"] == 800
+
+    # Evaluate, as EvaluateModelOperator: metrics.json and the curve in the run dir, the result on stdout.
+    evaluated = airflow_tf(tmp_path, "evaluate", "--run-dir", "runs/first", "--thresholds", '{"mse": {"max": 1.0}}')
+    evaluation = ok(evaluated)
+    assert evaluation["blessed"] and evaluation["metrics"]["mse"] < 1.0, evaluation
+    assert "model BLESSED" in evaluated.stderr
+    assert json.loads((run_dir / "metrics.json").read_text())["blessed"] is True
+    (tmp_path / "evaluation.json").write_text(json.dumps(evaluation))
+
+    # Export, as ExportSavedModelOperator: version 1 under the serving base, answering like TF Serving.
+    exported = ok(airflow_tf(tmp_path, "export", "--run-dir", "runs/first", "--model-name", "linear",
+                             "--serving-base", "models", "--metrics", "@evaluation.json"))
+    assert exported["version"] == 1 and Path(exported["path"]) == tmp_path / "models" / "linear" / "1"
+    predictions = predict(exported["path"], {"x": [0.0, 1.0]})
+    assert predictions == pytest.approx([10.0, 12.0], abs=0.5), predictions
+
+    # A stricter threshold: not blessed; the export is skipped (its own exit status), no version 2.
+    strict = ok(airflow_tf(tmp_path, "evaluate", "--run-dir", "runs/first", "--thresholds", '{"mse": {"max": 1e-9}}'))
+    assert not strict["blessed"] and strict["reasons"], strict
+    skipped = airflow_tf(tmp_path, "export", "--run-dir", "runs/first", "--model-name", "linear",
+                         "--serving-base", "models")
+    assert skipped.returncode == NOT_EXPORTED, skipped.stderr
+    assert "not exported" in skipped.stderr and "not blessed" in skipped.stderr.lower()
+    failed = airflow_tf(tmp_path, "export", "--run-dir", "runs/first", "--model-name", "linear",
+                        "--serving-base", "models", "--on-unblessed", "fail")
+    assert failed.returncode == 1
+    assert sorted(os.listdir(tmp_path / "models" / "linear")) == ["1"], "no version of an unblessed model"
+
+    # Compared with the served model (version 1, the same checkpoint): at least as good, blessed.
+    compared = ok(airflow_tf(tmp_path, "evaluate", "--run-dir", "runs/first", "--compare-to-served",
+                             "--model-name", "linear", "--serving-base", "models"))
+    assert compared["blessed"] and compared["baseline"], compared
+    assert not group_processes(tmp_path / "groups"), "no process of the group is left"
+
+
+def test_evaluate_names_what_is_missing(tmp_path):
+    done = airflow_tf(tmp_path, "evaluate", "--run-dir", "nowhere")
+    assert done.returncode != 0 and "nowhere/launch.json does not exist" in done.stderr
+    assert "--launch" in done.stderr
+    done = airflow_tf(tmp_path, "evaluate", "--run-dir", "nowhere", "--thresholds", "{not json")
+    assert done.returncode == 2 and "--thresholds: not JSON" in done.stderr
