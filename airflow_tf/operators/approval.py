@@ -1,7 +1,7 @@
 """ApproveExportOperator: a person approves or rejects the export of an evaluated model through
 Airflow's human-in-the-loop approval (Airflow 3.1+, ``apache-airflow-providers-standard``).
 
-Importing this module on an older Airflow raises :class:`AirflowFeatureUnavailable` naming
+Importing this module on an older Airflow raises :class:`airflow_tf.compat.AirflowFeatureUnavailable` naming
 Airflow 3.1; nothing else of airflow-tf imports it unless approval is asked for."""
 
 from __future__ import annotations
@@ -9,14 +9,16 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, Sequence
 
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.providers.common.compat.sdk import AirflowFailException, AirflowSkipException
 
 from airflow_tf.cluster.results import EvaluationResult
 from airflow_tf.cluster.review import review_body, review_subject
 
-from .common import needs_airflow, no_retry_for
+from airflow_tf.compat import require
 
-_hitl = needs_airflow("approval (human-in-the-loop)", "3.1", "airflow.providers.standard.operators.hitl")
+from .common import no_retry_for
+
+_hitl = require("hitl", "Approval before export (approval=True)")
 
 ON_TIMEOUT = ("reject", "approve", "fail")
 

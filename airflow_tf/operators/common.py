@@ -46,28 +46,6 @@ def deprecated(what: str, replacement: str) -> None:
                   AirflowTFDeprecationWarning, stacklevel=stacklevel)
 
 
-class AirflowFeatureUnavailable(RuntimeError):
-    """An option needs a newer Airflow than the one running (raised when the DAG asks for it)."""
-
-
-def airflow_version() -> str:
-    return getattr(airflow, "__version__", "unknown")
-
-
-def needs_airflow(feature: str, version: str, module: str) -> Any:
-    """``module`` imported for ``feature``; an Airflow without it refuses clearly, naming the
-    Airflow version that has it (users who do not ask for the feature never import it)."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except Exception as exc:  # ImportError, or the provider's "needs Airflow 3.x" refusal
-        raise AirflowFeatureUnavailable(
-            f"{feature} needs Airflow {version} or later ({module}); this is Airflow {airflow_version()}: "
-            f"upgrade Airflow and apache-airflow-providers-standard, or leave {feature} off ({exc})"
-        ) from None
-
-
 def launch_labels(dag_id: str, task_id: str, run_id: str, map_index: int) -> dict[str, str]:
     """The labels a launch stamps on its group, naming the task instance that launched it."""
     from airflow_tf.cluster import label_value

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator
 
+from airflow_tf.compat import task_state_store
 from airflow_tf.backends import BackendError, GroupRef, backend_for, get_backend
 from airflow_tf.backends.ownership import NotOurGroupError, check_ours, intent, record_of
 from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name
@@ -250,7 +251,7 @@ class LaunchTFClusterOperator(BaseOperator):
             spec = self.build_spec(context)
         backend = get_backend(self.backend, **resolved_backend_options(self.backend, self.backend_options))
         existing = backend.find(spec.name)
-        store = context.get("task_state_store")  # Airflow 3.3+: kept across the retries of this task
+        store = task_state_store(context)  # Airflow 3.3+: kept across the retries of this task
         if store is None:
             # Older Airflow: a retry re-attaches to the group of its (deterministic) name.
             self.log.info("no task state store (Airflow before 3.3): a retry re-attaches to group %s by name alone",
