@@ -53,13 +53,15 @@ class PrepareTFRecordsOperator(BaseOperator):
     :param allow_nan: accept NaN/infinity in float columns.
     :param overwrite: replace the version if it exists (otherwise an existing version fails the task).
     :param workers: threads that encode in parallel; default chosen from the CPUs.
+    :param buffer_mib: memory for rows being read and encoded, in MiB (default 512): the input
+        is streamed, so it may be far larger than the worker's memory.
     :param progress_every: seconds between progress lines in the task log.
     """
 
     template_fields: Sequence[str] = (
         "input", "output_dir", "dataset_name", "version", "label_column", "eval_fraction", "seed",
         "split_key", "shards", "target_shard_mb", "compression", "schema", "allow_nan", "overwrite",
-        "string_columns",
+        "string_columns", "buffer_mib",
     )
     template_fields_renderers = {"schema": "json"}
     ui_color = "#c5e1a5"
@@ -70,7 +72,7 @@ class PrepareTFRecordsOperator(BaseOperator):
                  compression: str | None = None, schema: Any = None, string_columns: Any = None,
                  allow_nan: Any = False,
                  overwrite: Any = False, workers: int | None = None, progress_every: float = 5.0,
-                 **kwargs: Any) -> None:
+                 buffer_mib: Any = 512, **kwargs: Any) -> None:
         if not is_template(name) and "outlets" not in kwargs:
             kwargs["outlets"] = [dataset_asset(name)]
         super().__init__(**kwargs)
@@ -92,6 +94,7 @@ class PrepareTFRecordsOperator(BaseOperator):
         self.overwrite = overwrite
         self.workers = workers
         self.progress_every = progress_every
+        self.buffer_mib = buffer_mib
 
     def _log_progress(self, progress: Any) -> None:
         self.log.info("%s", progress.describe())
@@ -118,6 +121,7 @@ class PrepareTFRecordsOperator(BaseOperator):
             workers=self.workers,
             progress=self._log_progress,
             progress_every=self.progress_every,
+            buffer_mib=float(self.buffer_mib),
         )
         self.log.info(
             "Dataset %s committed: %s examples (%s), %s files, %.1f s",
