@@ -427,9 +427,11 @@ def buffer_plan(buffer_mib: float) -> tuple[int, int]:
 
 def _write_stream(inputs: Inputs, directory: Path, *, eval_fraction: float, seed: int, split_key: str | None,
                   shards: int | None, target_shard_mb: float | None, compression: str | None, workers: int,
-                  in_flight: int, report: Callable[[int, int], None]) -> tuple[dict[str, Any], int]:
+                  in_flight: int, report: Callable[[int, int], None],
+                  require_splits: bool = True) -> tuple[dict[str, Any], int]:
     """Encode and write the rows of ``inputs`` block by block into shard files under
-    ``directory``; returns the manifest's ``splits`` and the number of rows."""
+    ``directory``; returns the manifest's ``splits`` and the number of rows. Without
+    ``require_splits`` (one part of several) a split, or all, may end up empty."""
     schema = inputs.schema
     keys = {path: file_key(path, seed) for path in inputs.paths}
     state: dict[str, Any] = {"rows": 0, "expected": inputs.estimated_rows}
@@ -464,9 +466,13 @@ def _write_stream(inputs: Inputs, directory: Path, *, eval_fraction: float, seed
         finally:
             if "writer" in state:
                 state["writer"].close()
+    if "writer" not in state and not require_splits:
+        return {}, 0
     if "writer" not in state:
         raise InputDataError(f"input has no rows (only headers) in {', '.join(map(str, inputs.paths))}; add data rows")
     splits = state["writer"].finish()
+    if not require_splits:
+        return splits, written
     train = splits.get("train", {}).get("examples", 0)
     if not train:
         raise InputDataError(
