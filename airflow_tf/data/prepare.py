@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
+import logging
 import math
 import os
 import shutil
@@ -29,7 +31,7 @@ from ..cluster.names import path_component
 from ..files import strip_file_scheme, write_json
 from .encode import encode_examples, record_lengths
 from .errors import DataError, DatasetExistsError, InputDataError, SchemaError
-from .inputs import Block, Inputs, open_inputs
+from .inputs import Block, Inputs, open_inputs, resolve_inputs
 from .schema import FORMAT_VERSION, SCHEMA_FILE, SUCCESS_FILE, Schema
 
 DEFAULT_EVAL_FRACTION = 0.2
@@ -43,6 +45,9 @@ _MIN_GROUP_ROWS = 64  # rows encoded at once at least: fewer cost more in NumPy 
 _MAX_GROUPS = 64  # shards one block's rows are dealt over at most (the next block goes on from there)
 _MAX_BLOCK_BYTES = 16 << 20  # input read at once at most (also the CSV type-inference sample)
 _OPEN_FILES = 64  # shard files kept open while writing
+_HASH_CHUNK = 8 << 20
+
+log = logging.getLogger(__name__)
 _GZIP_LEVEL = 6
 _STALE_AFTER = 24 * 3600.0  # seconds after which a temporary directory is taken as abandoned
 
@@ -509,6 +514,7 @@ def prepare_dataset(
     progress: Callable[[Progress], None] | None = None,
     progress_every: float = 5.0,
     buffer_mib: float = DEFAULT_BUFFER_MIB,
+    cache: bool = False,
 ) -> dict[str, Any]:
     """Convert CSV/Parquet/.npz files into a sharded TFRecord dataset version, streaming.
 
@@ -523,7 +529,12 @@ def prepare_dataset(
     ``dataset_uri`` (the version directory), ``name``, ``version``, ``counts`` and ``shards``
     per split, ``compression``, ``schema`` (as a dict), ``rows``, ``seconds`` and
     ``rows_per_sec``. Raises a :class:`DataError` naming the file, line and column of bad
-    input; nothing is committed then."""
+    input; nothing is committed then.
+
+    With ``cache=True`` (and no ``version``) the input's content and the options are
+    fingerprinted first (one extra read of the input) and recorded in ``_SUCCESS``; when a
+    committed version has the same fingerprint it is returned as it is (``"cached": True``)
+    and nothing is encoded."""
     started = time.monotonic()
     compression = _check_options(eval_fraction, shards, target_shard_mb, compression, workers)
     if not float(buffer_mib) >= 1:
@@ -541,6 +552,20 @@ def prepare_dataset(
         )
     reporter = _Reporter(progress, progress_every)
     block_bytes, in_flight = buffer_plan(buffer_mib)
+
+    fingerprint = None
+    if cache and version is None:
+        fingerprint = input_fingerprint(input, {
+            "label": label, "eval_fraction": float(eval_fraction), "shards": shards,
+            "target_shard_mb": target_shard_mb, "compression": compression,
+            "schema": declared.to_dict() if declared else None, "string_columns": sorted(string_columns or ()),
+            "seed": int(seed), "split_key": split_key, "allow_nan": bool(allow_nan),
+        })
+        cached = find_cached(root, fingerprint)
+        if cached is not None:
+            log.info("Input of dataset %r unchanged (fingerprint %s): reusing version %s, nothing encoded",
+                     str(name), fingerprint, cached["version"])
+            return _cached_summary(root, cached, started)
 
     reporter.begin("read")
     inputs = open_inputs(input, declared, allow_nan, string_columns or (), block_bytes=block_bytes,
@@ -572,6 +597,8 @@ def prepare_dataset(
             "split": {"eval_fraction": float(eval_fraction), "seed": int(seed), "split_key": split_key},
             "source": {"files": [str(p) for p in inputs.paths], "rows": total},
         }
+        if fingerprint:
+            manifest["fingerprint"] = fingerprint
 
         def write_marker(committed_as: str) -> None:  # last: marks the dataset complete
             manifest["version"] = committed_as
@@ -601,6 +628,47 @@ def prepare_dataset(
         "rows": total,
         "seconds": round(seconds, 3),
         "rows_per_sec": round(total / seconds, 1) if seconds > 0 else None,
+        "cached": False,
+        **({"fingerprint": fingerprint} if fingerprint else {}),
+    }
+
+
+def input_fingerprint(inputs: Any, options: dict[str, Any]) -> str:
+    """A hash of the input files' names and contents (read in chunks) and of the options that
+    shape the output: equal fingerprints give equal datasets."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(json.dumps({"format_version": FORMAT_VERSION, **options}, sort_keys=True, default=str).encode())
+    for path in resolve_inputs(inputs):
+        digest.update(f"\0{os.path.abspath(path)}\0{path.stat().st_size}\0".encode())
+        with open(path, "rb") as handle:
+            while chunk := handle.read(_HASH_CHUNK):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def find_cached(root: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The newest committed version of the dataset made from the same input and options."""
+    for version in reversed(existing_versions(root)):
+        try:
+            manifest = json.loads((root / str(version) / SUCCESS_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(manifest, dict) and manifest.get("fingerprint") == fingerprint:
+            return manifest
+    return None
+
+
+def _cached_summary(root: Path, manifest: dict[str, Any], started: float) -> dict[str, Any]:
+    final = root / str(manifest["version"])
+    splits = manifest["splits"]
+    return {
+        "dataset_uri": str(final.resolve()), "name": manifest["name"], "version": str(manifest["version"]),
+        "counts": {split: info["examples"] for split, info in splits.items()},
+        "shards": {split: len(info["shards"]) for split, info in splits.items()},
+        "compression": manifest.get("compression"),
+        "schema": json.loads((final / SCHEMA_FILE).read_text(encoding="utf-8")),
+        "rows": manifest["source"]["rows"], "seconds": round(time.monotonic() - started, 3), "rows_per_sec": None,
+        "cached": True, "fingerprint": manifest["fingerprint"],
     }
 
 

@@ -53,6 +53,8 @@ class PrepareTFRecordsOperator(BaseOperator):
     :param allow_nan: accept NaN/infinity in float columns.
     :param overwrite: replace the version if it exists (otherwise an existing version fails the task).
     :param workers: threads that encode in parallel; default chosen from the CPUs.
+    :param cache: reuse the newest version made from the same input content and options
+        instead of encoding again (logged; the input is read once more to fingerprint it).
     :param buffer_mib: memory for rows being read and encoded, in MiB (default 512): the input
         is streamed, so it may be far larger than the worker's memory.
     :param progress_every: seconds between progress lines in the task log.
@@ -61,7 +63,7 @@ class PrepareTFRecordsOperator(BaseOperator):
     template_fields: Sequence[str] = (
         "input", "output_dir", "dataset_name", "version", "label_column", "eval_fraction", "seed",
         "split_key", "shards", "target_shard_mb", "compression", "schema", "allow_nan", "overwrite",
-        "string_columns", "buffer_mib",
+        "string_columns", "buffer_mib", "cache",
     )
     template_fields_renderers = {"schema": "json"}
     ui_color = "#c5e1a5"
@@ -72,7 +74,7 @@ class PrepareTFRecordsOperator(BaseOperator):
                  compression: str | None = None, schema: Any = None, string_columns: Any = None,
                  allow_nan: Any = False,
                  overwrite: Any = False, workers: int | None = None, progress_every: float = 5.0,
-                 buffer_mib: Any = 512, **kwargs: Any) -> None:
+                 buffer_mib: Any = 512, cache: Any = False, **kwargs: Any) -> None:
         if not is_template(name) and "outlets" not in kwargs:
             kwargs["outlets"] = [dataset_asset(name)]
         super().__init__(**kwargs)
@@ -95,6 +97,7 @@ class PrepareTFRecordsOperator(BaseOperator):
         self.workers = workers
         self.progress_every = progress_every
         self.buffer_mib = buffer_mib
+        self.cache = cache
 
     def _log_progress(self, progress: Any) -> None:
         self.log.info("%s", progress.describe())
@@ -122,17 +125,23 @@ class PrepareTFRecordsOperator(BaseOperator):
             progress=self._log_progress,
             progress_every=self.progress_every,
             buffer_mib=float(self.buffer_mib),
+            cache=_flag(self.cache),
         )
-        self.log.info(
-            "Dataset %s committed: %s examples (%s), %s files, %.1f s",
-            summary["dataset_uri"], summary["rows"],
-            ", ".join(f"{split} {count}" for split, count in summary["counts"].items()),
-            sum(summary["shards"].values()), summary["seconds"],
-        )
+        if summary.get("cached"):
+            self.log.info("Input unchanged (fingerprint %s): reusing dataset version %s, nothing encoded",
+                          summary["fingerprint"], summary["dataset_uri"])
+        else:
+            self.log.info(
+                "Dataset %s committed: %s examples (%s), %s files, %.1f s",
+                summary["dataset_uri"], summary["rows"],
+                ", ".join(f"{split} {count}" for split, count in summary["counts"].items()),
+                sum(summary["shards"].values()), summary["seconds"],
+            )
         asset = dataset_asset(self.dataset_name)
         if any(getattr(outlet, "name", None) == asset.name for outlet in self.outlets):
+            # A reused version still emits the event (the task succeeded); "cached" tells consumers.
             context["outlet_events"][asset].extra = {
                 "version": summary["version"], "path": summary["dataset_uri"], "rows": summary["rows"],
-                "counts": summary["counts"],
+                "counts": summary["counts"], "cached": bool(summary.get("cached")),
             }
         return summary

@@ -227,3 +227,29 @@ def test_temporary_directory_of_a_killed_run_is_cleaned_up_later(tmp_path):
     os.utime(old, (time.time() - 2 * 86400,) * 2)
     summary = prepare_dataset(src, tmp_path / "out", "k", label="label")
     assert summary["version"] == "1" and not old.exists() and recent.exists()
+
+
+def test_cache_reuses_the_version_of_an_unchanged_input_and_encodes_nothing(tmp_path, monkeypatch, caplog):
+    from airflow_tf.data import prepare as prepare_module
+
+    src = _csv(tmp_path / "in.csv", range(400))
+    first = prepare_dataset(src, tmp_path / "out", "c", label="label", cache=True)
+    assert first["cached"] is False and first["version"] == "1" and first["fingerprint"]
+
+    def no_encoding(*args, **kwargs):
+        raise AssertionError("a cache hit encoded rows")
+
+    monkeypatch.setattr(prepare_module, "_encode_group", no_encoding)
+    with caplog.at_level("INFO", logger="airflow_tf.data.prepare"):
+        again = prepare_dataset(src, tmp_path / "out", "c", label="label", cache=True)
+    assert again["cached"] is True and again["dataset_uri"] == first["dataset_uri"]
+    assert again["counts"] == first["counts"] and again["schema"] == first["schema"]
+    assert f"reusing version 1, nothing encoded" in caplog.text
+    assert sorted(p.name for p in (tmp_path / "out" / "c").iterdir()) == ["1"]
+
+    # Another option or other content is another dataset: encoded as the next version.
+    monkeypatch.undo()
+    assert prepare_dataset(src, tmp_path / "out", "c", label="label", cache=True, seed=1)["version"] == "2"
+    src.write_text(src.read_text().replace("\n5,", "\n-5,", 1))
+    changed = prepare_dataset(src, tmp_path / "out", "c", label="label", cache=True)
+    assert changed["cached"] is False and changed["version"] == "3"
