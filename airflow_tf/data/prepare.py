@@ -515,6 +515,7 @@ def prepare_dataset(
     progress_every: float = 5.0,
     buffer_mib: float = DEFAULT_BUFFER_MIB,
     cache: bool = False,
+    partition_key: str | None = None,
 ) -> dict[str, Any]:
     """Convert CSV/Parquet/.npz files into a sharded TFRecord dataset version, streaming.
 
@@ -534,7 +535,11 @@ def prepare_dataset(
     With ``cache=True`` (and no ``version``) the input's content and the options are
     fingerprinted first (one extra read of the input) and recorded in ``_SUCCESS``; when a
     committed version has the same fingerprint it is returned as it is (``"cached": True``)
-    and nothing is encoded."""
+    and nothing is encoded.
+
+    ``partition_key`` (e.g. a day, ``"2026-11-20"``) makes this version the data of one
+    partition: it is named by the key unless ``version`` is given, and recorded in
+    ``_SUCCESS`` so that :func:`~airflow_tf.data.window.make_window` can join the last N."""
     started = time.monotonic()
     compression = _check_options(eval_fraction, shards, target_shard_mb, compression, workers)
     if not float(buffer_mib) >= 1:
@@ -543,6 +548,10 @@ def prepare_dataset(
         raise DataError("a dataset name is required")
     declared = Schema.coerce(schema) if schema is not None else None
     root = Path(strip_file_scheme(output)) / path_component(str(name))
+    if partition_key is not None:
+        partition_key = str(partition_key)
+        if version is None:
+            version = path_component(partition_key)
     version_name = _version_name(version, root)
     final = root / version_name
     if version is not None and final.exists() and not overwrite:
@@ -599,6 +608,8 @@ def prepare_dataset(
         }
         if fingerprint:
             manifest["fingerprint"] = fingerprint
+        if partition_key is not None:
+            manifest["partition"] = partition_key
 
         def write_marker(committed_as: str) -> None:  # last: marks the dataset complete
             manifest["version"] = committed_as
@@ -630,6 +641,7 @@ def prepare_dataset(
         "rows_per_sec": round(total / seconds, 1) if seconds > 0 else None,
         "cached": False,
         **({"fingerprint": fingerprint} if fingerprint else {}),
+        **({"partition": partition_key} if partition_key is not None else {}),
     }
 
 
