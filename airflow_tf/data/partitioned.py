@@ -26,7 +26,7 @@ from ..files import read_json, strip_file_scheme, write_json
 from .errors import DataError, DatasetExistsError
 from .inputs import open_inputs, resolve_inputs
 from .prepare import (
-    DEFAULT_BUFFER_MIB, DEFAULT_EVAL_FRACTION, Progress, _check_options, _check_split_key, _commit, _commit_next,
+    DEFAULT_BUFFER_MIB, DEFAULT_EVAL_FRACTION, Progress, _check_options, _chunk_bytes, _check_split_key, _commit, _commit_next,
     _fsync_dir, _make_root, _remove_stale_temporaries, _Reporter, _version_name, _with_label, _write_stream,
     buffer_plan, shard_name,
 )
@@ -158,6 +158,7 @@ def prepare_part(plan: dict[str, Any] | str | os.PathLike, index: int, workers: 
             inputs, temporary, eval_fraction=options["eval_fraction"], seed=options["seed"],
             split_key=options["split_key"], shards=shards, target_shard_mb=options["target_shard_mb"],
             compression=options["compression"], workers=int(workers or os.cpu_count() or 1), in_flight=in_flight,
+            chunk_bytes=_chunk_bytes(options["buffer_mib"]),
             report=lambda done, expected: reporter("write", done, expected, done), require_splits=False,
         )
         reporter("write", rows, rows, rows, final=True)

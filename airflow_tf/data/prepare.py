@@ -427,12 +427,18 @@ def buffer_plan(buffer_mib: float) -> tuple[int, int]:
     pyarrow's and NumPy's temporaries (measured: peak RSS stays below the budget)."""
     budget = int(float(buffer_mib) * (1 << 20))
     block = max(256 << 10, min(_MAX_BLOCK_BYTES, budget // 16))
-    return block, max(2, min(16, budget // 8 // _CHUNK_BYTES))
+    return block, max(2, min(16, budget // 8 // _chunk_bytes(buffer_mib)))
+
+
+def _chunk_bytes(buffer_mib: float) -> int:
+    """Encoded bytes per encoding task: 4 MiB, less under a small budget (encoding takes
+    several times its output in temporaries)."""
+    return max(256 << 10, min(_CHUNK_BYTES, int(float(buffer_mib) * (1 << 20)) // 32))
 
 
 def _write_stream(inputs: Inputs, directory: Path, *, eval_fraction: float, seed: int, split_key: str | None,
                   shards: int | None, target_shard_mb: float | None, compression: str | None, workers: int,
-                  in_flight: int, report: Callable[[int, int], None],
+                  in_flight: int, report: Callable[[int, int], None], chunk_bytes: int = _CHUNK_BYTES,
                   require_splits: bool = True) -> tuple[dict[str, Any], int]:
     """Encode and write the rows of ``inputs`` block by block into shard files under
     ``directory``; returns the manifest's ``splits`` and the number of rows. Without
@@ -451,7 +457,7 @@ def _write_stream(inputs: Inputs, directory: Path, *, eval_fraction: float, seed
                 rows = {"train": train, "eval": expected - train} if eval_fraction > 0 else {"train": train}
                 counts = shard_counts(rows, record_bytes, shards, target_shard_mb)
                 writer = state["writer"] = ShardWriter(directory, counts, compression)
-                group_rows = int(min(65536, max(_MIN_GROUP_ROWS, _CHUNK_BYTES // max(record_bytes, 1))))
+                group_rows = int(min(65536, max(_MIN_GROUP_ROWS, chunk_bytes // max(record_bytes, 1))))
             for split, rows in split_block(block, eval_fraction, seed, split_key, keys[block.path]).items():
                 if split not in writer.counts:
                     continue
@@ -591,7 +597,7 @@ def prepare_dataset(
         manifest_splits, total = _write_stream(
             inputs, temporary, eval_fraction=float(eval_fraction), seed=int(seed), split_key=split_key,
             shards=shards, target_shard_mb=target_shard_mb, compression=compression,
-            workers=int(workers or os.cpu_count() or 1), in_flight=in_flight,
+            workers=int(workers or os.cpu_count() or 1), in_flight=in_flight, chunk_bytes=_chunk_bytes(buffer_mib),
             report=lambda done, expected: reporter("write", done, expected, done),
         )
         reporter("write", total, total, total, final=True)
