@@ -322,9 +322,8 @@ class _FileReader:
                         _check_int64_overflow(path, name, column,
                                               lambda n=name: _csv_text_block(path, n, 0, self.block_bytes))
                 columns[name] = column
-            if index == 0:
-                self.estimated_rows = max(batch.num_rows,
-                                          round(batch.num_rows * size / max(batch.nbytes, 1) / 1.5))
+            if index == 0:  # the first block is block_bytes of text, or the whole file
+                self.estimated_rows = max(batch.num_rows, round(batch.num_rows * size / self.block_bytes))
             yield _Raw(path, "csv", columns, dtypes, {n: () for n in names}, batch.num_rows, start)
             start += batch.num_rows
 
