@@ -24,7 +24,7 @@ from airflow.sdk import DAG, Asset, Param, task
 from airflow.timetables.assets import AssetOrTimeSchedule
 from airflow.timetables.trigger import CronTriggerTimetable
 
-from airflow_tf.operators import DatasetWindowOperator, PrepareTFRecordsOperator, model_asset
+from airflow_tf.operators import DatasetWindowOperator, PrepareTFRecordsOperator, dataset_asset, model_asset
 from airflow_tf.task_groups import tf_training
 
 MODEL_NAME = "linear_regression_retrained"
@@ -103,8 +103,10 @@ with DAG(
         return served["metadata"]["warm_start_from"]
 
     # No new partition: nothing is prepared and the rest is skipped.
+    # A mapped task's outlets must be given: each prepared partition updates the dataset's asset.
     prepare = PrepareTFRecordsOperator.partial(task_id="prepare", name=STREAM, label="y", eval_fraction=0.2,
-                                               shards=2).expand_kwargs(new_partitions())
+                                               shards=2, outlets=[dataset_asset(STREAM)]
+                                               ).expand_kwargs(new_partitions())
     window = DatasetWindowOperator(task_id="window", name=STREAM, last=WINDOW)
     prepare >> window >> tf_training(
         dataset=window.output,
