@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -104,8 +105,6 @@ def make_window(
         _commit(temporary, final, overwrite)
     finally:
         if temporary.exists():
-            import shutil
-
             shutil.rmtree(temporary, ignore_errors=True)
     return {
         "dataset_uri": str(final.resolve()), "name": str(name), "version": version_name,
