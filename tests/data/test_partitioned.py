@@ -4,9 +4,9 @@ exactly the records per split that one prepare writes; a part that did not finis
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
 import signal
+import subprocess
+import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
@@ -58,12 +58,17 @@ def test_partitioned_prepare_writes_the_same_records_per_split_as_one_prepare(tm
     assert not list((tmp_path / "out" / "parted").glob(".parts-*"))
 
 
-def _kill_after_first_write(plan: dict, index: int) -> None:
-    def stop(progress):
-        if progress.done:
-            os.kill(os.getpid(), signal.SIGKILL)
+# Runs in a fresh interpreter (a fork of the test process could inherit locked thread pools).
+KILL_AFTER_FIRST_WRITE = r"""
+import os, signal, sys
+from airflow_tf.data.partitioned import prepare_part
 
-    prepare_part(plan, index, progress=stop, progress_every=0)
+def stop(progress):
+    if progress.done:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+prepare_part(sys.argv[1], int(sys.argv[2]), progress=stop, progress_every=0)
+"""
 
 
 def test_a_part_killed_mid_write_commits_nothing(tmp_path):
@@ -71,10 +76,9 @@ def test_a_part_killed_mid_write_commits_nothing(tmp_path):
     output = tmp_path / "out"
     plan = plan_parts(folder, output, "killed", partitions=2, label="y")
     prepare_part(plan, 0)
-    process = multiprocessing.get_context("fork").Process(target=_kill_after_first_write, args=(plan, 1))
-    process.start()
-    process.join(120)
-    assert process.exitcode == -signal.SIGKILL
+    killed = subprocess.run([sys.executable, "-c", KILL_AFTER_FIRST_WRITE, plan["directory"], "1"],
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     with pytest.raises(DataError, match=r"part 1 of 2 of dataset 'killed' did not finish .*run that part again"):
         commit_parts(plan)
     root = output / "killed"
