@@ -48,6 +48,12 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-nan", action="store_true", help="accept NaN and infinity in float columns")
     p.add_argument("--overwrite", action="store_true", help="replace the version if it exists")
     p.add_argument("--workers", type=int, help="encoding threads (default: one per core)")
+    p.add_argument("--buffer-mib", type=float, default=512.0,
+                   help="memory for rows being read and encoded, in MiB (default 512); the input may be larger")
+    p.add_argument("--cache", action="store_true",
+                   help="reuse the version made from the same input content and options instead of encoding again")
+    p.add_argument("--partition-key", metavar="KEY",
+                   help="the data partition this input is (e.g. a day): the version is named by it")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=_cmd_prepare)
 
@@ -65,6 +71,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
             compression=args.compression, schema=args.schema, string_columns=args.string_columns,
             seed=args.seed, split_key=args.split_key,
             overwrite=args.overwrite, allow_nan=args.allow_nan, workers=args.workers,
+            buffer_mib=args.buffer_mib, cache=args.cache, partition_key=args.partition_key,
             progress=None if args.quiet else show,
         )
     except DataError as err:

@@ -153,6 +153,88 @@ def tf_training(
     return group
 
 
+def tf_prepare(
+    group_id: str = "prepare",
+    *,
+    input: Any,
+    name: str,
+    partitions: int = 2,
+    output: str | None = None,
+    workers: int | None = None,
+    progress_every: float = 5.0,
+    **options: Any,
+) -> TaskGroup:
+    """One dataset version prepared by ``partitions`` parallel tasks, as a task group.
+
+    Inside: ``plan`` (checks the options, decides the schema, gives each part a share of the
+    input files) -> ``part`` (mapped: one task per share, run in parallel) -> ``commit`` (checks
+    every part and commits them as one version, ``_SUCCESS`` last). A failed part fails the
+    group and nothing is committed; its parts' files are removed a day later by the next
+    prepare of the dataset (or re-run the failed part, then ``commit``). The version holds
+    exactly the records per split that one :class:`~airflow_tf.operators.PrepareTFRecordsOperator`
+    would write. ``group.output`` is the commit's summary (the same XCom as the operator's):
+    pass it as the training's ``dataset``. The commit updates the dataset's asset.
+
+    :param input: files, a directory, a glob or a list of those; the parts split them by file.
+    :param name: dataset name.
+    :param partitions: parallel parts (at most one per input file).
+    :param output: datasets directory; default ``<storage>/datasets``.
+    :param workers: encoding threads of each part.
+    :param options: the other options of the operator (``label``, ``eval_fraction``, ``seed``,
+        ``split_key``, ``shards``, ``target_shard_mb``, ``compression``, ``schema``,
+        ``string_columns``, ``allow_nan``, ``overwrite``, ``version``, ``buffer_mib``).
+    """
+    from airflow_tf.operators.common import dataset_asset, is_template
+    from airflow_tf.storage import datasets_dir
+
+    outlets = [] if is_template(name) else [dataset_asset(name)]
+
+    with TaskGroup(group_id=group_id) as group:
+
+        @task(task_id="plan")
+        def plan(input: Any, name: str, partitions: Any, output: str | None, options: dict[str, Any]) -> list[dict]:
+            from airflow_tf.data.partitioned import plan_parts
+
+            made = plan_parts(input, output or datasets_dir(), name, int(partitions), **options)
+            log.info("Dataset %r: %d parts over %d files (%s rows expected), in %s", name, len(made["parts"]),
+                     len(made["files"]), f"{made['estimated_rows']:,}", made["directory"])
+            return [{"plan": made["directory"], "index": i} for i in range(len(made["parts"]))]
+
+        @task(task_id="part")
+        def part(job: dict[str, Any]) -> dict[str, Any]:
+            from airflow_tf.data.partitioned import prepare_part
+
+            done = prepare_part(job["plan"], job["index"], workers=workers,
+                                progress=lambda p: log.info("part %d: %s", job["index"], p.describe()),
+                                progress_every=progress_every)
+            log.info("part %d written: %s rows (%s)", job["index"], done["rows"], done["counts"])
+            return done
+
+        @task(task_id="commit", outlets=outlets)
+        def commit(jobs: list[dict[str, Any]]) -> dict[str, Any]:
+            from airflow.sdk import get_current_context
+
+            from airflow_tf.data.partitioned import commit_parts
+
+            summary = commit_parts(jobs[0]["plan"])
+            log.info("Dataset %s committed from %d parts: %s examples (%s)", summary["dataset_uri"],
+                     summary["parts"], summary["rows"],
+                     ", ".join(f"{split} {count}" for split, count in summary["counts"].items()))
+            if outlets:
+                get_current_context()["outlet_events"][outlets[0]].extra = {
+                    "version": summary["version"], "path": summary["dataset_uri"], "rows": summary["rows"],
+                    "counts": summary["counts"],
+                }
+            return summary
+
+        jobs = plan(input, name, partitions, output, options)
+        parts = part.expand(job=jobs)
+        summary = commit(jobs)
+        parts >> summary
+    group.output = summary  # type: ignore[attr-defined]
+    return group
+
+
 @task(multiple_outputs=True)
 def select_best(evaluations: Any, launches: Any, metric: str) -> dict[str, Any]:
     """The best blessed run of a sweep by ``metric``: its launch and evaluation results."""

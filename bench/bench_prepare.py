@@ -1,23 +1,27 @@
-"""CSV -> TFRecord conversion: the textbook way against airflow-tf's converter, same run.
+"""CSV -> TFRecord conversion: memory and speed of the streaming prepare against the
+whole-input-in-memory path it replaced, and (``--textbook``) against the textbook way. Same run.
 
-Generates a numeric CSV (default 200,000 rows x 20 float columns + an integer label), then
-converts it:
+For each ``--rows`` size it generates a numeric CSV (20 float columns + an integer label) and
+converts it, every contender in a fresh process so that its peak resident memory (RSS) is its own:
 
-* textbook: ``pandas.read_csv``, then one ``tf.train.Example`` per row written with
-  ``tf.io.TFRecordWriter`` (one file, no split);
-* airflow-tf: ``prepare_dataset`` (pyarrow CSV reader, train/eval split, shuffle, vectorised
-  Example encoding, TFRecord framing and CRC32C in NumPy, encoding threads, atomic commit);
-* for the record, airflow-tf's encoder with the framing left to ``tf.io.TFRecordWriter``
-  (one ``write`` call per record) instead of the NumPy framing.
+* in-memory: the previous ``prepare_dataset`` (bench/inmemory: reads every file whole, then
+  splits, shuffles, encodes and writes), the baseline;
+* streaming: ``prepare_dataset`` as it is now (reads, splits, encodes and writes a block at a
+  time, memory bounded by ``buffer_mib``);
+* textbook (``--textbook``, small sizes only: ~20k rows/s): ``pandas.read_csv``, then one
+  ``tf.train.Example`` per row written with ``tf.io.TFRecordWriter``.
 
-Prints rows/s of each and the ratio to the textbook way; checks that both outputs hold the
-same values. Usage: ``.venv/bin/python bench/bench_prepare.py [--rows N] [--workers N]``
+Prints wall time, rows/s, CPU time and peak RSS of each, and the ratios streaming / in-memory.
+Checks on the smallest size that every output holds the same values.
+Usage: ``.venv/bin/python bench/bench_prepare.py [--rows 1000000,8000000] [--workers N] [--textbook]``
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,14 +32,20 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+HERE = Path(__file__).resolve().parent
 
 
 def generate_csv(path: Path, rows: int, columns: int, seed: int = 0) -> list[str]:
+    """A CSV of ``rows`` rows, written a million rows at a time (the generator stays small)."""
     rng = np.random.default_rng(seed)
-    data = {f"f{i:02d}": np.round(rng.standard_normal(rows), 6) for i in range(columns)}
-    data["label"] = rng.integers(0, 2, rows)
-    pacsv.write_csv(pa.table(data), path)
-    return list(data)
+    names = [f"f{i:02d}" for i in range(columns)] + ["label"]
+    with pacsv.CSVWriter(path, pa.schema([(n, pa.float64()) for n in names[:-1]] + [("label", pa.int64())])) as out:
+        for start in range(0, rows, 1_000_000):
+            n = min(1_000_000, rows - start)
+            data = {name: np.round(rng.standard_normal(n), 6) for name in names[:-1]}
+            data["label"] = rng.integers(0, 2, n)
+            out.write_table(pa.table(data))
+    return names
 
 
 def textbook(csv_path: Path, out: Path, names: list[str]) -> int:
@@ -56,30 +66,11 @@ def textbook(csv_path: Path, out: Path, names: list[str]) -> int:
     return count
 
 
-def encoder_with_tf_framing(csv_path: Path, out: Path) -> int:
-    """Our reader and Example encoder, TFRecordWriter's framing (one Python call per record)."""
-    import tensorflow as tf
-
-    from airflow_tf.data.encode import _fixed_records, _merge_runs, example_pieces
-    from airflow_tf.data.inputs import read_table
-
-    table = read_table(csv_path)
-    features = table.schema.features
-    n, chunk = table.num_rows, 16384
-    with tf.io.TFRecordWriter(str(out)) as writer:
-        for start in range(0, n, chunk):
-            columns = [table.columns[f.name][start:start + chunk] for f in features]
-            rows = _fixed_records(_merge_runs(example_pieces(features, columns)), len(columns[0]))[0][:, 12:-4]
-            for record in rows:
-                writer.write(record.tobytes())
-    return n
-
-
-def column_sums(files: list[str], compression: str = "") -> dict[str, float]:
+def column_sums(files: list[str], columns: int, compression: str = "") -> dict[str, float]:
     """Sum of every column over all records, parsed by TensorFlow (to compare the outputs)."""
     import tensorflow as tf
 
-    spec = {f"f{i:02d}": tf.io.FixedLenFeature([], tf.float32) for i in range(20)}
+    spec = {f"f{i:02d}": tf.io.FixedLenFeature([], tf.float32) for i in range(columns)}
     spec["label"] = tf.io.FixedLenFeature([], tf.int64)
     sums = dict.fromkeys(spec, 0.0)
     for batch in tf.data.TFRecordDataset(files, compression_type=compression).batch(8192):
@@ -89,62 +80,102 @@ def column_sums(files: list[str], compression: str = "") -> dict[str, float]:
     return sums
 
 
-def timed(repeat: int, function, *args, **kwargs):
-    """(result, wall s, CPU s) of the fastest of ``repeat`` calls (CPU: all threads of this process)."""
-    best = None
-    for _ in range(repeat):
-        start, cpu = time.perf_counter(), time.process_time()
-        result = function(*args, **kwargs)
-        run = (result, time.perf_counter() - start, time.process_time() - cpu)
-        best = run if best is None or run[1] < best[1] else best
-    return best
+def child(args: argparse.Namespace) -> int:
+    """One contender in this (fresh) process; prints its JSON result."""
+    csv_path, out = Path(args.csv), Path(args.out)
+    if args.child == "textbook":
+        import tensorflow  # noqa: F401  (imported before timing, like the others' imports)
+
+        names = pacsv.open_csv(csv_path).schema.names
+        start = time.perf_counter()
+        rows = textbook(csv_path, out / "textbook.tfrecord", names)
+        files = [str(out / "textbook.tfrecord")]
+    else:
+        sys.path.insert(0, str(HERE))
+        if args.child == "in-memory":
+            from inmemory.prepare import prepare_dataset
+            options = {}
+        else:
+            from airflow_tf.data.prepare import prepare_dataset
+            options = {"buffer_mib": args.buffer_mib}
+        start = time.perf_counter()
+        summary = prepare_dataset(csv_path, out, args.child, label="label", version=1, overwrite=True,
+                                  workers=args.workers, **options)
+        rows = summary["rows"]
+        uri = Path(summary["dataset_uri"])
+        files = sorted(str(p) for p in uri.glob("*/part-*"))
+    seconds = time.perf_counter() - start
+    print(json.dumps({"rows": rows, "seconds": seconds, "files": files}))
+    return 0
+
+
+def run_child(kind: str, csv_path: Path, out: Path, args: argparse.Namespace) -> dict:
+    """Run one contender in a fresh process: its result, CPU seconds and peak RSS (MiB)."""
+    command = [sys.executable, __file__, "--child", kind, "--csv", str(csv_path), "--out", str(out),
+               "--buffer-mib", str(args.buffer_mib)] + (["--workers", str(args.workers)] if args.workers else [])
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    output = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode:
+        raise SystemExit(f"{kind} failed with exit code {process.returncode}")
+    result = json.loads(output.strip().splitlines()[-1])
+    result["cpu"] = usage.ru_utime + usage.ru_stime
+    result["rss_mib"] = usage.ru_maxrss / 1024  # Linux: KiB
+    return result
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--rows", default="1000000,8000000", help="comma-separated input sizes in rows")
     parser.add_argument("--columns", type=int, default=20, help="float columns (plus one label)")
     parser.add_argument("--workers", type=int, default=None, help="encoding threads (default: one per core)")
-    parser.add_argument("--repeat", type=int, default=3,
-                        help="runs of the short contenders; the fastest counts (the textbook way runs once: "
-                        "it takes long enough to average out other load)")
+    parser.add_argument("--buffer-mib", type=float, default=512.0, help="the streaming path's memory setting")
+    parser.add_argument("--textbook", action="store_true",
+                        help="add the textbook conversion (for sizes up to 1M rows: it runs ~20k rows/s)")
     parser.add_argument("--workdir", help="keep the files here (default: a temporary directory)")
+    parser.add_argument("--child", choices=["in-memory", "streaming", "textbook"], help=argparse.SUPPRESS)
+    parser.add_argument("--csv", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        return child(args)
 
-    import tensorflow as tf  # imported before timing: both contenders then start warm
-
-    from airflow_tf.data import prepare_dataset, split_files
-
+    sizes = [int(s.replace("_", "")) for s in args.rows.split(",") if s.strip()]
+    ok = True
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.workdir or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        csv_path = work / "bench.csv"
-        names = generate_csv(csv_path, args.rows, args.columns)
-        print(f"input: {csv_path} ({args.rows} rows x {args.columns} float columns + label, "
-              f"{csv_path.stat().st_size / 1e6:.1f} MB), {os.cpu_count()} cores, TensorFlow {tf.__version__}")
-
-        count, base_s, base_cpu = timed(1, textbook, csv_path, work / "textbook.tfrecord", names)
-        summary, ours_s, ours_cpu = timed(args.repeat, prepare_dataset, csv_path, work / "datasets", "bench",
-                                          label="label", overwrite=True, version=1, workers=args.workers)
-        _, framing_s, framing_cpu = timed(args.repeat, encoder_with_tf_framing, csv_path, work / "tf-framing.tfrecord")
-
-        print(f"{'':54s} {'wall s':>8s} {'rows/s':>12s} {'CPU s':>7s}")
-        for label, seconds, cpu in (
-            ("textbook (tf.train.Example per row + TFRecordWriter)", base_s, base_cpu),
-            ("airflow-tf prepare_dataset (split, shuffle, commit)", ours_s, ours_cpu),
-            ("  variant: our encoder + TFRecordWriter framing", framing_s, framing_cpu),
-        ):
-            print(f"{label:54s} {seconds:8.2f} {args.rows / seconds:12,.0f} {cpu:7.2f}")
-        print(f"ratio airflow-tf / textbook: {base_s / ours_s:.1f}x rows/s (goal >= 20x), "
-              f"{base_cpu / ours_cpu:.1f}x less CPU time")
-
-        uri = summary["dataset_uri"]
-        ours_files = split_files(uri, "train") + split_files(uri, "eval")
-        expected, got = column_sums([str(work / "textbook.tfrecord")]), column_sums(ours_files)
-        same = all(np.isclose(expected[k], got[k], rtol=1e-6, atol=1e-3) for k in expected)
-        print(f"outputs hold the same values: {'yes' if same else 'NO'} "
-              f"({count} and {sum(summary['counts'].values())} records)")
-        return 0 if same and count == sum(summary["counts"].values()) else 1
+        print(f"{os.cpu_count()} cores, streaming buffer_mib={args.buffer_mib:g}, workers={args.workers or 'one per core'}")
+        print(f"{'rows':>10s} {'contender':10s} {'wall s':>8s} {'rows/s':>11s} {'CPU s':>7s} {'peak RSS MiB':>13s}")
+        for n, rows in enumerate(sizes):
+            csv_path = work / f"bench-{rows}.csv"
+            generate_csv(csv_path, rows, args.columns)
+            size_mb = csv_path.stat().st_size / 1e6
+            kinds = ["in-memory", "streaming"] + (["textbook"] if args.textbook and rows <= 1_000_000 else [])
+            results = {}
+            for kind in kinds:
+                results[kind] = run_child(kind, csv_path, work / "out", args)
+                r = results[kind]
+                print(f"{rows:>10,d} {kind:10s} {r['seconds']:8.2f} {rows / r['seconds']:11,.0f} {r['cpu']:7.2f} "
+                      f"{r['rss_mib']:13,.0f}", flush=True)
+            base, ours = results["in-memory"], results["streaming"]
+            print(f"{'':>10s} input {size_mb:,.0f} MB; streaming / in-memory: {base['seconds'] / ours['seconds']:.2f}x "
+                  f"rows/s (goal >= 0.9x), peak RSS {ours['rss_mib']:,.0f} vs {base['rss_mib']:,.0f} MiB "
+                  f"(goal <= 1024 MiB)" + (f"; textbook / streaming: {results['textbook']['seconds'] / ours['seconds']:.1f}x"
+                                           if "textbook" in results else ""), flush=True)
+            if n == 0:
+                sums = {kind: column_sums(r["files"], args.columns) for kind, r in results.items()}
+                first = sums["in-memory"]
+                same = all(np.isclose(first[k], s[k], rtol=1e-6, atol=1e-3) for s in sums.values() for k in first)
+                counts = {kind: r["rows"] for kind, r in results.items()}
+                print(f"{'':>10s} outputs hold the same values: {'yes' if same else 'NO'} ({counts})")
+                ok = ok and same and len(set(counts.values())) == 1
+            for r in results.values():
+                for f in r["files"]:
+                    Path(f).unlink(missing_ok=True)
+            csv_path.unlink()
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -1,12 +1,17 @@
-"""Continuous retraining: when new data lands (an Airflow Asset) or on a daily schedule,
-prepare a new dataset version from everything received so far, warm-start from the model
-being served, evaluate against it, and export only a better model.
+"""Continuous retraining per data partition: when a new partition of data lands (an Airflow
+Asset) or on a daily schedule, prepare each new partition once, train on a window of the last
+few partitions, warm-start from the model being served, evaluate against it, and export only a
+better model.
 
 The chain runs on asset events: ``tf_ingest_linear_data`` (whatever delivers data) writes a
-batch of rows and updates ``linear_regression_incoming``; ``tf_continuous_retraining``
-prepares (updating ``airflow_tf.dataset.linear_regression_stream``) and trains, and its export
-updates ``airflow_tf.model.linear_regression_retrained`` with the new version, its path and
-metrics; ``tf_deploy_linear_model`` is scheduled on that model asset and deploys the version.
+partition of rows under ``incoming/<stream>/<partition>/`` and updates
+``linear_regression_incoming``; ``tf_continuous_retraining`` prepares every partition not yet
+prepared (one version per partition, named by it; each updates
+``airflow_tf.dataset.linear_regression_stream`` with the partition as the event's partition key
+on Airflow 3.2+), commits a window version of the last ``WINDOW`` partitions (their shards,
+not copied) and trains on it; its export updates ``airflow_tf.model.linear_regression_retrained``
+with the new version, its path and metrics; ``tf_deploy_linear_model`` is scheduled on that
+model asset and deploys the version.
 """
 
 from __future__ import annotations
@@ -19,11 +24,12 @@ from airflow.sdk import DAG, Asset, Param, task
 from airflow.timetables.assets import AssetOrTimeSchedule
 from airflow.timetables.trigger import CronTriggerTimetable
 
-from airflow_tf.operators import PrepareTFRecordsOperator, model_asset
+from airflow_tf.operators import DatasetWindowOperator, PrepareTFRecordsOperator, dataset_asset, model_asset
 from airflow_tf.task_groups import tf_training
 
 MODEL_NAME = "linear_regression_retrained"
 STREAM = "linear_regression_stream"
+WINDOW = 3  # partitions the model trains on: the newest ones
 # The asset is named, not tied to a path: the same DAGs serve any storage root.
 new_linear_data = Asset(name="linear_regression_incoming")
 
@@ -49,8 +55,11 @@ with DAG(
     def land_new_batch(params=None) -> str:
         from airflow_tf.data.samples import write_linear_regression_csv
 
-        path = incoming(f"batch-{time.time_ns()}.csv")
-        write_linear_regression_csv(path, rows=int(params["rows"]), seed=time.time_ns() % 2**31)
+        now = time.time_ns()
+        # A partition key that sorts by arrival (and is a valid directory name).
+        partition = time.strftime("%Y-%m-%dT%H-%M-%S", time.gmtime(now / 1e9)) + f".{now % 10**9:09d}"
+        path = incoming(partition, "batch.csv")
+        write_linear_regression_csv(path, rows=int(params["rows"]), seed=now % 2**31)
         return path
 
     land_new_batch()
@@ -70,8 +79,17 @@ with DAG(
 ):
 
     @task
-    def incoming_files() -> str:
-        return incoming("*.csv")
+    def new_partitions() -> list[dict]:
+        """The partitions landed and not prepared yet, oldest first: one prepare each."""
+        from pathlib import Path
+
+        from airflow_tf.data.window import partition_versions
+        from airflow_tf.storage import datasets_dir
+
+        landed = Path(incoming())
+        names = sorted(p.name for p in landed.iterdir() if p.is_dir()) if landed.is_dir() else []
+        prepared = {key for key, _ in partition_versions(Path(datasets_dir()) / STREAM)}
+        return [{"partition_key": name, "input": incoming(name, "*.csv")} for name in names if name not in prepared]
 
     @task
     def warm_start_checkpoint() -> str | None:
@@ -84,10 +102,14 @@ with DAG(
             return None
         return served["metadata"]["warm_start_from"]
 
-    prepare = PrepareTFRecordsOperator(task_id="prepare", input=incoming_files(), name=STREAM, label="y",
-                                       eval_fraction=0.2, shards=2)
-    prepare >> tf_training(
-        dataset=prepare.output,
+    # No new partition: nothing is prepared and the rest is skipped.
+    # A mapped task's outlets must be given: each prepared partition updates the dataset's asset.
+    prepare = PrepareTFRecordsOperator.partial(task_id="prepare", name=STREAM, label="y", eval_fraction=0.2,
+                                               shards=2, outlets=[dataset_asset(STREAM)]
+                                               ).expand_kwargs(new_partitions())
+    window = DatasetWindowOperator(task_id="window", name=STREAM, last=WINDOW)
+    prepare >> window >> tf_training(
+        dataset=window.output,
         ps=1,
         workers=2,
         model="linear_regression",

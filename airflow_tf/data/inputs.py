@@ -1,16 +1,21 @@
-"""Reading raw input (CSV, Parquet, NumPy ``.npz``) into typed NumPy columns.
+"""Reading raw input (CSV, Parquet, NumPy ``.npz``) as a stream of blocks of typed NumPy columns.
 
-Every value is checked here, before anything is written: a bad value is reported with the
+Files are read a block at a time (pyarrow's streaming CSV reader, Parquet batches, the
+arrays of an ``.npz`` from their zip members), so memory follows the block size, not the
+input. Every value is checked before it is handed on: a bad value is reported with the
 file, the line (CSV) or row (Parquet, .npz), and the column, plus what to do about it."""
 
 from __future__ import annotations
 
 import csv
 import glob as globlib
+import io
+import math
 import os
-from dataclasses import dataclass, field
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +32,6 @@ CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".tsv")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 NPZ_SUFFIXES = (".npz",)
 SUPPORTED = CSV_SUFFIXES + PARQUET_SUFFIXES + NPZ_SUFFIXES
-_CSV_BLOCK = 1 << 20  # pyarrow widens a column's type when a later block needs it
 _NAN_HINT = ("pass allow_nan=True (CLI: --allow-nan), or set \"allow_nan\": true for this "
              "feature in the declared schema, if NaN/infinity are meaningful values")
 # What pyarrow's CSV reader takes for a number (it also trims blanks and reads 0x hex as int64).
@@ -96,33 +100,23 @@ class Source:
         return f"{self.path} row {row}"
 
 
-@dataclass
-class Table:
-    """The input as one NumPy array per feature (rows first), in schema order."""
-
-    schema: Schema
-    columns: dict[str, np.ndarray]
-    sources: list[Source] = field(default_factory=list)
-
-    @property
-    def num_rows(self) -> int:
-        return len(next(iter(self.columns.values())))
-
-
-# -- per-file raw columns ------------------------------------------------------------------
+# -- blocks of raw columns ------------------------------------------------------------------
 @dataclass
 class _Raw:
-    """One file's columns before conversion: NumPy arrays or (for CSV/Parquet) Arrow arrays."""
+    """A block of one file's columns before conversion: NumPy arrays or (for CSV/Parquet)
+    Arrow arrays; ``start`` is the file row of its first row."""
 
     path: Path
     kind: str
     columns: dict[str, Any]
-    dtypes: dict[str, str]  # inferred dtype per column
+    dtypes: dict[str, str]  # inferred dtype per column (the file's, from its first block)
     shapes: dict[str, tuple[int, ...]]
     rows: int
+    start: int = 0
 
     def where(self, row: int) -> str:
-        return Source(self.path, self.kind, 0, self.rows).where(row)
+        """Where the block's row ``row`` is in its file."""
+        return Source(self.path, self.kind, 0, self.start + self.rows).where(self.start + row)
 
 
 def _arrow_dtype(t: pa.DataType) -> str | None:
@@ -144,10 +138,10 @@ def _delimiter(path: Path) -> str:
     return "\t" if path.name.lower().endswith(".tsv") else ","
 
 
-def _csv_options(path: Path, column_types: dict[str, pa.DataType],
-                 include_columns: Sequence[str] = ()) -> dict[str, Any]:
+def _csv_options(path: Path, column_types: dict[str, pa.DataType], include_columns: Sequence[str],
+                 block_bytes: int) -> dict[str, Any]:
     return dict(
-        read_options=pacsv.ReadOptions(block_size=_CSV_BLOCK),
+        read_options=pacsv.ReadOptions(block_size=block_bytes),
         parse_options=pacsv.ParseOptions(delimiter=_delimiter(path)),
         # Only an empty cell is missing: "nan"/"NaN" stay NaN so the NaN rule can name them.
         convert_options=pacsv.ConvertOptions(
@@ -174,9 +168,9 @@ def _csv_line(path: Path, row: int) -> int:
     return row + 2
 
 
-def _check_text_column(path: Path, name: str, column: pa.Array) -> None:
-    """A column pyarrow inferred as text must hold no numbers: it widens a whole column to
-    string for one value that does not parse, wherever in the file that value is."""
+def _check_text_column(path: Path, name: str, column: pa.Array, start: int) -> None:
+    """A column pyarrow inferred as text must hold no numbers: it takes a whole block's column
+    for text for one value that does not parse. ``start``: file row of the block's first row."""
     numeric = pc.match_substring_regex(column, _NUMBER)
     count, total = pc.sum(numeric).as_py() or 0, len(column)
     if not 0 < count < total:  # all text (or, in theory, all numbers that pyarrow still refused)
@@ -184,30 +178,31 @@ def _check_text_column(path: Path, name: str, column: pa.Array) -> None:
     if not pc.any(pc.match_substring_regex(pc.filter(column, numeric), r"\d")).as_py():
         return  # words such as "Nan" or "Inf" among text: no digits, not a column of numbers
     is_number = numeric.to_numpy(zero_copy_only=False)
+    around = f" in data rows {start:,} to {start + total - 1:,}" if start else ""
     if count >= total - count:  # mostly numbers: the text is the odd one out
         row = int(np.argmin(is_number))
         value = column[row].as_py()
         shown = "an empty value" if not value.strip() else f"value {value!r}"
-        what = f"{shown} is not a number, but {count:,} of the column's {total:,} values are"
+        what = f"{shown} is not a number, but {count:,} of the column's {total:,} values{around} are"
     else:
         row = int(np.argmax(is_number))
         what = (f"value {column[row].as_py()!r} is a number in a column of text "
-                f"({count:,} of its {total:,} values are numbers)")
+                f"({count:,} of its {total:,} values{around} are numbers)")
     raise InputDataError(
-        f"{Source(path, 'csv', 0, total).where(row)}, column {name!r}: {what}; "
+        f"{Source(path, 'csv', 0, start + total).where(start + row)}, column {name!r}: {what}; "
         f"fix the value, or if {name!r} is a text column, pass string_columns=[{name!r}] "
         f"(CLI: --string-columns {name}) or declare it as string in a schema"
     )
 
 
-def _check_int64_overflow(path: Path, name: str, column: pa.Array) -> None:
+def _check_int64_overflow(path: Path, name: str, column: pa.Array, as_text: Callable[[], pa.Array]) -> None:
     """pyarrow reads an integer beyond int64 as a float, which turns an integer column into
-    float32. Only a column with a value that large is read again, as text, to tell."""
+    float32. Only a first block with a value that large is read again, as text, to tell."""
     bounds = pc.min_max(column)
     low, high = bounds["min"].as_py(), bounds["max"].as_py()
     if low is None or (low > _INT64_MIN and high < 2.0**63):
         return
-    text = pacsv.read_csv(path, **_csv_options(path, {name: pa.string()}, [name])).column(name).combine_chunks()
+    text = as_text()
     if not pc.all(pc.match_substring_regex(text, _INTEGER)).as_py():
         return  # a float column (other values have a fraction or exponent)
     values = column.to_numpy(zero_copy_only=False)
@@ -221,34 +216,231 @@ def _check_int64_overflow(path: Path, name: str, column: pa.Array) -> None:
             )
 
 
-def _read_csv(path: Path, declared: Schema | None, string_columns: Sequence[str]) -> _Raw:
-    column_types = {name: pa.string() for name in string_columns}
-    if declared is not None:
-        column_types = {f.name: _ARROW_FOR[f.dtype] for f in declared.features}
+
+def _csv_batches(path: Path, column_types: dict[str, pa.DataType], block_bytes: int,
+                 include_columns: Sequence[str] = ()) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """pyarrow's streaming CSV reader: the column types (inferred from the first block unless
+    given) and the batches, one per ``block_bytes`` of text."""
     try:
-        table = pacsv.read_csv(path, **_csv_options(path, column_types))
+        reader = pacsv.open_csv(path, **_csv_options(path, column_types, include_columns, block_bytes))
     except pa.ArrowInvalid as exc:
         raise InputDataError(_diagnose_csv(path, column_types) or f"cannot read CSV file {path}: {exc}") from None
-    if table.num_rows == 0 and table.num_columns == 0:
-        raise InputDataError(f"input file {path} is empty; remove it or fill it with data")
-    names = table.column_names
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise InputDataError(f"{path}: column names {duplicates} appear more than once in the header")
-    columns, dtypes = {}, {}
-    for name in names:
-        column = table.column(name).combine_chunks()
-        dtype = _arrow_dtype(column.type)
-        if dtype is None:  # dates, times, ...: keep the text
-            column = pc.cast(column, pa.string())
-            dtype = "string"
-        elif name not in column_types:  # inferred: the type pyarrow widened to must be honest
-            if dtype == "string":
-                _check_text_column(path, name, column)
-            elif dtype == "float32" and pa.types.is_floating(column.type):
-                _check_int64_overflow(path, name, column)
-        columns[name], dtypes[name] = column, dtype
-    return _Raw(path, "csv", columns, dtypes, {n: () for n in names}, table.num_rows)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        while True:
+            try:
+                yield reader.read_next_batch()
+            except StopIteration:
+                return
+            except pa.ArrowInvalid as exc:
+                # A later block that contradicts the types: name the line, column and value.
+                found = _diagnose_csv(path, {f.name: f.type for f in reader.schema})
+                inferred = "" if column_types else (
+                    f" (the types of {path}'s columns are inferred from its first {block_bytes:,} bytes: "
+                    "declare them in a schema, or name text columns in string_columns)")
+                raise InputDataError((found or f"cannot read CSV file {path}: {exc}") + inferred) from None
+
+    return reader.schema, batches()
+
+
+def _csv_text_block(path: Path, name: str, index: int, block_bytes: int) -> pa.Array:
+    """Column ``name`` of block ``index`` read again as text (blocks split at the same bytes)."""
+    _, batches = _csv_batches(path, {name: pa.string()}, block_bytes, [name])
+    for i, batch in enumerate(batches):
+        if i == index:
+            return batch.column(0)
+    raise InputDataError(f"{path} changed while it was read; prepare it again")
+
+
+class _FileReader:
+    """One input file read block by block: its columns' inferred dtypes and shapes (from the
+    first block, or the file's metadata) and then its blocks as :class:`_Raw`."""
+
+    def __init__(self, path: Path, declared: Schema | None, string_columns: Sequence[str], block_bytes: int):
+        self.path, self.kind, self.block_bytes = path, _kind(path), block_bytes
+        self.declared, self.string_columns = declared, string_columns
+        self._first: _Raw | None = None
+        self._rest: Iterator[_Raw] | None = None
+        self.estimated_rows = 0
+        self._open()
+
+    # -- the first block fixes the types; it is kept until blocks() hands it out ------------
+    def _open(self) -> None:
+        opener = {"csv": self._csv, "parquet": self._parquet, "npz": self._npz}[self.kind]
+        blocks = opener()
+        self._first = next(blocks, None)
+        self._rest = blocks
+        if self._first is None:  # no rows: the columns come from the header or metadata alone
+            self._first = self._empty
+        first = self._first
+        self.columns = list(first.columns)
+        self.dtypes, self.shapes = dict(first.dtypes), dict(first.shapes)
+
+    def blocks(self) -> Iterator[_Raw]:
+        """Every block of the file, the first one included (read once; then the file is closed)."""
+        if self._rest is None:  # the first block was dropped to save memory: read it again
+            self._open()
+        first, rest = self._first, self._rest
+        self._first = self._rest = None
+        if first is not None and first.rows:
+            yield first
+        yield from rest or ()
+
+    def release(self) -> None:
+        """Forget the first block (it is read again when the file's turn comes)."""
+        self._first = self._rest = None
+
+    @property
+    def first_bytes(self) -> int:
+        return _raw_bytes(self._first) if self._first is not None else 0
+
+    # -- CSV -------------------------------------------------------------------------------
+    def _csv(self) -> Iterator[_Raw]:
+        path = self.path
+        column_types = {name: pa.string() for name in self.string_columns}
+        if self.declared is not None:
+            column_types = {f.name: _ARROW_FOR[f.dtype] for f in self.declared.features}
+        schema, batches = _csv_batches(path, column_types, self.block_bytes)
+        names = schema.names
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise InputDataError(f"{path}: column names {duplicates} appear more than once in the header")
+        dtypes = {f.name: _arrow_dtype(f.type) or "string" for f in schema}  # dates, times...: text
+        self._empty = _Raw(path, "csv", {n: pa.array([], pa.string()) for n in names}, dtypes,
+                           {n: () for n in names}, 0)
+        size = path.stat().st_size * (4 if path.name.lower().endswith((".gz", ".bz2")) else 1)
+        start = 0
+        for index, batch in enumerate(batches):
+            columns = {}
+            for name, column in zip(names, batch.columns):
+                if _arrow_dtype(column.type) is None:
+                    column = pc.cast(column, pa.string())
+                elif name not in column_types:  # inferred: the type pyarrow chose must be honest
+                    if dtypes[name] == "string":
+                        _check_text_column(path, name, column, start)
+                    elif index == 0 and dtypes[name] == "float32" and pa.types.is_floating(column.type):
+                        _check_int64_overflow(path, name, column,
+                                              lambda n=name: _csv_text_block(path, n, 0, self.block_bytes))
+                columns[name] = column
+            if index == 0:  # the first block is block_bytes of text, or the whole file
+                self.estimated_rows = max(batch.num_rows, round(batch.num_rows * size / self.block_bytes))
+            yield _Raw(path, "csv", columns, dtypes, {n: () for n in names}, batch.num_rows, start)
+            start += batch.num_rows
+
+    # -- Parquet ---------------------------------------------------------------------------
+    def _parquet(self) -> Iterator[_Raw]:
+        path = self.path
+        try:
+            handle = pq.ParquetFile(path)
+        except (pa.ArrowException, OSError) as exc:
+            raise InputDataError(f"cannot read Parquet file {path}: {exc}") from None
+        schema = handle.schema_arrow
+        self.estimated_rows = handle.metadata.num_rows
+        dtypes: dict[str, str] = {}
+        for f in schema:
+            t = f.type
+            if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+                t = t.value_type
+            dtype = _arrow_dtype(t)
+            if dtype is None:
+                raise InputDataError(
+                    f"{path}, column {f.name!r}: Arrow type {f.type} is not supported; "
+                    "use integers, floats, strings, or fixed-length lists of numbers"
+                )
+            dtypes[f.name] = dtype
+        shapes: dict[str, tuple[int, ...]] = {f.name: () for f in schema}
+        self._empty = _Raw(path, "parquet", {f.name: pa.array([], f.type) for f in schema}, dtypes, shapes, 0)
+        row_bytes = max(1, sum(handle.metadata.row_group(i).total_byte_size
+                               for i in range(handle.metadata.num_row_groups)) // max(1, self.estimated_rows))
+        batch_rows = max(1024, self.block_bytes // row_bytes)
+        start = 0
+        try:
+            for batch in handle.iter_batches(batch_size=batch_rows):
+                columns = {}
+                for f, column in zip(schema, batch.columns):
+                    if pa.types.is_dictionary(column.type):
+                        column = column.dictionary_decode()
+                    t = column.type
+                    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+                        lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+                        if start == 0 and len(lengths):
+                            shapes[f.name] = (int(lengths[0]),)
+                        want = shapes[f.name][0] if shapes[f.name] else 1
+                        if len(lengths) and (lengths != want).any():
+                            bad = int(np.argmax(lengths != want))
+                            raise InputDataError(
+                                f"{path} row {start + bad}, column {f.name!r}: list of {lengths[bad]} values where "
+                                f"row 0 has {want}; every row of a feature needs the same number of values"
+                            )
+                    columns[f.name] = column
+                yield _Raw(path, "parquet", columns, dtypes, dict(shapes), batch.num_rows, start)
+                start += batch.num_rows
+        except (pa.ArrowException, OSError) as exc:
+            raise InputDataError(f"cannot read Parquet file {path}: {exc}") from None
+
+    # -- NumPy .npz: each array's rows read from its member stream, never the whole array ---
+    def _npz(self) -> Iterator[_Raw]:
+        path = self.path
+        try:
+            archive = zipfile.ZipFile(path)
+        except (OSError, zipfile.BadZipFile) as exc:
+            raise InputDataError(f"cannot read NumPy file {path}: {exc}") from None
+        with archive:
+            streams, layouts = {}, {}
+            rows = None
+            for member in archive.namelist():
+                name = member[:-4] if member.endswith(".npy") else member
+                stream = archive.open(member)
+                try:
+                    version = np.lib.format.read_magic(stream)
+                    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                                   else np.lib.format.read_array_header_2_0)
+                    shape, fortran, dtype = read_header(stream)
+                except ValueError as exc:
+                    raise InputDataError(f"cannot read NumPy file {path}, array {name!r}: {exc}") from None
+                if dtype.hasobject:
+                    raise InputDataError(f"{path}, array {name!r}: object arrays are not supported")
+                if len(shape) == 0:
+                    raise InputDataError(f"{path}, array {name!r} is a scalar; each array needs one entry per row")
+                if rows is None:
+                    rows = shape[0]
+                elif shape[0] != rows:
+                    raise InputDataError(
+                        f"{path}, array {name!r} has {shape[0]} rows where the other arrays have {rows}; "
+                        "all arrays of a .npz file must have the same first dimension"
+                    )
+                kind = {"i": "int64", "u": "int64", "b": "int64", "f": "float32", "U": "string", "S": "string"}
+                if dtype.kind not in kind:
+                    raise InputDataError(f"{path}, array {name!r}: dtype {dtype} is not supported")
+                if fortran and len(shape) > 1:  # column-major: rows are not contiguous, read it whole
+                    stream = io.BytesIO(np.ascontiguousarray(
+                        np.frombuffer(stream.read(), dtype=dtype).reshape(shape, order="F")).tobytes())
+                streams[name] = stream
+                layouts[name] = (dtype, tuple(shape[1:]), kind[dtype.kind])
+            if not streams:
+                raise InputDataError(f"input file {path} holds no arrays; add one array per column")
+            rows = rows or 0
+            self.estimated_rows = rows
+            dtypes = {n: layout[2] for n, layout in layouts.items()}
+            shapes = {n: layout[1] for n, layout in layouts.items()}
+            self._empty = _Raw(path, "npz", {n: np.empty((0, *s), d) for n, (d, s, _) in layouts.items()},
+                               dtypes, shapes, 0)
+            row_bytes = max(1, sum(d.itemsize * math.prod(s) for d, s, _ in layouts.values()))
+            step = max(1024, self.block_bytes // row_bytes)
+            for start in range(0, rows, step):
+                n = min(step, rows - start)
+                columns = {}
+                for name, (dtype, shape, _) in layouts.items():
+                    size = dtype.itemsize * math.prod(shape) * n
+                    data = streams[name].read(size)
+                    if len(data) != size:
+                        raise InputDataError(f"{path}, array {name!r} is truncated; write the file again")
+                    columns[name] = np.frombuffer(data, dtype=dtype).reshape((n, *shape))
+                yield _Raw(path, "npz", columns, dtypes, shapes, n, start)
+
+
+def _raw_bytes(raw: _Raw) -> int:
+    return sum(c.nbytes for c in raw.columns.values())
 
 
 def _parse_number(text: str, dtype: str) -> Any:
@@ -310,79 +502,6 @@ def _open_text(path: Path):
 
         return bz2.open(path, "rt", encoding="utf-8", newline="")
     return open(path, encoding="utf-8", newline="")
-
-
-def _read_parquet(path: Path) -> _Raw:
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as exc:
-        raise InputDataError(f"cannot read Parquet file {path}: {exc}") from None
-    columns, dtypes, shapes = {}, {}, {}
-    for name in table.column_names:
-        column = table.column(name).combine_chunks()
-        if pa.types.is_dictionary(column.type):
-            column = column.dictionary_decode()
-        shape: tuple[int, ...] = ()
-        t = column.type
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
-            if len(lengths) and (lengths != lengths[0]).any():
-                bad = int(np.argmax(lengths != lengths[0]))
-                raise InputDataError(
-                    f"{path} row {bad}, column {name!r}: list of {lengths[bad]} values where row 0 has "
-                    f"{lengths[0]}; every row of a feature needs the same number of values"
-                )
-            shape = (int(lengths[0]) if len(lengths) else 1,)
-            t = t.value_type
-        dtype = _arrow_dtype(t)
-        if dtype is None:
-            raise InputDataError(
-                f"{path}, column {name!r}: Arrow type {column.type} is not supported; "
-                "use integers, floats, strings, or fixed-length lists of numbers"
-            )
-        columns[name], dtypes[name], shapes[name] = column, dtype, shape
-    return _Raw(path, "parquet", columns, dtypes, shapes, table.num_rows)
-
-
-def _read_npz(path: Path) -> _Raw:
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise InputDataError(f"cannot read NumPy file {path}: {exc}") from None
-    columns, dtypes, shapes = {}, {}, {}
-    rows = None
-    with archive:
-        for name in archive.files:
-            try:
-                array = archive[name]
-            except ValueError as exc:
-                raise InputDataError(f"{path}, array {name!r}: {exc} (object arrays are not supported)") from None
-            if array.ndim == 0:
-                raise InputDataError(f"{path}, array {name!r} is a scalar; each array needs one entry per row")
-            if rows is None:
-                rows = len(array)
-            elif len(array) != rows:
-                raise InputDataError(
-                    f"{path}, array {name!r} has {len(array)} rows where the other arrays have {rows}; "
-                    "all arrays of a .npz file must have the same first dimension"
-                )
-            kind = array.dtype.kind
-            dtype = {"i": "int64", "u": "int64", "b": "int64", "f": "float32", "U": "string", "S": "string"}.get(kind)
-            if dtype is None:
-                raise InputDataError(f"{path}, array {name!r}: dtype {array.dtype} is not supported")
-            columns[name], dtypes[name], shapes[name] = array, dtype, tuple(array.shape[1:])
-    if not columns:
-        raise InputDataError(f"input file {path} holds no arrays; add one array per column")
-    return _Raw(path, "npz", columns, dtypes, shapes, rows or 0)
-
-
-def _read_file(path: Path, declared: Schema | None, string_columns: Sequence[str]) -> _Raw:
-    kind = _kind(path)
-    if kind == "csv":
-        return _read_csv(path, declared, string_columns)
-    if kind == "parquet":
-        return _read_parquet(path)
-    return _read_npz(path)
 
 
 # -- conversion to the schema's dtypes -----------------------------------------------------
@@ -472,7 +591,8 @@ def _first_value(values: np.ndarray, mask: np.ndarray, row: int) -> float:
     return float(values.reshape(len(values), -1)[row][mask.reshape(len(mask), -1)[row]][0])
 
 
-def _infer(raws: list[_Raw], allow_nan: bool, string_columns: Sequence[str]) -> Schema:
+def _infer(raws: Sequence[_Raw | _FileReader], allow_nan: bool, string_columns: Sequence[str]) -> Schema:
+    """The schema from each file's columns (CSV: types of its first block), widened across files."""
     first = raws[0]
     names = list(first.columns)
     for raw in raws[1:]:
@@ -508,7 +628,7 @@ def _infer(raws: list[_Raw], allow_nan: bool, string_columns: Sequence[str]) -> 
     return Schema(tuple(features))
 
 
-def _check_declared(raws: list[_Raw], declared: Schema) -> None:
+def _check_declared(raws: Sequence[_Raw | _FileReader], declared: Schema) -> None:
     for raw in raws:
         missing = [n for n in declared.names if n not in raw.columns]
         if missing:
@@ -533,19 +653,54 @@ def column_names(value: str | Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys(n for n in names if n))
 
 
-def read_table(
+@dataclass
+class Block:
+    """Consecutive rows of one input file, converted to the schema's dtypes."""
+
+    path: Path
+    start: int  # index of the block's first row in its file (from 0)
+    columns: dict[str, np.ndarray]  # one array per feature, schema order
+
+    @property
+    def rows(self) -> int:
+        return len(next(iter(self.columns.values())))
+
+
+class Inputs:
+    """The input files, opened: :attr:`schema` is known (declared, or inferred from the first
+    block of every file) before any row is converted; :meth:`blocks` then streams them."""
+
+    def __init__(self, paths: list[Path], readers: list[_FileReader], schema: Schema) -> None:
+        self.paths, self._readers, self.schema = paths, readers, schema
+
+    @property
+    def estimated_rows(self) -> int:
+        """Rows in all files: exact for Parquet and .npz, from the first block's size for CSV."""
+        return sum(r.estimated_rows for r in self._readers)
+
+    def blocks(self) -> Iterator[Block]:
+        for reader in self._readers:
+            for raw in reader.blocks():
+                yield Block(raw.path, raw.start, {spec.name: _convert(raw, spec) for spec in self.schema.features})
+
+
+def open_inputs(
     inputs: str | os.PathLike | Sequence[str | os.PathLike],
     declared: Schema | None = None,
     allow_nan: bool = False,
-    on_file: Callable[[int, int, int], None] | None = None,
     string_columns: Sequence[str] = (),
-) -> Table:
-    """Read and check every input file; columns follow the declared schema or are inferred.
+    block_bytes: int = 16 << 20,
+    keep_bytes: int | None = None,
+    on_file: Callable[[int, int], None] | None = None,
+) -> Inputs:
+    """Open and check every input file; the columns follow the declared schema or are inferred.
 
-    An inferred CSV column is numeric when its values are numbers: one value that is not
-    stops the read with its file, line and column. ``string_columns`` names the columns to
-    read as text instead (CSV values kept verbatim, e.g. zip codes with leading zeros).
-    ``on_file(files_done, files_total, rows_so_far)`` is called after each file."""
+    An inferred CSV column is numeric when its values in the file's first block (``block_bytes``
+    of text) are numbers; a value that is not, in that block or a later one, stops the read with
+    its file, line and column. ``string_columns`` names the columns to read as text instead (CSV
+    values kept verbatim, e.g. zip codes with leading zeros). The first block of each file is
+    kept for the stream while they fit in ``keep_bytes`` (default ``4 * block_bytes``), and read
+    again otherwise. ``on_file(files_done, files_total)`` is called after each file is opened."""
     string_columns = column_names(string_columns)
     if declared is not None and string_columns:
         raise SchemaError(
@@ -553,37 +708,31 @@ def read_table(
             "with a schema, declare those columns' dtype as string there"
         )
     paths = resolve_inputs(inputs)
-    raws: list[_Raw] = []
-    rows = 0
+    keep = 4 * block_bytes if keep_bytes is None else keep_bytes
+    readers: list[_FileReader] = []
+    kept = 0
     for i, path in enumerate(paths):
-        raw = _read_file(path, declared, string_columns)
-        unknown = [n for n in string_columns if n not in raw.columns]
+        reader = _FileReader(path, declared, string_columns, block_bytes)
+        unknown = [n for n in string_columns if n not in reader.columns]
         if unknown:
             raise SchemaError(
-                f"string_columns {unknown} are not columns of {path} (its columns: {', '.join(raw.columns)})"
+                f"string_columns {unknown} are not columns of {path} (its columns: {', '.join(reader.columns)})"
             )
-        raws.append(raw)
-        rows += raw.rows
+        kept += reader.first_bytes
+        if i > 0 and kept > keep:
+            reader.release()
+        readers.append(reader)
         if on_file:
-            on_file(i + 1, len(paths), rows)
+            on_file(i + 1, len(paths))
     if declared is not None:
-        _check_declared(raws, declared)
+        _check_declared(readers, declared)
         schema = declared
         if allow_nan:
             schema = Schema(tuple(FeatureSpec(f.name, f.dtype, f.shape, f.allow_nan or f.dtype == "float32")
                                   for f in declared.features), declared.label_name)
     else:
-        schema = _infer(raws, allow_nan, string_columns)
-    if rows == 0:
-        names = ", ".join(str(r.path) for r in raws)
+        schema = _infer(readers, allow_nan, string_columns)
+    if all(r.estimated_rows == 0 for r in readers):
+        names = ", ".join(str(r.path) for r in readers)
         raise InputDataError(f"input has no rows (only headers) in {names}; add data rows")
-    columns: dict[str, list[np.ndarray]] = {f.name: [] for f in schema.features}
-    sources: list[Source] = []
-    start = 0
-    for raw in raws:
-        for spec in schema.features:
-            columns[spec.name].append(_convert(raw, spec))
-        sources.append(Source(raw.path, raw.kind, start, raw.rows))
-        start += raw.rows
-    merged = {n: parts[0] if len(parts) == 1 else np.concatenate(parts) for n, parts in columns.items()}
-    return Table(schema, merged, sources)
+    return Inputs(paths, readers, schema)

@@ -1,21 +1,24 @@
-"""Raw files -> a committed TFRecord dataset version.
+"""Raw files -> a committed TFRecord dataset version, streamed in bounded memory.
 
 ``<output>/<name>/<version>/{train,eval}/part-NNNNN-of-MMMMM.tfrecord[.gz]``, ``schema.json``
-and ``_SUCCESS`` (counts per split and per shard). Everything is written into a hidden
-temporary directory beside the final one and renamed into place at the end, so a reader
-never sees a partial dataset; ``_SUCCESS`` is the last file written."""
+and ``_SUCCESS`` (counts per split and per shard). Rows are read a block at a time, split by a
+per-row hash, encoded on threads and appended to the shard files as they arrive. Everything is
+written into a hidden temporary directory beside the final one and renamed into place at the
+end, so a reader never sees a partial dataset; ``_SUCCESS`` is the last file written."""
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import json
+import logging
 import math
 import os
 import shutil
 import time
 import uuid
 import zlib
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -28,7 +31,7 @@ from ..cluster.names import path_component
 from ..files import strip_file_scheme, write_json
 from .encode import encode_examples, record_lengths
 from .errors import DataError, DatasetExistsError, InputDataError, SchemaError
-from .inputs import Table, read_table
+from .inputs import Block, Inputs, open_inputs, resolve_inputs
 from .schema import FORMAT_VERSION, SCHEMA_FILE, SUCCESS_FILE, Schema
 
 DEFAULT_EVAL_FRACTION = 0.2
@@ -36,7 +39,15 @@ DEFAULT_TARGET_SHARD_MB = 128.0
 MIN_ROWS_PER_SHARD = 100  # fewer rows per file only add per-file overhead for every reader
 MAX_SHARDS = 10_000
 COMPRESSIONS = ("gzip",)
+DEFAULT_BUFFER_MIB = 512.0
 _CHUNK_BYTES = 4 << 20  # encoded bytes per task: large enough for NumPy, small enough to stream
+_MIN_GROUP_ROWS = 64  # rows encoded at once at least: fewer cost more in NumPy call overhead
+_MAX_GROUPS = 64  # shards one block's rows are dealt over at most (the next block goes on from there)
+_MAX_BLOCK_BYTES = 16 << 20  # input read at once at most (also the CSV type-inference sample)
+_OPEN_FILES = 64  # shard files kept open while writing
+_HASH_CHUNK = 8 << 20
+
+log = logging.getLogger(__name__)
 _GZIP_LEVEL = 6
 _STALE_AFTER = 24 * 3600.0  # seconds after which a temporary directory is taken as abandoned
 
@@ -102,47 +113,60 @@ def _key_fractions(values: np.ndarray, seed: int) -> np.ndarray:
     return fractions[inverse.ravel()]
 
 
-def split_rows(table: Table, eval_fraction: float, seed: int, split_key: str | None) -> dict[str, np.ndarray]:
-    """Row indices of each split, in the (shuffled) order they are written.
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """A bijective mix of 64-bit integers (SplitMix64's finaliser): neighbours map far apart."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
-    Without ``split_key`` exactly ``round(rows * eval_fraction)`` random rows go to eval; with
-    it, a row goes to eval when the hash of its key falls below ``eval_fraction``, so a key
-    stays in the same split whatever else the input holds."""
-    n = table.num_rows
-    order = np.random.default_rng(seed).permutation(n)
+
+def file_key(path: str | os.PathLike, seed: int) -> int:
+    """A 64-bit number naming an input file (its absolute path) under ``seed``."""
+    text = f"{int(seed)}\0{os.path.abspath(os.fspath(path))}".encode("utf-8")
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big")
+
+
+def row_fractions(key: int, start: int, rows: int) -> np.ndarray:
+    """A number in [0, 1) per row from a hash of (file, row number, seed) (``key`` from
+    :func:`file_key`): the same row always gets the same number, however the input is read."""
+    with np.errstate(over="ignore"):
+        mixed = _splitmix64(np.arange(start, start + rows, dtype=np.uint64) ^ np.uint64(key))
+    return (mixed >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def split_block(block: Block, eval_fraction: float, seed: int, split_key: str | None,
+                key: int) -> dict[str, np.ndarray]:
+    """Row indices of each split of one block, in a seeded random order.
+
+    A row goes to eval when its hash falls below ``eval_fraction``: of the file, row number and
+    seed, or with ``split_key`` of that column's value (a key stays in one split whatever else
+    the input holds). Each row's split depends on nothing else, so blocks, files and parallel
+    parts can be split independently and agree with one sequential run."""
+    n = block.rows
     if split_key is not None:
-        if split_key not in table.columns:
-            raise SchemaError(
-                f"split key column {split_key!r} is not in the input (columns: {', '.join(table.columns)})"
-            )
-        if table.columns[split_key].ndim != 1:
-            raise SchemaError(f"split key column {split_key!r} must hold one value per row, not a vector")
-        is_eval = _key_fractions(table.columns[split_key], seed) < eval_fraction
-        if eval_fraction > 0 and not is_eval.any():
-            raise InputDataError(
-                f"no row's {split_key!r} key hashed into the eval split ({n} rows, eval fraction "
-                f"{eval_fraction}); use more distinct keys, a larger eval fraction, or another seed"
-            )
-        in_order = is_eval[order]
-        splits = {"train": order[~in_order], "eval": order[in_order]}
+        is_eval = _key_fractions(block.columns[split_key], seed) < eval_fraction
     else:
-        n_eval = 0 if eval_fraction == 0 else max(1, int(round(n * eval_fraction)))
-        splits = {"train": order[n_eval:], "eval": order[:n_eval]}
-    if len(splits["train"]) == 0:
-        raise InputDataError(
-            f"no rows left for training: {n} input rows with eval fraction {eval_fraction}; "
-            "add rows or lower the eval fraction"
-        )
-    if len(splits["eval"]) == 0:
-        del splits["eval"]
-    return splits
+        is_eval = row_fractions(key, block.start, n) < eval_fraction
+    order = np.random.default_rng([int(seed), key & 0xFFFFFFFF, key >> 32, block.start]).permutation(n)
+    in_order = is_eval[order]
+    return {"train": order[~in_order], "eval": order[in_order]}
+
+
+def _check_split_key(schema: Schema, split_key: str | None) -> None:
+    if split_key is None:
+        return
+    if split_key not in schema:
+        raise SchemaError(f"split key column {split_key!r} is not in the input (columns: {', '.join(schema.names)})")
+    if schema[split_key].shape:
+        raise SchemaError(f"split key column {split_key!r} must hold one value per row, not a vector")
 
 
 # -- sharding ------------------------------------------------------------------------------
-def _mean_record_bytes(table: Table) -> float:
-    sample = np.linspace(0, table.num_rows - 1, num=min(table.num_rows, 4096)).astype(np.int64)
-    columns = [table.columns[f.name][sample] for f in table.schema.features]
-    return float(record_lengths(table.schema.features, columns).mean())
+def _mean_record_bytes(block: Block, schema: Schema) -> float:
+    sample = np.linspace(0, block.rows - 1, num=min(block.rows, 4096)).astype(np.int64)
+    columns = [block.columns[f.name][sample] for f in schema.features]
+    return float(record_lengths(schema.features, columns).mean())
 
 
 def max_shards(rows: int) -> int:
@@ -150,12 +174,12 @@ def max_shards(rows: int) -> int:
     return max(1, min(MAX_SHARDS, rows // MIN_ROWS_PER_SHARD))
 
 
-def shard_counts(splits: dict[str, np.ndarray], record_bytes: float, shards: int | None,
+def shard_counts(rows: dict[str, int], record_bytes: float, shards: int | None,
                  target_shard_mb: float | None) -> dict[str, int]:
-    """Files per split: ``shards`` for train (eval in proportion), or by target size.
-
-    More train files than :func:`max_shards` allows is refused, with the numbers."""
-    train_rows = len(splits["train"])
+    """Files per split (``rows``: expected rows per split): ``shards`` for train (eval in
+    proportion), or by target size. More train files than :func:`max_shards` allows is
+    refused, with the numbers."""
+    train_rows = rows["train"]
     limit = max_shards(train_rows)
     rule = f"at least {MIN_ROWS_PER_SHARD} rows each, {MAX_SHARDS:,} files at most"
     target = (target_shard_mb or DEFAULT_TARGET_SHARD_MB) * (1 << 20)
@@ -174,12 +198,12 @@ def shard_counts(splits: dict[str, np.ndarray], record_bytes: float, shards: int
             f"at most {limit:,} are allowed ({rule}): use target_shard_mb={suggested:g} or more"
         )
     counts = {}
-    for split, rows in splits.items():
+    for split, n in rows.items():
         if shards is not None:
-            wanted = shards if split == "train" else math.ceil(shards * len(rows) / train_rows)
+            wanted = shards if split == "train" else math.ceil(shards * n / max(train_rows, 1))
         else:
-            wanted = math.ceil(len(rows) * record_bytes / target)
-        counts[split] = max(1, min(int(wanted), max_shards(len(rows))))
+            wanted = math.ceil(n * record_bytes / target)
+        counts[split] = max(1, min(int(wanted), max_shards(n)))
     return counts
 
 
@@ -188,15 +212,15 @@ def shard_name(index: int, count: int, compression: str | None) -> str:
 
 
 # -- writing -------------------------------------------------------------------------------
-def _encode_chunk(table: Table, rows: np.ndarray, compression: str | None) -> bytes | np.ndarray:
-    """The framed records of ``rows`` (bytes-like), compressed as one gzip member if asked."""
-    columns = [table.columns[f.name][rows] for f in table.schema.features]
-    # The rows come in a seeded random order. Inside this block, rows with the same byte
-    # layout are written together (each group keeping that order): it saves a copy of every
-    # byte, and readers shuffle across blocks and files anyway.
-    data = encode_examples(table.schema.features, columns, keep_order=False)
+def _encode_group(schema: Schema, block: Block, rows: np.ndarray, compression: str | None) -> bytes | np.ndarray:
+    """The framed records of ``rows`` of a block (bytes-like), one gzip member if asked."""
+    columns = [block.columns[f.name][rows] for f in schema.features]
+    # Rows come in a seeded random order. Inside this group, rows with the same byte layout
+    # are written together (each group keeping that order): it saves a copy of every byte,
+    # and readers shuffle across groups and files anyway.
+    data = encode_examples(schema.features, columns, keep_order=False)
     if compression == "gzip":
-        # Each chunk is a complete gzip member; a file of concatenated members is valid gzip.
+        # Each group is a complete gzip member; a file of concatenated members is valid gzip.
         packer = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, 31)
         data = packer.compress(data) + packer.flush()
     return data
@@ -216,63 +240,83 @@ def _ordered(pool: ThreadPoolExecutor, tasks: Iterator[tuple[Any, Callable[[], A
         yield key, future.result()
 
 
-def _fsync_close(handle) -> None:
-    handle.flush()
-    os.fsync(handle.fileno())
-    handle.close()
-
-
-def write_splits(table: Table, splits: dict[str, np.ndarray], counts: dict[str, int], directory: Path,
-                 compression: str | None, workers: int, record_bytes: float,
-                 report: Callable[[int], None]) -> dict[str, Any]:
-    """Encode and write every shard of every split; returns the manifest's ``splits``."""
-    chunk_rows = int(min(65536, max(256, _CHUNK_BYTES // max(record_bytes, 1))))
-    plan = []  # (split, shard index, rows)
-    for split, rows in splits.items():
-        directory.joinpath(split).mkdir()
-        for index, shard_rows in enumerate(np.array_split(rows, counts[split])):
-            plan.append((split, index, shard_rows))
-
-    def tasks():
-        for split, index, shard_rows in plan:
-            starts = range(0, len(shard_rows), chunk_rows)
-            for n, start in enumerate(starts):
-                chunk = shard_rows[start:start + chunk_rows]
-                last = n == len(starts) - 1
-                yield (split, index, len(chunk), last), (lambda c=chunk: _encode_chunk(table, c, compression))
-
-    manifest: dict[str, Any] = {split: {"examples": int(len(rows)), "shards": []} for split, rows in splits.items()}
-    done = 0
-    handle = None
-    written = 0
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="airflow-tf-encode") as pool:
-        try:
-            for (split, index, n_rows, last), data in _ordered(pool, tasks(), depth=2 * workers):
-                if handle is None:
-                    name = shard_name(index, counts[split], compression)
-                    handle = open(directory / split / name, "wb")
-                    shard_examples, written = 0, 0
-                handle.write(data)
-                shard_examples += n_rows
-                written += len(data)
-                done += n_rows
-                report(done)
-                if last:
-                    _fsync_close(handle)
-                    handle = None
-                    manifest[split]["shards"].append({"file": name, "examples": shard_examples, "bytes": written})
-        finally:
-            if handle is not None:
-                handle.close()
-    return manifest
-
-
-def _fsync_dir(path: Path) -> None:
+def _fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+_fsync_dir = _fsync_file
+
+
+class ShardWriter:
+    """Appends encoded groups to the shard files of every split as they arrive.
+
+    Each split has a fixed number of files; a block's rows are dealt out over them in groups
+    (so every file gets rows from all over the input). At most ``_OPEN_FILES`` stay open."""
+
+    def __init__(self, directory: Path, counts: dict[str, int], compression: str | None) -> None:
+        self.directory, self.counts, self.compression = directory, counts, compression
+        self.examples = {split: [0] * n for split, n in counts.items()}
+        self.bytes = {split: [0] * n for split, n in counts.items()}
+        self._next = dict.fromkeys(counts, 0)
+        self._open: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        for split in counts:
+            directory.joinpath(split).mkdir()
+
+    def deal(self, split: str, rows: np.ndarray, group_rows: int) -> list[tuple[int, np.ndarray]]:
+        """(shard, rows) groups of a block's rows of ``split``: over as many shards as the rows
+        allow (groups of ``_MIN_GROUP_ROWS`` to ``group_rows`` rows, ``_MAX_GROUPS`` shards unless
+        the groups need more), going on from the shard where the last block stopped."""
+        count = self.counts[split]
+        groups = max(math.ceil(len(rows) / group_rows), min(count, len(rows) // _MIN_GROUP_ROWS, _MAX_GROUPS), 1)
+        first = self._next[split]
+        self._next[split] = (first + groups) % count
+        return [((first + i) % count, part) for i, part in enumerate(np.array_split(rows, groups)) if len(part)]
+
+    def _path(self, split: str, shard: int) -> Path:
+        return self.directory / split / shard_name(shard, self.counts[split], self.compression)
+
+    def write(self, split: str, shard: int, rows: int, data: bytes | np.ndarray) -> None:
+        handle = self._open.pop((split, shard), None)
+        if handle is None:
+            if len(self._open) >= _OPEN_FILES:
+                self._open.popitem(last=False)[1].close()
+            handle = open(self._path(split, shard), "ab")
+        self._open[(split, shard)] = handle
+        handle.write(data)
+        self.examples[split][shard] += rows
+        self.bytes[split][shard] += len(data)
+
+    def close(self) -> None:
+        for handle in self._open.values():
+            handle.close()
+        self._open.clear()
+
+    def finish(self) -> dict[str, Any]:
+        """Close, drop files that got no rows, name the rest ``part-i-of-n``, fsync; returns the
+        manifest's ``splits``."""
+        self.close()
+        manifest: dict[str, Any] = {}
+        for split, count in self.counts.items():
+            kept = [i for i in range(count) if self.examples[split][i]]
+            if not kept:
+                shutil.rmtree(self.directory / split)
+                continue
+            shards = []
+            for new, old in enumerate(kept):
+                # A shard that got no rows has no file (files open on their first write).
+                source = self._path(split, old)
+                name = shard_name(new, len(kept), self.compression)
+                if source.name != name:  # "-of-n" differs, so no kept file has the new name yet
+                    source = source.rename(source.with_name(name))
+                _fsync_file(source)
+                shards.append({"file": name, "examples": self.examples[split][old], "bytes": self.bytes[split][old]})
+            _fsync_dir(self.directory / split)
+            manifest[split] = {"examples": sum(s["examples"] for s in shards), "shards": shards}
+        return manifest
 
 
 # -- versions and commit -------------------------------------------------------------------
@@ -375,6 +419,87 @@ def _check_options(eval_fraction: float, shards: int | None, target_shard_mb: fl
     return str(compression).lower()
 
 
+def buffer_plan(buffer_mib: float) -> tuple[int, int]:
+    """(bytes of input text per read block, encoding tasks in flight) for a memory budget.
+
+    Memory holds about two read blocks (as Arrow data, then as NumPy columns being split and
+    encoded) and the encoded groups in flight; the rest of the budget is headroom for
+    pyarrow's and NumPy's temporaries (measured: peak RSS stays below the budget)."""
+    budget = int(float(buffer_mib) * (1 << 20))
+    block = max(256 << 10, min(_MAX_BLOCK_BYTES, budget // 16))
+    return block, max(2, min(16, budget // 8 // _chunk_bytes(buffer_mib)))
+
+
+def _chunk_bytes(buffer_mib: float) -> int:
+    """Encoded bytes per encoding task: 4 MiB, less under a small budget (encoding takes
+    several times its output in temporaries)."""
+    return max(256 << 10, min(_CHUNK_BYTES, int(float(buffer_mib) * (1 << 20)) // 32))
+
+
+def _write_stream(inputs: Inputs, directory: Path, *, eval_fraction: float, seed: int, split_key: str | None,
+                  shards: int | None, target_shard_mb: float | None, compression: str | None, workers: int,
+                  in_flight: int, report: Callable[[int, int], None], chunk_bytes: int = _CHUNK_BYTES,
+                  require_splits: bool = True) -> tuple[dict[str, Any], int]:
+    """Encode and write the rows of ``inputs`` block by block into shard files under
+    ``directory``; returns the manifest's ``splits`` and the number of rows. Without
+    ``require_splits`` (one part of several) a split, or all, may end up empty."""
+    schema = inputs.schema
+    keys = {path: file_key(path, seed) for path in inputs.paths}
+    state: dict[str, Any] = {"rows": 0, "expected": inputs.estimated_rows}
+
+    def tasks() -> Iterator[tuple[Any, Callable[[], Any]]]:
+        writer = None
+        for block in inputs.blocks():
+            if writer is None:  # the first block sizes the records and so the number of files
+                record_bytes = _mean_record_bytes(block, schema)
+                expected = max(inputs.estimated_rows, block.rows)
+                train = max(1, round(expected * (1 - eval_fraction)))
+                rows = {"train": train, "eval": expected - train} if eval_fraction > 0 else {"train": train}
+                counts = shard_counts(rows, record_bytes, shards, target_shard_mb)
+                writer = state["writer"] = ShardWriter(directory, counts, compression)
+                group_rows = int(min(65536, max(_MIN_GROUP_ROWS, chunk_bytes // max(record_bytes, 1))))
+            for split, rows in split_block(block, eval_fraction, seed, split_key, keys[block.path]).items():
+                if split not in writer.counts:
+                    continue
+                for shard, part in writer.deal(split, rows, group_rows):
+                    yield ((split, shard, len(part)),
+                           lambda b=block, r=part: _encode_group(schema, b, r, compression))
+            state["rows"] += block.rows
+            state["expected"] = max(inputs.estimated_rows, state["rows"])
+
+    written = 0
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="airflow-tf-encode") as pool:
+        try:
+            for (split, shard, rows), data in _ordered(pool, tasks(), depth=in_flight):
+                state["writer"].write(split, shard, rows, data)
+                written += rows
+                report(written, state["expected"])
+        finally:
+            if "writer" in state:
+                state["writer"].close()
+    if "writer" not in state and not require_splits:
+        return {}, 0
+    if "writer" not in state:
+        raise InputDataError(f"input has no rows (only headers) in {', '.join(map(str, inputs.paths))}; add data rows")
+    splits = state["writer"].finish()
+    if not require_splits:
+        return splits, written
+    train = splits.get("train", {}).get("examples", 0)
+    if not train:
+        raise InputDataError(
+            f"no rows left for training: {written} input rows with eval fraction {eval_fraction}; "
+            "add rows or lower the eval fraction"
+        )
+    if eval_fraction > 0 and "eval" not in splits:
+        by = f"no row's {split_key!r} key" if split_key else "no row"
+        raise InputDataError(
+            f"{by} hashed into the eval split ({written} rows, eval fraction {eval_fraction}); "
+            + ("use more distinct keys, " if split_key else "add rows, ")
+            + "a larger eval fraction, another seed, or eval_fraction=0"
+        )
+    return splits, written
+
+
 def prepare_dataset(
     input: str | os.PathLike | Sequence[str | os.PathLike],
     output: str | os.PathLike,
@@ -394,23 +519,45 @@ def prepare_dataset(
     workers: int | None = None,
     progress: Callable[[Progress], None] | None = None,
     progress_every: float = 5.0,
+    buffer_mib: float = DEFAULT_BUFFER_MIB,
+    cache: bool = False,
+    partition_key: str | None = None,
 ) -> dict[str, Any]:
-    """Convert CSV/Parquet/.npz files into a sharded TFRecord dataset version.
+    """Convert CSV/Parquet/.npz files into a sharded TFRecord dataset version, streaming.
 
-    Without ``version`` the dataset becomes the next integer version, decided when it is
-    committed, so concurrent runs of one dataset each commit a version of their own.
-    ``string_columns`` names CSV columns to read as text (an inferred numeric column with a
-    value that does not parse is an error). Returns a summary: ``dataset_uri`` (the version
-    directory), ``name``, ``version``, ``counts`` and ``shards`` per split, ``compression``,
-    ``schema`` (as a dict), ``rows``, ``seconds`` and ``rows_per_sec``. Raises a
-    :class:`DataError` naming the file, line and column of bad input, before anything is
-    committed."""
+    Rows are read, checked, split, encoded and written a block at a time: memory follows
+    ``buffer_mib`` (default 512 MiB), not the size of the input. A row goes to eval when a
+    hash of (input file, row number, seed), or of its ``split_key`` value, falls below
+    ``eval_fraction``: the split is deterministic and the eval share is ``eval_fraction`` of
+    the rows up to sampling noise. Without ``version`` the dataset becomes the next integer
+    version, decided when it is committed, so concurrent runs of one dataset each commit a
+    version of their own. ``string_columns`` names CSV columns to read as text (an inferred
+    numeric column with a value that does not parse is an error). Returns a summary:
+    ``dataset_uri`` (the version directory), ``name``, ``version``, ``counts`` and ``shards``
+    per split, ``compression``, ``schema`` (as a dict), ``rows``, ``seconds`` and
+    ``rows_per_sec``. Raises a :class:`DataError` naming the file, line and column of bad
+    input; nothing is committed then.
+
+    With ``cache=True`` (and no ``version``) the input's content and the options are
+    fingerprinted first (one extra read of the input) and recorded in ``_SUCCESS``; when a
+    committed version has the same fingerprint it is returned as it is (``"cached": True``)
+    and nothing is encoded.
+
+    ``partition_key`` (e.g. a day, ``"2026-11-20"``) makes this version the data of one
+    partition: it is named by the key unless ``version`` is given, and recorded in
+    ``_SUCCESS`` so that :func:`~airflow_tf.data.window.make_window` can join the last N."""
     started = time.monotonic()
     compression = _check_options(eval_fraction, shards, target_shard_mb, compression, workers)
+    if not float(buffer_mib) >= 1:
+        raise DataError(f"buffer_mib must be at least 1 (MiB of buffered rows), got {buffer_mib}")
     if not name or not str(name).strip():
         raise DataError("a dataset name is required")
     declared = Schema.coerce(schema) if schema is not None else None
     root = Path(strip_file_scheme(output)) / path_component(str(name))
+    if partition_key is not None:
+        partition_key = str(partition_key)
+        if version is None:
+            version = path_component(partition_key)
     version_name = _version_name(version, root)
     final = root / version_name
     if version is not None and final.exists() and not overwrite:
@@ -419,38 +566,42 @@ def prepare_dataset(
             "out to get the next one, or ask to overwrite it"
         )
     reporter = _Reporter(progress, progress_every)
+    block_bytes, in_flight = buffer_plan(buffer_mib)
+
+    fingerprint = None
+    if cache and version is None:
+        fingerprint = input_fingerprint(input, {
+            "label": label, "eval_fraction": float(eval_fraction), "shards": shards,
+            "target_shard_mb": target_shard_mb, "compression": compression,
+            "schema": declared.to_dict() if declared else None, "string_columns": sorted(string_columns or ()),
+            "seed": int(seed), "split_key": split_key, "allow_nan": bool(allow_nan),
+        })
+        cached = find_cached(root, fingerprint)
+        if cached is not None:
+            log.info("Input of dataset %r unchanged (fingerprint %s): reusing version %s, nothing encoded",
+                     str(name), fingerprint, cached["version"])
+            return _cached_summary(root, cached, started)
 
     reporter.begin("read")
-    table = read_table(input, declared, allow_nan,
-                       on_file=lambda done, total, rows: reporter("read", done, total, rows, done == total),
-                       string_columns=string_columns or ())
-    if label is not None:
-        if label not in table.schema:
-            raise SchemaError(
-                f"label column {label!r} is not in the input (columns: {', '.join(table.schema.names)})"
-            )
-        if table.schema.label_name not in (None, label):
-            raise SchemaError(
-                f"label {label!r} differs from the declared schema's label {table.schema.label_name!r}; "
-                "give one of them"
-            )
-        table.schema = table.schema.with_label(label)
-    splits = split_rows(table, float(eval_fraction), int(seed), split_key)
-    record_bytes = _mean_record_bytes(table)
-    counts = shard_counts(splits, record_bytes, shards, target_shard_mb)
+    inputs = open_inputs(input, declared, allow_nan, string_columns or (), block_bytes=block_bytes,
+                         on_file=lambda done, total: reporter("read", done, total, 0, done == total))
+    inputs.schema = _with_label(inputs.schema, label)
+    _check_split_key(inputs.schema, split_key)
 
     _make_root(root)
     _remove_stale_temporaries(root)
     temporary = root / f".tmp-{version_name}-{uuid.uuid4().hex[:12]}"
-    total = table.num_rows
     reporter.begin("write")
     try:
         temporary.mkdir()
-        manifest_splits = write_splits(
-            table, splits, counts, temporary, compression, int(workers or os.cpu_count() or 1), record_bytes,
-            report=lambda done: reporter("write", done, total, done, done == total),
+        manifest_splits, total = _write_stream(
+            inputs, temporary, eval_fraction=float(eval_fraction), seed=int(seed), split_key=split_key,
+            shards=shards, target_shard_mb=target_shard_mb, compression=compression,
+            workers=int(workers or os.cpu_count() or 1), in_flight=in_flight, chunk_bytes=_chunk_bytes(buffer_mib),
+            report=lambda done, expected: reporter("write", done, expected, done),
         )
-        write_json(temporary / SCHEMA_FILE, table.schema.to_dict())
+        reporter("write", total, total, total, final=True)
+        write_json(temporary / SCHEMA_FILE, inputs.schema.to_dict())
         manifest = {
             "format_version": FORMAT_VERSION,
             "name": str(name),
@@ -459,8 +610,12 @@ def prepare_dataset(
             "compression": compression,
             "splits": manifest_splits,
             "split": {"eval_fraction": float(eval_fraction), "seed": int(seed), "split_key": split_key},
-            "source": {"files": [str(s.path) for s in table.sources], "rows": total},
+            "source": {"files": [str(p) for p in inputs.paths], "rows": total},
         }
+        if fingerprint:
+            manifest["fingerprint"] = fingerprint
+        if partition_key is not None:
+            manifest["partition"] = partition_key
 
         def write_marker(committed_as: str) -> None:  # last: marks the dataset complete
             manifest["version"] = committed_as
@@ -486,8 +641,62 @@ def prepare_dataset(
         "counts": {split: info["examples"] for split, info in manifest_splits.items()},
         "shards": {split: len(info["shards"]) for split, info in manifest_splits.items()},
         "compression": compression,
-        "schema": table.schema.to_dict(),
+        "schema": inputs.schema.to_dict(),
         "rows": total,
         "seconds": round(seconds, 3),
         "rows_per_sec": round(total / seconds, 1) if seconds > 0 else None,
+        "cached": False,
+        **({"fingerprint": fingerprint} if fingerprint else {}),
+        **({"partition": partition_key} if partition_key is not None else {}),
     }
+
+
+def input_fingerprint(inputs: Any, options: dict[str, Any]) -> str:
+    """A hash of the input files' names and contents (read in chunks) and of the options that
+    shape the output: equal fingerprints give equal datasets."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(json.dumps({"format_version": FORMAT_VERSION, **options}, sort_keys=True, default=str).encode())
+    for path in resolve_inputs(inputs):
+        digest.update(f"\0{os.path.abspath(path)}\0{path.stat().st_size}\0".encode())
+        with open(path, "rb") as handle:
+            while chunk := handle.read(_HASH_CHUNK):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def find_cached(root: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The newest committed version of the dataset made from the same input and options."""
+    for version in reversed(existing_versions(root)):
+        try:
+            manifest = json.loads((root / str(version) / SUCCESS_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(manifest, dict) and manifest.get("fingerprint") == fingerprint:
+            return manifest
+    return None
+
+
+def _cached_summary(root: Path, manifest: dict[str, Any], started: float) -> dict[str, Any]:
+    final = root / str(manifest["version"])
+    splits = manifest["splits"]
+    return {
+        "dataset_uri": str(final.resolve()), "name": manifest["name"], "version": str(manifest["version"]),
+        "counts": {split: info["examples"] for split, info in splits.items()},
+        "shards": {split: len(info["shards"]) for split, info in splits.items()},
+        "compression": manifest.get("compression"),
+        "schema": json.loads((final / SCHEMA_FILE).read_text(encoding="utf-8")),
+        "rows": manifest["source"]["rows"], "seconds": round(time.monotonic() - started, 3), "rows_per_sec": None,
+        "cached": True, "fingerprint": manifest["fingerprint"],
+    }
+
+
+def _with_label(schema: Schema, label: str | None) -> Schema:
+    if label is None:
+        return schema
+    if label not in schema:
+        raise SchemaError(f"label column {label!r} is not in the input (columns: {', '.join(schema.names)})")
+    if schema.label_name not in (None, label):
+        raise SchemaError(
+            f"label {label!r} differs from the declared schema's label {schema.label_name!r}; give one of them"
+        )
+    return schema.with_label(label)

@@ -225,9 +225,19 @@ def count_examples(dataset_uri: str | os.PathLike, split: str = "train") -> int:
 
 
 def split_files(dataset_uri: str | os.PathLike, split: str) -> list[str]:
-    """The shard files of a split, in shard order."""
+    """The shard files of a split, in shard order. A window version's shards live in the
+    partition versions beside it: such a shard names its ``version``."""
     root = dataset_path(dataset_uri)
-    return [str(root / split / shard["file"]) for shard in split_info(dataset_uri, split)["shards"]]
+    files = []
+    for shard in split_info(dataset_uri, split)["shards"]:
+        holder = shard.get("version")
+        if holder is None:
+            files.append(str(root / split / shard["file"]))
+            continue
+        if not isinstance(holder, str) or holder in ("", ".", "..") or "/" in holder or "\\" in holder:
+            raise DatasetNotReadyError(f"{root / SUCCESS_FILE}: shard version {holder!r} is not a version name")
+        files.append(str(root.parent / holder / split / shard["file"]))
+    return files
 
 
 def compression_of(dataset_uri: str | os.PathLike) -> str | None:

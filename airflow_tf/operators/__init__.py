@@ -5,11 +5,12 @@ from typing import Any
 from .common import dataset_asset, model_asset
 from .evaluate import EvaluateModelOperator, ExportSavedModelOperator
 from .launch import LaunchTFClusterOperator
-from .prepare import PrepareTFRecordsOperator
+from .prepare import DatasetWindowOperator, PrepareTFRecordsOperator
 from .teardown import TeardownTFClusterOperator
 
 __all__ = [
     "ApproveExportOperator",
+    "DatasetWindowOperator",
     "EvaluateModelOperator",
     "ExportSavedModelOperator",
     "LaunchTFClusterOperator",

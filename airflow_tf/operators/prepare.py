@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Sequence
 
 from airflow.sdk import BaseOperator
@@ -16,6 +17,22 @@ def _optional(value: Any, kind: type) -> Any:
     if value is None or (isinstance(value, str) and value.strip() in ("", "None")):
         return None
     return kind(value)
+
+
+log = logging.getLogger(__name__)
+
+
+def emit_partition(event: Any, key: str) -> bool:
+    """Attach ``key`` to an outlet asset event as its Airflow partition key (asset partitions,
+    Airflow 3.2+). On an older Airflow, log that only the event's extra carries it."""
+    if hasattr(event, "add_partitions"):  # the partition API of Airflow 3.2+
+        event.add_partitions(key)
+        return True
+    import airflow
+
+    log.info("Airflow %s has no asset partitions (3.2 or later needed): the dataset event carries "
+             "partition %r in its extra only", airflow.__version__, key)
+    return False
 
 
 def _flag(value: Any) -> bool:
@@ -53,13 +70,21 @@ class PrepareTFRecordsOperator(BaseOperator):
     :param allow_nan: accept NaN/infinity in float columns.
     :param overwrite: replace the version if it exists (otherwise an existing version fails the task).
     :param workers: threads that encode in parallel; default chosen from the CPUs.
+    :param cache: reuse the newest version made from the same input content and options
+        instead of encoding again (logged; the input is read once more to fingerprint it).
+    :param partition_key: the data partition this run prepares (e.g. ``"{{ ds }}"``): the
+        version is named by it and the asset event carries it as its Airflow partition key
+        (Airflow 3.2+; older: in the event's extra only). Join the last N partitions with
+        :class:`DatasetWindowOperator`.
+    :param buffer_mib: memory for rows being read and encoded, in MiB (default 512): the input
+        is streamed, so it may be far larger than the worker's memory.
     :param progress_every: seconds between progress lines in the task log.
     """
 
     template_fields: Sequence[str] = (
         "input", "output_dir", "dataset_name", "version", "label_column", "eval_fraction", "seed",
         "split_key", "shards", "target_shard_mb", "compression", "schema", "allow_nan", "overwrite",
-        "string_columns",
+        "string_columns", "buffer_mib", "cache", "partition_key",
     )
     template_fields_renderers = {"schema": "json"}
     ui_color = "#c5e1a5"
@@ -70,6 +95,7 @@ class PrepareTFRecordsOperator(BaseOperator):
                  compression: str | None = None, schema: Any = None, string_columns: Any = None,
                  allow_nan: Any = False,
                  overwrite: Any = False, workers: int | None = None, progress_every: float = 5.0,
+                 buffer_mib: Any = 512, cache: Any = False, partition_key: str | None = None,
                  **kwargs: Any) -> None:
         if not is_template(name) and "outlets" not in kwargs:
             kwargs["outlets"] = [dataset_asset(name)]
@@ -92,6 +118,9 @@ class PrepareTFRecordsOperator(BaseOperator):
         self.overwrite = overwrite
         self.workers = workers
         self.progress_every = progress_every
+        self.buffer_mib = buffer_mib
+        self.cache = cache
+        self.partition_key = partition_key
 
     def _log_progress(self, progress: Any) -> None:
         self.log.info("%s", progress.describe())
@@ -118,17 +147,62 @@ class PrepareTFRecordsOperator(BaseOperator):
             workers=self.workers,
             progress=self._log_progress,
             progress_every=self.progress_every,
+            buffer_mib=float(self.buffer_mib),
+            cache=_flag(self.cache),
+            partition_key=_optional(self.partition_key, str),
         )
-        self.log.info(
-            "Dataset %s committed: %s examples (%s), %s files, %.1f s",
-            summary["dataset_uri"], summary["rows"],
-            ", ".join(f"{split} {count}" for split, count in summary["counts"].items()),
-            sum(summary["shards"].values()), summary["seconds"],
-        )
+        if summary.get("cached"):
+            self.log.info("Input unchanged (fingerprint %s): reusing dataset version %s, nothing encoded",
+                          summary["fingerprint"], summary["dataset_uri"])
+        else:
+            self.log.info(
+                "Dataset %s committed: %s examples (%s), %s files, %.1f s",
+                summary["dataset_uri"], summary["rows"],
+                ", ".join(f"{split} {count}" for split, count in summary["counts"].items()),
+                sum(summary["shards"].values()), summary["seconds"],
+            )
         asset = dataset_asset(self.dataset_name)
         if any(getattr(outlet, "name", None) == asset.name for outlet in self.outlets):
-            context["outlet_events"][asset].extra = {
+            # A reused version still emits the event (the task succeeded); "cached" tells consumers.
+            event = context["outlet_events"][asset]
+            event.extra = {
                 "version": summary["version"], "path": summary["dataset_uri"], "rows": summary["rows"],
-                "counts": summary["counts"],
+                "counts": summary["counts"], "cached": bool(summary.get("cached")),
             }
+            if summary.get("partition") is not None:
+                event.extra["partition"] = summary["partition"]
+                emit_partition(event, summary["partition"])
+        return summary
+
+
+class DatasetWindowOperator(BaseOperator):
+    """Commits a version of dataset ``name`` made of its last ``last`` partition versions
+    (prepared with ``partition_key``), without copying a shard, and returns (XCom) the same
+    summary as the prepare operator: pass ``.output`` as the training's ``dataset``. A
+    reader of the window reads exactly those partitions' shards.
+
+    :param name: dataset name.
+    :param last: number of partitions, newest by partition key.
+    :param output: datasets directory; default ``<storage>/datasets``.
+    :param version: the window's version name; default ``window-<first key>--<last key>``.
+    :param overwrite: replace a window version of that name (e.g. a re-run).
+    """
+
+    template_fields: Sequence[str] = ("dataset_name", "last", "output_dir", "version")
+    ui_color = "#c5e1a5"
+
+    def __init__(self, *, name: str, last: Any, output: str | None = None, version: str | None = None,
+                 overwrite: Any = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.dataset_name, self.last, self.output_dir = name, last, output
+        self.version, self.overwrite = version, overwrite
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow_tf.data.window import make_window
+
+        summary = make_window(self.output_dir or datasets_dir(), self.dataset_name, last=int(self.last),
+                              version=_optional(self.version, str), overwrite=_flag(self.overwrite))
+        self.log.info("Window %s: partitions %s, %s examples (%s)", summary["dataset_uri"],
+                      ", ".join(summary["partitions"]), summary["rows"],
+                      ", ".join(f"{split} {count}" for split, count in summary["counts"].items()))
         return summary

@@ -110,7 +110,7 @@ def test_parquet_lists_of_different_lengths(tmp_path, assert_nothing_committed):
 
 def test_existing_version_is_refused_and_left_intact(tmp_path, write_csv):
     path = write_csv("ok.csv", GOOD)
-    first = _prepare(tmp_path, path, version=7)
+    first = _prepare(tmp_path, path, version=7, eval_fraction=0)
     marker = os.path.join(first["dataset_uri"], "_SUCCESS")
     before = open(marker).read()
     with pytest.raises(DatasetExistsError, match=r"bad/7 already exists; choose another version"):

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_tf.data import DataError, InputDataError, SchemaError, load_schema, prepare_dataset
-from airflow_tf.data.inputs import _CSV_BLOCK
+from airflow_tf.data.prepare import buffer_plan
 
 HINT = r"pass string_columns=\['n'\] \(CLI: --string-columns n\) or declare it as string in a schema"
 
@@ -36,19 +36,28 @@ def _numbers_csv(path: Path, rows: int, odd: dict[int, str] | None = None, blank
     return path
 
 
-@pytest.mark.parametrize("rows, bad_row", [(60_000, 50_000), (300_000, 250_000)],
-                         ids=["one-block", "after-the-first-block"])
-def test_a_value_that_is_not_a_number_deep_in_an_inferred_column_stops_prepare(
-        tmp_path, assert_nothing_committed, rows, bad_row):
-    path = _numbers_csv(tmp_path / "deep.csv", rows, {bad_row: "abc"})
-    # pyarrow infers types from the first block; the second case's bad value lies beyond it.
-    assert (path.stat().st_size > 2 * _CSV_BLOCK) == (rows > 100_000)
+def test_a_value_that_is_not_a_number_deep_in_an_inferred_column_stops_prepare(tmp_path, assert_nothing_committed):
+    # All in the first block (the types are inferred from it): the column is text with one
+    # word among numbers, which is named with the count.
+    path = _numbers_csv(tmp_path / "deep.csv", 60_000, {50_000: "abc"})
     with pytest.raises(InputDataError) as caught:
         prepare_dataset(path, tmp_path / "out", "deep", label="y")
     message = str(caught.value)
-    assert re.search(rf"{re.escape(str(path))} line {bad_row + 2}, column 'n': value 'abc' is not a number, "
-                     rf"but {rows - 1:,} of the column's {rows:,} values are; fix the value, or if 'n' is a "
+    assert re.search(rf"{re.escape(str(path))} line 50002, column 'n': value 'abc' is not a number, "
+                     rf"but 59,999 of the column's 60,000 values are; fix the value, or if 'n' is a "
                      rf"text column, {HINT}", message), message
+    assert_nothing_committed(tmp_path / "out")
+
+
+def test_a_value_contradicting_the_type_inferred_from_the_first_block_stops_prepare(tmp_path, assert_nothing_committed):
+    path = _numbers_csv(tmp_path / "late.csv", 300_000, {250_000: "abc"})
+    block, _ = buffer_plan(4)
+    assert path.stat().st_size > 4 * block  # the bad value lies blocks beyond the first
+    with pytest.raises(InputDataError) as caught:
+        prepare_dataset(path, tmp_path / "out", "late", label="y", buffer_mib=4)
+    message = str(caught.value)
+    assert re.search(rf"{re.escape(str(path))} line 250002, column 'n': value 'abc' does not parse as int64; .*"
+                     rf"the types of .*late\.csv's columns are inferred from its first {block:,} bytes", message), message
     assert_nothing_committed(tmp_path / "out")
 
 
@@ -89,12 +98,13 @@ def test_a_text_column_with_a_stray_number_and_lines_counted_as_an_editor_does(t
                                              r"or if 'city' is a text column, pass string_columns=\['city'\]"):
         prepare_dataset(path, tmp_path / "out", "cities", label="y")
     assert_nothing_committed(tmp_path / "out")
-    summary = prepare_dataset(path, tmp_path / "out", "cities", label="y", string_columns="city")
+    summary = prepare_dataset(path, tmp_path / "out", "cities", label="y", string_columns="city", eval_fraction=0)
     assert summary["schema"]["features"][0]["dtype"] == "string" and summary["rows"] == 53
     # Names that pyarrow would read as NaN or infinity do not make a text column numeric.
     names = tmp_path / "names.csv"
     names.write_text("name,y\nAda,0\nNan,1\nInf,0\nLin,1\n")
-    assert prepare_dataset(names, tmp_path / "out", "names", label="y")["schema"]["features"][0]["dtype"] == "string"
+    summary = prepare_dataset(names, tmp_path / "out", "names", label="y", eval_fraction=0)
+    assert summary["schema"]["features"][0]["dtype"] == "string"
 
 
 def test_string_columns_misuse_is_refused(tmp_path, write_csv, assert_nothing_committed):

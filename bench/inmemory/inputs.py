@@ -1,0 +1,589 @@
+"""Reading raw input (CSV, Parquet, NumPy ``.npz``) into typed NumPy columns.
+
+Every value is checked here, before anything is written: a bad value is reported with the
+file, the line (CSV) or row (Parquet, .npz), and the column, plus what to do about it."""
+
+from __future__ import annotations
+
+import csv
+import glob as globlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from airflow_tf.files import strip_file_scheme
+
+from airflow_tf.data.errors import InputDataError, SchemaError
+from airflow_tf.data.schema import FeatureSpec, Schema
+
+CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".tsv")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+NPZ_SUFFIXES = (".npz",)
+SUPPORTED = CSV_SUFFIXES + PARQUET_SUFFIXES + NPZ_SUFFIXES
+_CSV_BLOCK = 1 << 20  # pyarrow widens a column's type when a later block needs it
+_NAN_HINT = ("pass allow_nan=True (CLI: --allow-nan), or set \"allow_nan\": true for this "
+             "feature in the declared schema, if NaN/infinity are meaningful values")
+# What pyarrow's CSV reader takes for a number (it also trims blanks and reads 0x hex as int64).
+_NUMBER = r"^\s*[+-]?(\d+\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|0[xX][0-9a-fA-F]{1,16}|(?i:nan|inf|infinity))\s*$"
+_INTEGER = r"^\s*[+-]?\d+\s*$"
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _kind(path: Path) -> str:
+    name = path.name.lower()
+    if name.endswith(CSV_SUFFIXES):
+        return "csv"
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    if name.endswith(NPZ_SUFFIXES):
+        return "npz"
+    raise InputDataError(
+        f"input file {path} has an unsupported type; use {', '.join(SUPPORTED)} files"
+    )
+
+
+def resolve_inputs(inputs: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+    """Input files from a path, a directory, a glob, or a list of those (sorted, deduplicated)."""
+    items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    if not items:
+        raise InputDataError("no input given; pass a file, a directory or a glob such as 'data/*.csv'")
+    files: list[Path] = []
+    for item in items:
+        text = strip_file_scheme(item)
+        if any(ch in text for ch in "*?["):
+            matches = sorted(globlib.glob(text, recursive=True))
+            matched = [Path(m) for m in matches if Path(m).is_file()]
+            if not matched:
+                raise InputDataError(f"input glob {text!r} matches no files; check the path and pattern")
+            files += matched
+        elif Path(text).is_dir():
+            inside = sorted(p for p in Path(text).iterdir() if p.is_file() and p.name.lower().endswith(SUPPORTED))
+            if not inside:
+                raise InputDataError(f"input directory {text} holds no {', '.join(SUPPORTED)} files")
+            files += inside
+        elif Path(text).is_file():
+            files.append(Path(text))
+        else:
+            raise InputDataError(f"input {text} does not exist; check the path")
+    unique = list(dict.fromkeys(files))
+    for path in unique:
+        _kind(path)
+        if path.stat().st_size == 0:
+            raise InputDataError(f"input file {path} is empty; remove it or fill it with data")
+    return unique
+
+
+@dataclass
+class Source:
+    """Where a run of rows came from, for error messages."""
+
+    path: Path
+    kind: str
+    start: int
+    rows: int
+
+    def where(self, row: int) -> str:
+        """``file line N`` (CSV; line 1 is the header) or ``file row N`` (row index from 0)."""
+        if self.kind == "csv":
+            return f"{self.path} line {_csv_line(self.path, row)}"
+        return f"{self.path} row {row}"
+
+
+@dataclass
+class Table:
+    """The input as one NumPy array per feature (rows first), in schema order."""
+
+    schema: Schema
+    columns: dict[str, np.ndarray]
+    sources: list[Source] = field(default_factory=list)
+
+    @property
+    def num_rows(self) -> int:
+        return len(next(iter(self.columns.values())))
+
+
+# -- per-file raw columns ------------------------------------------------------------------
+@dataclass
+class _Raw:
+    """One file's columns before conversion: NumPy arrays or (for CSV/Parquet) Arrow arrays."""
+
+    path: Path
+    kind: str
+    columns: dict[str, Any]
+    dtypes: dict[str, str]  # inferred dtype per column
+    shapes: dict[str, tuple[int, ...]]
+    rows: int
+
+    def where(self, row: int) -> str:
+        return Source(self.path, self.kind, 0, self.rows).where(row)
+
+
+def _arrow_dtype(t: pa.DataType) -> str | None:
+    if pa.types.is_integer(t) or pa.types.is_boolean(t):
+        return "int64"
+    if pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return "float32"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "string"
+    if pa.types.is_dictionary(t):
+        return _arrow_dtype(t.value_type)
+    return None
+
+
+_ARROW_FOR = {"int64": pa.int64(), "float32": pa.float64(), "string": pa.string()}
+
+
+def _delimiter(path: Path) -> str:
+    return "\t" if path.name.lower().endswith(".tsv") else ","
+
+
+def _csv_options(path: Path, column_types: dict[str, pa.DataType],
+                 include_columns: Sequence[str] = ()) -> dict[str, Any]:
+    return dict(
+        read_options=pacsv.ReadOptions(block_size=_CSV_BLOCK),
+        parse_options=pacsv.ParseOptions(delimiter=_delimiter(path)),
+        # Only an empty cell is missing: "nan"/"NaN" stay NaN so the NaN rule can name them.
+        convert_options=pacsv.ConvertOptions(
+            column_types=column_types, null_values=[""], strings_can_be_null=False,
+            quoted_strings_can_be_null=False, timestamp_parsers=[], include_columns=list(include_columns),
+            true_values=["true", "True", "TRUE"], false_values=["false", "False", "FALSE"],
+        ),
+    )
+
+
+def _csv_line(path: Path, row: int) -> int:
+    """The line (as an editor numbers it) where data row ``row`` starts. pyarrow skips blank
+    lines and a quoted value may span lines, so the lines are counted (error messages only)."""
+    with _open_text(path) as handle:
+        reader = csv.reader(handle, delimiter=_delimiter(path))
+        next(reader, None)  # the header
+        line, seen = reader.line_num, -1
+        for fields in reader:
+            if fields:
+                seen += 1
+                if seen == row:
+                    return line + 1
+            line = reader.line_num
+    return row + 2
+
+
+def _check_text_column(path: Path, name: str, column: pa.Array) -> None:
+    """A column pyarrow inferred as text must hold no numbers: it widens a whole column to
+    string for one value that does not parse, wherever in the file that value is."""
+    numeric = pc.match_substring_regex(column, _NUMBER)
+    count, total = pc.sum(numeric).as_py() or 0, len(column)
+    if not 0 < count < total:  # all text (or, in theory, all numbers that pyarrow still refused)
+        return
+    if not pc.any(pc.match_substring_regex(pc.filter(column, numeric), r"\d")).as_py():
+        return  # words such as "Nan" or "Inf" among text: no digits, not a column of numbers
+    is_number = numeric.to_numpy(zero_copy_only=False)
+    if count >= total - count:  # mostly numbers: the text is the odd one out
+        row = int(np.argmin(is_number))
+        value = column[row].as_py()
+        shown = "an empty value" if not value.strip() else f"value {value!r}"
+        what = f"{shown} is not a number, but {count:,} of the column's {total:,} values are"
+    else:
+        row = int(np.argmax(is_number))
+        what = (f"value {column[row].as_py()!r} is a number in a column of text "
+                f"({count:,} of its {total:,} values are numbers)")
+    raise InputDataError(
+        f"{Source(path, 'csv', 0, total).where(row)}, column {name!r}: {what}; "
+        f"fix the value, or if {name!r} is a text column, pass string_columns=[{name!r}] "
+        f"(CLI: --string-columns {name}) or declare it as string in a schema"
+    )
+
+
+def _check_int64_overflow(path: Path, name: str, column: pa.Array) -> None:
+    """pyarrow reads an integer beyond int64 as a float, which turns an integer column into
+    float32. Only a column with a value that large is read again, as text, to tell."""
+    bounds = pc.min_max(column)
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    if low is None or (low > _INT64_MIN and high < 2.0**63):
+        return
+    text = pacsv.read_csv(path, **_csv_options(path, {name: pa.string()}, [name])).column(name).combine_chunks()
+    if not pc.all(pc.match_substring_regex(text, _INTEGER)).as_py():
+        return  # a float column (other values have a fraction or exponent)
+    values = column.to_numpy(zero_copy_only=False)
+    for row in np.flatnonzero(np.abs(values) >= 2.0**63):
+        number = int(text[int(row)].as_py())
+        if not _INT64_MIN <= number <= _INT64_MAX:
+            raise InputDataError(
+                f"{Source(path, 'csv', 0, len(column)).where(int(row))}, column {name!r}: integer {number} is "
+                f"beyond the int64 range ({_INT64_MIN} to {_INT64_MAX}); fix the value, or declare the column "
+                "as float32 (large values lose precision) or as string in a schema"
+            )
+
+
+def _read_csv(path: Path, declared: Schema | None, string_columns: Sequence[str]) -> _Raw:
+    column_types = {name: pa.string() for name in string_columns}
+    if declared is not None:
+        column_types = {f.name: _ARROW_FOR[f.dtype] for f in declared.features}
+    try:
+        table = pacsv.read_csv(path, **_csv_options(path, column_types))
+    except pa.ArrowInvalid as exc:
+        raise InputDataError(_diagnose_csv(path, column_types) or f"cannot read CSV file {path}: {exc}") from None
+    if table.num_rows == 0 and table.num_columns == 0:
+        raise InputDataError(f"input file {path} is empty; remove it or fill it with data")
+    names = table.column_names
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise InputDataError(f"{path}: column names {duplicates} appear more than once in the header")
+    columns, dtypes = {}, {}
+    for name in names:
+        column = table.column(name).combine_chunks()
+        dtype = _arrow_dtype(column.type)
+        if dtype is None:  # dates, times, ...: keep the text
+            column = pc.cast(column, pa.string())
+            dtype = "string"
+        elif name not in column_types:  # inferred: the type pyarrow widened to must be honest
+            if dtype == "string":
+                _check_text_column(path, name, column)
+            elif dtype == "float32" and pa.types.is_floating(column.type):
+                _check_int64_overflow(path, name, column)
+        columns[name], dtypes[name] = column, dtype
+    return _Raw(path, "csv", columns, dtypes, {n: () for n in names}, table.num_rows)
+
+
+def _parse_number(text: str, dtype: str) -> Any:
+    if dtype == "int64":
+        value = int(text.strip())
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise OverflowError(f"beyond the int64 range ({_INT64_MIN} to {_INT64_MAX})")
+        return value
+    return float(text)
+
+
+def _diagnose_csv(path: Path, column_types: dict[str, pa.DataType]) -> str | None:
+    """Why pyarrow refused a CSV file, found again with Python's csv module (slow, error path
+    only) to name the line and column; None when no problem is found."""
+    wanted = {n: "int64" if pa.types.is_integer(t) else "float32"
+              for n, t in column_types.items() if pa.types.is_integer(t) or pa.types.is_floating(t)}
+    with _open_text(path) as handle:
+        reader = csv.reader(handle, delimiter=_delimiter(path))
+        header = next(reader, None)
+        if header is None:
+            return f"input file {path} is empty; remove it or fill it with data"
+        for row in reader:
+            line = reader.line_num
+            if len(row) != len(header):
+                return (f"{path} line {line}: expected {len(header)} fields (the header's), "
+                        f"found {len(row)}; fix or remove that row")
+            for name, text in zip(header, row):
+                want = wanted.get(name)
+                if want is None:
+                    continue
+                try:
+                    _parse_number(text, want)
+                except OverflowError as exc:
+                    return (f"{path} line {line}, column {name!r}: integer {text.strip()} is {exc}; fix the value, "
+                            "or declare the column as float32 (large values lose precision) or as string")
+                except ValueError:
+                    shown = "an empty value" if text == "" else f"value {text!r}"
+                    return (f"{path} line {line}, column {name!r}: {shown} does not parse as {want}; "
+                            f"fix the value or declare the column as {'float32' if want == 'int64' else 'string'}"
+                            " in the schema")
+    return None
+
+
+def _widen(a: str, b: str) -> str:
+    """The dtype holding values of both: int64 and float32 give float32; text wins otherwise."""
+    if a == b:
+        return a
+    return "float32" if {a, b} == {"int64", "float32"} else "string"
+
+
+def _open_text(path: Path):
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        import gzip
+
+        return gzip.open(path, "rt", encoding="utf-8", newline="")
+    if name.endswith(".bz2"):
+        import bz2
+
+        return bz2.open(path, "rt", encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")
+
+
+def _read_parquet(path: Path) -> _Raw:
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputDataError(f"cannot read Parquet file {path}: {exc}") from None
+    columns, dtypes, shapes = {}, {}, {}
+    for name in table.column_names:
+        column = table.column(name).combine_chunks()
+        if pa.types.is_dictionary(column.type):
+            column = column.dictionary_decode()
+        shape: tuple[int, ...] = ()
+        t = column.type
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+            if len(lengths) and (lengths != lengths[0]).any():
+                bad = int(np.argmax(lengths != lengths[0]))
+                raise InputDataError(
+                    f"{path} row {bad}, column {name!r}: list of {lengths[bad]} values where row 0 has "
+                    f"{lengths[0]}; every row of a feature needs the same number of values"
+                )
+            shape = (int(lengths[0]) if len(lengths) else 1,)
+            t = t.value_type
+        dtype = _arrow_dtype(t)
+        if dtype is None:
+            raise InputDataError(
+                f"{path}, column {name!r}: Arrow type {column.type} is not supported; "
+                "use integers, floats, strings, or fixed-length lists of numbers"
+            )
+        columns[name], dtypes[name], shapes[name] = column, dtype, shape
+    return _Raw(path, "parquet", columns, dtypes, shapes, table.num_rows)
+
+
+def _read_npz(path: Path) -> _Raw:
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise InputDataError(f"cannot read NumPy file {path}: {exc}") from None
+    columns, dtypes, shapes = {}, {}, {}
+    rows = None
+    with archive:
+        for name in archive.files:
+            try:
+                array = archive[name]
+            except ValueError as exc:
+                raise InputDataError(f"{path}, array {name!r}: {exc} (object arrays are not supported)") from None
+            if array.ndim == 0:
+                raise InputDataError(f"{path}, array {name!r} is a scalar; each array needs one entry per row")
+            if rows is None:
+                rows = len(array)
+            elif len(array) != rows:
+                raise InputDataError(
+                    f"{path}, array {name!r} has {len(array)} rows where the other arrays have {rows}; "
+                    "all arrays of a .npz file must have the same first dimension"
+                )
+            kind = array.dtype.kind
+            dtype = {"i": "int64", "u": "int64", "b": "int64", "f": "float32", "U": "string", "S": "string"}.get(kind)
+            if dtype is None:
+                raise InputDataError(f"{path}, array {name!r}: dtype {array.dtype} is not supported")
+            columns[name], dtypes[name], shapes[name] = array, dtype, tuple(array.shape[1:])
+    if not columns:
+        raise InputDataError(f"input file {path} holds no arrays; add one array per column")
+    return _Raw(path, "npz", columns, dtypes, shapes, rows or 0)
+
+
+def _read_file(path: Path, declared: Schema | None, string_columns: Sequence[str]) -> _Raw:
+    kind = _kind(path)
+    if kind == "csv":
+        return _read_csv(path, declared, string_columns)
+    if kind == "parquet":
+        return _read_parquet(path)
+    return _read_npz(path)
+
+
+# -- conversion to the schema's dtypes -----------------------------------------------------
+def _to_numpy(raw: _Raw, name: str) -> np.ndarray:
+    column = raw.columns[name]
+    if isinstance(column, np.ndarray):
+        return column
+    if column.null_count:
+        row = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
+        raise InputDataError(
+            f"{raw.where(row)}, column {name!r}: missing (empty) value; fill it in or drop the row"
+        )
+    if raw.shapes[name]:
+        flat = pc.list_flatten(column)
+        if flat.null_count:
+            raise InputDataError(f"{raw.path}, column {name!r}: a list holds a missing value; fill it in")
+        values = flat.to_numpy(zero_copy_only=False)
+        return values.reshape((len(column),) + raw.shapes[name])
+    if pa.types.is_boolean(column.type):
+        return column.to_numpy(zero_copy_only=False).astype(np.int64)
+    return column.to_numpy(zero_copy_only=False)
+
+
+def _first_bad(mask: np.ndarray) -> int:
+    """Row index of the first True in a (rows, ...) mask."""
+    return int(np.argmax(mask.reshape(len(mask), -1).any(axis=1)))
+
+
+def _convert(raw: _Raw, spec: FeatureSpec) -> np.ndarray:
+    values = _to_numpy(raw, spec.name)
+    where = lambda row: f"{raw.where(row)}, column {spec.name!r}"  # noqa: E731
+    if values.shape[1:] != spec.shape:
+        raise SchemaError(
+            f"{raw.path}, column {spec.name!r} has shape {list(values.shape[1:])} per row but the schema "
+            f"declares {list(spec.shape)}; fix the schema or the data"
+        )
+    kind = values.dtype.kind
+    if spec.dtype == "string":
+        if kind in "US":
+            return values.astype(object)
+        if kind == "O":
+            return values
+        raise SchemaError(
+            f"{raw.path}, column {spec.name!r} holds numbers but is declared string (schema or string_columns); "
+            "only CSV text is read as string: declare it as int64 or float32, or store it as text"
+        )
+    if kind not in "iufb":
+        raise SchemaError(
+            f"{raw.path}, column {spec.name!r} holds text but the schema declares {spec.dtype}; "
+            "declare it as string or fix the data"
+        )
+    if spec.dtype == "int64":
+        if kind == "f":
+            bad = ~np.isfinite(values) | (values != np.round(values))
+            if bad.any():
+                row = _first_bad(bad)
+                raise InputDataError(
+                    f"{where(row)}: value {_first_value(values, bad, row)!r} is not an integer "
+                    "but the schema declares int64; declare the column as float32 or fix the value"
+                )
+        if kind == "u" and values.dtype.itemsize == 8 and (values > np.iinfo(np.int64).max).any():
+            row = _first_bad(values > np.iinfo(np.int64).max)
+            raise InputDataError(f"{where(row)}: value exceeds the int64 range")
+        return values.astype(np.int64)
+    # float32. Values beyond its range become infinite in the cast, so one check finds both.
+    with np.errstate(over="ignore"):
+        narrow = values.astype(np.float32)
+    if np.isfinite(narrow).all():
+        return narrow
+    wide = values.astype(np.float64, copy=False)
+    too_big = np.isfinite(wide) & ~np.isfinite(narrow)
+    if too_big.any():
+        row = _first_bad(too_big)
+        raise InputDataError(
+            f"{where(row)}: value {_first_value(wide, too_big, row)!r} is out of the float32 range "
+            "(about 3.4e38); rescale the column"
+        )
+    if not spec.allow_nan:
+        bad = ~np.isfinite(wide)
+        row = _first_bad(bad)
+        raise InputDataError(f"{where(row)}: {_first_value(wide, bad, row)!r} is not allowed; {_NAN_HINT}")
+    return narrow
+
+
+def _first_value(values: np.ndarray, mask: np.ndarray, row: int) -> float:
+    """The first flagged value of ``row`` (rows may hold vectors), as a Python float."""
+    return float(values.reshape(len(values), -1)[row][mask.reshape(len(mask), -1)[row]][0])
+
+
+def _infer(raws: list[_Raw], allow_nan: bool, string_columns: Sequence[str]) -> Schema:
+    first = raws[0]
+    names = list(first.columns)
+    for raw in raws[1:]:
+        if list(raw.columns) != names and set(raw.columns) != set(names):
+            missing = sorted(set(names) - set(raw.columns))
+            extra = sorted(set(raw.columns) - set(names))
+            raise InputDataError(
+                f"{raw.path} has different columns than {first.path}"
+                + (f"; missing: {missing}" if missing else "") + (f"; extra: {extra}" if extra else "")
+                + "; all input files need the same columns"
+            )
+    features = []
+    for name in names:
+        dtype = first.dtypes[name]
+        shape = first.shapes[name]
+        for raw in raws[1:]:
+            other = raw.dtypes[name]
+            if raw.shapes[name] != shape:
+                raise InputDataError(
+                    f"column {name!r} has {list(shape)} values per row in {first.path} but "
+                    f"{list(raw.shapes[name])} in {raw.path}; all files need the same shape"
+                )
+            widened = _widen(dtype, other)
+            if widened == "string" and dtype != other:
+                raise InputDataError(
+                    f"column {name!r} is {dtype} in {first.path} but {other} in {raw.path}; "
+                    "fix the data or declare the column's dtype with a schema"
+                )
+            dtype = widened
+        if name in string_columns:
+            dtype = "string"
+        features.append(FeatureSpec(name, dtype, shape, allow_nan=allow_nan and dtype == "float32"))
+    return Schema(tuple(features))
+
+
+def _check_declared(raws: list[_Raw], declared: Schema) -> None:
+    for raw in raws:
+        missing = [n for n in declared.names if n not in raw.columns]
+        if missing:
+            raise SchemaError(
+                f"the declared schema has features {missing} that {raw.path} does not have "
+                f"(its columns: {', '.join(raw.columns)}); fix the schema or the input"
+            )
+        extra = [n for n in raw.columns if n not in declared]
+        if extra:
+            raise SchemaError(
+                f"{raw.path} has columns {extra} that the declared schema does not list; "
+                "add them to the schema or remove them from the input"
+            )
+
+
+def column_names(value: str | Sequence[str] | None) -> list[str]:
+    """Column names from a list and/or comma-separated text (``"zip,id"``), as options give them."""
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else list(value)
+    names = [part.strip() for item in items for part in str(item).split(",")]
+    return list(dict.fromkeys(n for n in names if n))
+
+
+def read_table(
+    inputs: str | os.PathLike | Sequence[str | os.PathLike],
+    declared: Schema | None = None,
+    allow_nan: bool = False,
+    on_file: Callable[[int, int, int], None] | None = None,
+    string_columns: Sequence[str] = (),
+) -> Table:
+    """Read and check every input file; columns follow the declared schema or are inferred.
+
+    An inferred CSV column is numeric when its values are numbers: one value that is not
+    stops the read with its file, line and column. ``string_columns`` names the columns to
+    read as text instead (CSV values kept verbatim, e.g. zip codes with leading zeros).
+    ``on_file(files_done, files_total, rows_so_far)`` is called after each file."""
+    string_columns = column_names(string_columns)
+    if declared is not None and string_columns:
+        raise SchemaError(
+            f"string_columns {string_columns} and a declared schema were both given; "
+            "with a schema, declare those columns' dtype as string there"
+        )
+    paths = resolve_inputs(inputs)
+    raws: list[_Raw] = []
+    rows = 0
+    for i, path in enumerate(paths):
+        raw = _read_file(path, declared, string_columns)
+        unknown = [n for n in string_columns if n not in raw.columns]
+        if unknown:
+            raise SchemaError(
+                f"string_columns {unknown} are not columns of {path} (its columns: {', '.join(raw.columns)})"
+            )
+        raws.append(raw)
+        rows += raw.rows
+        if on_file:
+            on_file(i + 1, len(paths), rows)
+    if declared is not None:
+        _check_declared(raws, declared)
+        schema = declared
+        if allow_nan:
+            schema = Schema(tuple(FeatureSpec(f.name, f.dtype, f.shape, f.allow_nan or f.dtype == "float32")
+                                  for f in declared.features), declared.label_name)
+    else:
+        schema = _infer(raws, allow_nan, string_columns)
+    if rows == 0:
+        names = ", ".join(str(r.path) for r in raws)
+        raise InputDataError(f"input has no rows (only headers) in {names}; add data rows")
+    columns: dict[str, list[np.ndarray]] = {f.name: [] for f in schema.features}
+    sources: list[Source] = []
+    start = 0
+    for raw in raws:
+        for spec in schema.features:
+            columns[spec.name].append(_convert(raw, spec))
+        sources.append(Source(raw.path, raw.kind, start, raw.rows))
+        start += raw.rows
+    merged = {n: parts[0] if len(parts) == 1 else np.concatenate(parts) for n, parts in columns.items()}
+    return Table(schema, merged, sources)
