@@ -8,6 +8,7 @@ end, so a reader never sees a partial dataset; ``_SUCCESS`` is the last file wri
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
@@ -23,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -33,6 +35,7 @@ from .encode import encode_examples, record_lengths
 from .errors import DataError, DatasetExistsError, InputDataError, SchemaError
 from .inputs import Block, Inputs, open_inputs, resolve_inputs
 from .schema import FORMAT_VERSION, SCHEMA_FILE, SUCCESS_FILE, Schema
+from .vocabulary import VocabularyCounter, vocabulary_sizes
 
 DEFAULT_EVAL_FRACTION = 0.2
 DEFAULT_TARGET_SHARD_MB = 128.0
@@ -439,10 +442,12 @@ def _chunk_bytes(buffer_mib: float) -> int:
 def _write_stream(inputs: Inputs, directory: Path, *, eval_fraction: float, seed: int, split_key: str | None,
                   shards: int | None, target_shard_mb: float | None, compression: str | None, workers: int,
                   in_flight: int, report: Callable[[int, int], None], chunk_bytes: int = _CHUNK_BYTES,
-                  require_splits: bool = True) -> tuple[dict[str, Any], int]:
+                  require_splits: bool = True,
+                  on_train_rows: Callable[[Block, np.ndarray], None] | None = None) -> tuple[dict[str, Any], int]:
     """Encode and write the rows of ``inputs`` block by block into shard files under
     ``directory``; returns the manifest's ``splits`` and the number of rows. Without
-    ``require_splits`` (one part of several) a split, or all, may end up empty."""
+    ``require_splits`` (one part of several) a split, or all, may end up empty.
+    ``on_train_rows(block, rows)`` sees each block's training rows (vocabularies count them)."""
     schema = inputs.schema
     keys = {path: file_key(path, seed) for path in inputs.paths}
     state: dict[str, Any] = {"rows": 0, "expected": inputs.estimated_rows}
@@ -459,6 +464,8 @@ def _write_stream(inputs: Inputs, directory: Path, *, eval_fraction: float, seed
                 writer = state["writer"] = ShardWriter(directory, counts, compression)
                 group_rows = int(min(65536, max(_MIN_GROUP_ROWS, chunk_bytes // max(record_bytes, 1))))
             for split, rows in split_block(block, eval_fraction, seed, split_key, keys[block.path]).items():
+                if split == "train" and on_train_rows is not None:
+                    on_train_rows(block, rows)
                 if split not in writer.counts:
                     continue
                 for shard, part in writer.deal(split, rows, group_rows):
@@ -522,6 +529,7 @@ def prepare_dataset(
     buffer_mib: float = DEFAULT_BUFFER_MIB,
     cache: bool = False,
     partition_key: str | None = None,
+    vocabularies: Mapping[str, int] | Sequence[str] | str | None = None,
 ) -> dict[str, Any]:
     """Convert CSV/Parquet/.npz files into a sharded TFRecord dataset version, streaming.
 
@@ -545,7 +553,11 @@ def prepare_dataset(
 
     ``partition_key`` (e.g. a day, ``"2026-11-20"``) makes this version the data of one
     partition: it is named by the key unless ``version`` is given, and recorded in
-    ``_SUCCESS`` so that :func:`~airflow_tf.data.window.make_window` can join the last N."""
+    ``_SUCCESS`` so that :func:`~airflow_tf.data.window.make_window` can join the last N.
+
+    ``vocabularies`` (``{"user": 100000}``, or column names for the default size) counts those
+    columns' values over the training rows and keeps each one's top K in the version, for the
+    model to read as ``schema.vocabulary("user")`` (see :mod:`airflow_tf.data.vocabulary`)."""
     started = time.monotonic()
     compression = _check_options(eval_fraction, shards, target_shard_mb, compression, workers)
     if not float(buffer_mib) >= 1:
@@ -575,6 +587,7 @@ def prepare_dataset(
             "target_shard_mb": target_shard_mb, "compression": compression,
             "schema": declared.to_dict() if declared else None, "string_columns": sorted(string_columns or ()),
             "seed": int(seed), "split_key": split_key, "allow_nan": bool(allow_nan),
+            "vocabularies": vocabularies,
         })
         cached = find_cached(root, fingerprint)
         if cached is not None:
@@ -587,6 +600,7 @@ def prepare_dataset(
                          on_file=lambda done, total: reporter("read", done, total, 0, done == total))
     inputs.schema = _with_label(inputs.schema, label)
     _check_split_key(inputs.schema, split_key)
+    counter = VocabularyCounter(vocabulary_sizes(vocabularies, inputs.schema))
 
     _make_root(root)
     _remove_stale_temporaries(root)
@@ -599,8 +613,14 @@ def prepare_dataset(
             shards=shards, target_shard_mb=target_shard_mb, compression=compression,
             workers=int(workers or os.cpu_count() or 1), in_flight=in_flight, chunk_bytes=_chunk_bytes(buffer_mib),
             report=lambda done, expected: reporter("write", done, expected, done),
+            on_train_rows=(lambda block, rows: counter.update(block.columns, rows)) if counter.sizes else None,
         )
         reporter("write", total, total, total, final=True)
+        if counter.sizes:
+            inputs.schema = dataclasses.replace(inputs.schema, vocabularies=counter.write(temporary))
+            for column, info in inputs.schema.vocabularies.items():
+                log.info("Vocabulary of %r: %d of %d distinct values kept (top %d)", column, info["size"],
+                         info["distinct"], info["top_k"])
         write_json(temporary / SCHEMA_FILE, inputs.schema.to_dict())
         manifest = {
             "format_version": FORMAT_VERSION,

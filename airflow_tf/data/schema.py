@@ -80,6 +80,11 @@ class Schema:
     features: tuple[FeatureSpec, ...]
     label_name: str | None = None
     format_version: int = FORMAT_VERSION
+    vocabularies: dict[str, dict[str, Any]] | None = None
+    """Per column, the vocabulary prepare counted (``file`` relative to the dataset version,
+    ``size``, ``top_k``, ``distinct``); see :mod:`airflow_tf.data.vocabulary`."""
+    root: Path | None = field(default=None, repr=False, compare=False)
+    """The dataset version directory the schema was loaded from (where vocabulary files are)."""
     _by_name: dict[str, FeatureSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -123,25 +128,52 @@ class Schema:
         return name in self._by_name
 
     def with_label(self, label: str | None) -> "Schema":
-        return Schema(self.features, label, self.format_version)
+        return Schema(self.features, label, self.format_version, self.vocabularies, self.root)
+
+    def vocabulary(self, name: str) -> list[str]:
+        """The values of column ``name`` that prepare kept (the most frequent first), e.g. for
+        ``keras.layers.StringLookup(vocabulary=schema.vocabulary("user"))``."""
+        with open(self.vocabulary_file(name), encoding="utf-8") as handle:
+            return handle.read().splitlines()
+
+    def vocabulary_file(self, name: str) -> str:
+        """The path of column ``name``'s vocabulary file (one value per line)."""
+        info = (self.vocabularies or {}).get(name)
+        if info is None:
+            have = ", ".join(sorted(self.vocabularies or {})) or "none"
+            raise SchemaError(f"column {name!r} has no vocabulary in this dataset (vocabularies: {have}); prepare it "
+                              f"with vocabularies={{{name!r}: K}} to keep its K most frequent values")
+        if self.root is None:
+            raise SchemaError(f"the vocabulary of {name!r} is a file of the dataset version; load the schema with "
+                              "airflow_tf.data.load_schema(dataset_uri)")
+        return str(self.root / info["file"])
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "format_version": self.format_version,
             "features": [f.to_dict() for f in self.features],
             "label": self.label_name,
         }
+        if self.vocabularies:
+            data["vocabularies"] = self.vocabularies
+        return data
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "schema") -> "Schema":
         if not isinstance(data, dict) or not isinstance(data.get("features"), list):
             raise SchemaError(f"{where}: expected an object with a 'features' list")
-        unknown = set(data) - {"format_version", "features", "label"}
+        unknown = set(data) - {"format_version", "features", "label", "vocabularies"}
         if unknown:
-            raise SchemaError(f"{where}: unknown keys {sorted(unknown)} (allowed: format_version, features, label)")
+            raise SchemaError(f"{where}: unknown keys {sorted(unknown)} "
+                              "(allowed: format_version, features, label, vocabularies)")
         features = [FeatureSpec.from_dict(f, where) for f in data["features"]]
+        vocabularies = data.get("vocabularies")
+        if vocabularies is not None and not (isinstance(vocabularies, dict) and all(
+                isinstance(v, dict) and isinstance(v.get("file"), str) for v in vocabularies.values())):
+            raise SchemaError(f"{where}: 'vocabularies' must map columns to {{\"file\": ...}} records")
         try:
-            return cls(tuple(features), data.get("label"), int(data.get("format_version", FORMAT_VERSION)))
+            return cls(tuple(features), data.get("label"), int(data.get("format_version", FORMAT_VERSION)),
+                       vocabularies)
         except SchemaError as exc:
             raise SchemaError(f"{where}: {exc}") from None
 
@@ -205,7 +237,9 @@ def read_manifest(dataset_uri: str | os.PathLike) -> dict[str, Any]:
 def load_schema(dataset_uri: str | os.PathLike) -> Schema:
     """The schema of a committed dataset version (refuses one without ``_SUCCESS``)."""
     read_manifest(dataset_uri)
-    return Schema.from_file(dataset_path(dataset_uri) / SCHEMA_FILE)
+    schema = Schema.from_file(dataset_path(dataset_uri) / SCHEMA_FILE)
+    object.__setattr__(schema, "root", dataset_path(dataset_uri))
+    return schema
 
 
 def split_info(dataset_uri: str | os.PathLike, split: str) -> dict[str, Any]:

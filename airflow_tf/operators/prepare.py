@@ -79,14 +79,17 @@ class PrepareTFRecordsOperator(BaseOperator):
     :param buffer_mib: memory for rows being read and encoded, in MiB (default 512): the input
         is streamed, so it may be far larger than the worker's memory.
     :param progress_every: seconds between progress lines in the task log.
+    :param vocabularies: columns whose most frequent values to keep with the dataset, for a
+        model's lookups: ``{"user": 100000}`` (the top 100,000 values of ``user`` in the training
+        split), or column names for the default size; the model reads ``schema.vocabulary("user")``.
     """
 
     template_fields: Sequence[str] = (
         "input", "output_dir", "dataset_name", "version", "label_column", "eval_fraction", "seed",
         "split_key", "shards", "target_shard_mb", "compression", "schema", "allow_nan", "overwrite",
-        "string_columns", "buffer_mib", "cache", "partition_key",
+        "string_columns", "buffer_mib", "cache", "partition_key", "vocabularies",
     )
-    template_fields_renderers = {"schema": "json"}
+    template_fields_renderers = {"schema": "json", "vocabularies": "json"}
     ui_color = "#c5e1a5"
 
     def __init__(self, *, input: Any, name: str, output: str | None = None, version: Any = None,
@@ -96,7 +99,7 @@ class PrepareTFRecordsOperator(BaseOperator):
                  allow_nan: Any = False,
                  overwrite: Any = False, workers: int | None = None, progress_every: float = 5.0,
                  buffer_mib: Any = 512, cache: Any = False, partition_key: str | None = None,
-                 **kwargs: Any) -> None:
+                 vocabularies: Any = None, **kwargs: Any) -> None:
         if not is_template(name) and "outlets" not in kwargs:
             kwargs["outlets"] = [dataset_asset(name)]
         super().__init__(**kwargs)
@@ -121,6 +124,7 @@ class PrepareTFRecordsOperator(BaseOperator):
         self.buffer_mib = buffer_mib
         self.cache = cache
         self.partition_key = partition_key
+        self.vocabularies = vocabularies
 
     def _log_progress(self, progress: Any) -> None:
         self.log.info("%s", progress.describe())
@@ -150,6 +154,7 @@ class PrepareTFRecordsOperator(BaseOperator):
             buffer_mib=float(self.buffer_mib),
             cache=_flag(self.cache),
             partition_key=_optional(self.partition_key, str),
+            vocabularies=self.vocabularies or None,
         )
         if summary.get("cached"):
             self.log.info("Input unchanged (fingerprint %s): reusing dataset version %s, nothing encoded",

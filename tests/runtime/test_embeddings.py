@@ -268,3 +268,49 @@ def test_every_optimizer_the_options_accept_exists_in_each_mode_that_accepts_it(
 
     assert set(GRAPH_OPTIMIZERS) == set(OPTIMIZERS)
     assert set(KERAS_OPTIMIZERS) == set(OPTIMIZERS) - {"lazy_adam"}
+
+
+VOCABULARY_MODEL = '''
+import keras
+
+
+def build(schema, dim=8):
+    user = keras.Input((), dtype="string", name="user")
+    item = keras.Input((), dtype="string", name="item")
+    users = keras.layers.StringLookup(vocabulary=schema.vocabulary("user"))
+    items = keras.layers.StringLookup(vocabulary=schema.vocabulary("item"))
+    u = keras.layers.Embedding(users.vocabulary_size(), dim)(users(user))
+    i = keras.layers.Embedding(items.vocabulary_size(), dim)(items(item))
+    x = keras.layers.Dense(16, activation="relu")(keras.layers.Concatenate()([u, i]))
+    return keras.Model({"user": user, "item": item}, keras.layers.Dense(1, activation="sigmoid")(x))
+'''
+
+
+@pytest.mark.slow
+def test_a_model_built_on_the_datasets_vocabularies_trains_on_the_ps_and_exports(train, tmp_path):
+    from airflow_tf.serving.evaluate import evaluate_checkpoint, evaluate_saved_model
+    from airflow_tf.serving.export import export_saved_model
+
+    csv = write_clicks_csv(tmp_path / "clicks.csv", rows=20_000, users=3_000, items=2_000, seed=4)
+    dataset = prepare_dataset(csv, tmp_path / "datasets", name="clicks", label="clicked", shards=4,
+                              string_columns=["user", "item"],
+                              vocabularies={"user": 1_000, "item": 500})["dataset_uri"]
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "vocab_click_model.py").write_text(VOCABULARY_MODEL)
+    sys.path.insert(0, str(tmp_path / "code"))
+    try:
+        code_dir = str(snapshot_model_code("vocab_click_model:build", str(tmp_path / "run")).path)
+    finally:
+        sys.path.remove(str(tmp_path / "code"))
+        sys.modules.pop("vocab_click_model", None)
+    run = train("rt-emb-vocab", dataset, tmp_path / "run", ps=2, workers=2,
+                **{**click_options(code_dir, steps=300), "model": "vocab_click_model:build"})
+    assert run.succeeded, run.report
+    described = run.lines("worker-0", "airflow-tf embedding ")
+    assert any("1001x8" in line for line in described) and any("501x8" in line for line in described), described
+    config = run.config.to_dict()
+    evaluation = evaluate_checkpoint(tmp_path / "run", dataset, config)
+    exported = export_saved_model(tmp_path / "run", dataset, config, tmp_path / "serving", "clicks",
+                                  metrics=evaluation, force=True)
+    served = evaluate_saved_model(exported["path"], dataset, config)
+    assert served["metrics"] == pytest.approx(evaluation["metrics"], rel=1e-5)
