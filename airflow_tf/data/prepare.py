@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -22,10 +23,11 @@ import zlib
 from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from collections.abc import Mapping
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -126,7 +128,7 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
 
 def file_key(path: str | os.PathLike, seed: int) -> int:
     """A 64-bit number naming an input file (its absolute path) under ``seed``."""
-    text = f"{int(seed)}\0{os.path.abspath(os.fspath(path))}".encode("utf-8")
+    text = f"{int(seed)}\0{os.path.abspath(os.fspath(path))}".encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big")
 
 
@@ -225,7 +227,7 @@ def _encode_group(schema: Schema, block: Block, rows: np.ndarray, compression: s
     if compression == "gzip":
         # Each group is a complete gzip member; a file of concatenated members is valid gzip.
         packer = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, 31)
-        data = packer.compress(data) + packer.flush()
+        return packer.compress(np.ascontiguousarray(data).data) + packer.flush()
     return data
 
 
@@ -287,7 +289,8 @@ class ShardWriter:
         if handle is None:
             if len(self._open) >= _OPEN_FILES:
                 self._open.popitem(last=False)[1].close()
-            handle = open(self._path(split, shard), "ab")
+            # Kept open across blocks (at most _OPEN_FILES at once); close() and finish() close them.
+            handle = open(self._path(split, shard), "ab")  # noqa: SIM115
         self._open[(split, shard)] = handle
         handle.write(data)
         self.examples[split][shard] += rows
@@ -459,8 +462,8 @@ def _write_stream(inputs: Inputs, directory: Path, *, eval_fraction: float, seed
                 record_bytes = _mean_record_bytes(block, schema)
                 expected = max(inputs.estimated_rows, block.rows)
                 train = max(1, round(expected * (1 - eval_fraction)))
-                rows = {"train": train, "eval": expected - train} if eval_fraction > 0 else {"train": train}
-                counts = shard_counts(rows, record_bytes, shards, target_shard_mb)
+                expected_rows = {"train": train, "eval": expected - train} if eval_fraction > 0 else {"train": train}
+                counts = shard_counts(expected_rows, record_bytes, shards, target_shard_mb)
                 writer = state["writer"] = ShardWriter(directory, counts, compression)
                 group_rows = int(min(65536, max(_MIN_GROUP_ROWS, chunk_bytes // max(record_bytes, 1))))
             for split, rows in split_block(block, eval_fraction, seed, split_key, keys[block.path]).items():
@@ -469,8 +472,7 @@ def _write_stream(inputs: Inputs, directory: Path, *, eval_fraction: float, seed
                 if split not in writer.counts:
                     continue
                 for shard, part in writer.deal(split, rows, group_rows):
-                    yield ((split, shard, len(part)),
-                           lambda b=block, r=part: _encode_group(schema, b, r, compression))
+                    yield ((split, shard, len(part)), functools.partial(_encode_group, schema, block, part, compression))
             state["rows"] += block.rows
             state["expected"] = max(inputs.estimated_rows, state["rows"])
 
@@ -507,7 +509,7 @@ def _write_stream(inputs: Inputs, directory: Path, *, eval_fraction: float, seed
     return splits, written
 
 
-def prepare_dataset(
+def prepare_dataset(  # noqa: PLR0912, PLR0915, PLR0917  the public signature of 0.1.0 (positional calls keep working); one prepare's steps in order
     input: str | os.PathLike | Sequence[str | os.PathLike],
     output: str | os.PathLike,
     name: str,
@@ -617,8 +619,9 @@ def prepare_dataset(
         )
         reporter("write", total, total, total, final=True)
         if counter.sizes:
-            inputs.schema = dataclasses.replace(inputs.schema, vocabularies=counter.write(temporary))
-            for column, info in inputs.schema.vocabularies.items():
+            kept = counter.write(temporary)
+            inputs.schema = dataclasses.replace(inputs.schema, vocabularies=kept)
+            for column, info in kept.items():
                 log.info("Vocabulary of %r: %d of %d distinct values kept (top %d)", column, info["size"],
                          info["distinct"], info["top_k"])
         write_json(temporary / SCHEMA_FILE, inputs.schema.to_dict())
@@ -626,7 +629,7 @@ def prepare_dataset(
             "format_version": FORMAT_VERSION,
             "name": str(name),
             "version": version_name,
-            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "compression": compression,
             "splits": manifest_splits,
             "split": {"eval_fraction": float(eval_fraction), "seed": int(seed), "split_key": split_key},

@@ -56,7 +56,7 @@ class FeatureSpec:
         return data
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "schema") -> "FeatureSpec":
+    def from_dict(cls, data: Any, where: str = "schema") -> FeatureSpec:
         if not isinstance(data, dict):
             raise SchemaError(f"{where}: each feature must be an object with name, dtype, shape; got {data!r}")
         unknown = set(data) - {"name", "dtype", "shape", "allow_nan"}
@@ -127,7 +127,7 @@ class Schema:
     def __contains__(self, name: object) -> bool:
         return name in self._by_name
 
-    def with_label(self, label: str | None) -> "Schema":
+    def with_label(self, label: str | None) -> Schema:
         return Schema(self.features, label, self.format_version, self.vocabularies, self.root)
 
     def vocabulary(self, name: str) -> list[str]:
@@ -159,7 +159,7 @@ class Schema:
         return data
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "schema") -> "Schema":
+    def from_dict(cls, data: Any, where: str = "schema") -> Schema:
         if not isinstance(data, dict) or not isinstance(data.get("features"), list):
             raise SchemaError(f"{where}: expected an object with a 'features' list")
         unknown = set(data) - {"format_version", "features", "label", "vocabularies"}
@@ -178,7 +178,7 @@ class Schema:
             raise SchemaError(f"{where}: {exc}") from None
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike) -> "Schema":
+    def from_file(cls, path: str | os.PathLike) -> Schema:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
@@ -190,7 +190,7 @@ class Schema:
         return cls.from_dict(data, where=f"schema file {path}")
 
     @classmethod
-    def coerce(cls, value: "Schema | dict | str | os.PathLike") -> "Schema":
+    def coerce(cls, value: Schema | dict | str | os.PathLike) -> Schema:
         """A Schema from a Schema, its dict, a JSON string or a path to a JSON file."""
         if isinstance(value, Schema):
             return value

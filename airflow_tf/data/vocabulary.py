@@ -34,7 +34,7 @@ def vocabulary_sizes(vocabularies: Mapping[str, Any] | Sequence[str] | str | Non
     """``{column: top K}`` from what a user passes (a mapping to sizes, or column names, or names
     separated by commas), checked against the schema: each a string or integer feature, each
     size a whole number >= 1."""
-    if vocabularies is None or vocabularies == "" or vocabularies == {}:
+    if not vocabularies:
         return {}
     if isinstance(vocabularies, str):
         vocabularies = [name.strip() for name in vocabularies.split(",") if name.strip()]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Any, ClassVar
+from collections.abc import Sequence
 
 from airflow.sdk import BaseOperator
 
@@ -89,7 +90,7 @@ class PrepareTFRecordsOperator(BaseOperator):
         "split_key", "shards", "target_shard_mb", "compression", "schema", "allow_nan", "overwrite",
         "string_columns", "buffer_mib", "cache", "partition_key", "vocabularies",
     )
-    template_fields_renderers = {"schema": "json", "vocabularies": "json"}
+    template_fields_renderers: ClassVar[dict[str, str]] = {"schema": "json", "vocabularies": "json"}
     ui_color = "#c5e1a5"
 
     def __init__(self, *, input: Any, name: str, output: str | None = None, version: Any = None,

@@ -277,10 +277,9 @@ import keras
 def build(schema, dim=8):
     user = keras.Input((), dtype="string", name="user")
     item = keras.Input((), dtype="string", name="item")
-    users = keras.layers.StringLookup(vocabulary=schema.vocabulary("user"))
-    items = keras.layers.StringLookup(vocabulary=schema.vocabulary("item"))
-    u = keras.layers.Embedding(users.vocabulary_size(), dim)(users(user))
-    i = keras.layers.Embedding(items.vocabulary_size(), dim)(items(item))
+    user_ids, item_ids = schema.vocabulary("user"), schema.vocabulary("item")
+    u = keras.layers.Embedding(len(user_ids) + 1, dim)(keras.layers.StringLookup(vocabulary=user_ids)(user))
+    i = keras.layers.Embedding(len(item_ids) + 1, dim)(keras.layers.StringLookup(vocabulary=item_ids)(item))
     x = keras.layers.Dense(16, activation="relu")(keras.layers.Concatenate()([u, i]))
     return keras.Model({"user": user, "item": item}, keras.layers.Dense(1, activation="sigmoid")(x))
 '''
