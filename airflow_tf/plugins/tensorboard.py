@@ -18,7 +18,8 @@ import html
 import json
 import logging
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
 from starlette.concurrency import run_in_threadpool
@@ -111,7 +112,7 @@ def readable_runs_provider(inner: Any) -> Any:
         def read_last_scalars(self, ctx=None, *, experiment_id, plugin_name, run_tag_filter=None):
             return self._listing("read_last_scalars", ctx, experiment_id, plugin_name, run_tag_filter)
 
-        def _read(self, method: str, ctx: Any, experiment_id: str, plugin_name: str, downsample: Any,
+        def _read(self, method: str, ctx: Any, *, experiment_id: str, plugin_name: str, downsample: Any,
                   run_tag_filter: Any) -> dict:
             narrowed = self._filter(ctx, experiment_id, run_tag_filter)
             if not narrowed.runs:
@@ -121,13 +122,16 @@ def readable_runs_provider(inner: Any) -> Any:
             return self._only_readable(found)
 
         def read_scalars(self, ctx=None, *, experiment_id, plugin_name, downsample=None, run_tag_filter=None):
-            return self._read("read_scalars", ctx, experiment_id, plugin_name, downsample, run_tag_filter)
+            return self._read("read_scalars", ctx, experiment_id=experiment_id, plugin_name=plugin_name,
+                              downsample=downsample, run_tag_filter=run_tag_filter)
 
         def read_tensors(self, ctx=None, *, experiment_id, plugin_name, downsample=None, run_tag_filter=None):
-            return self._read("read_tensors", ctx, experiment_id, plugin_name, downsample, run_tag_filter)
+            return self._read("read_tensors", ctx, experiment_id=experiment_id, plugin_name=plugin_name,
+                              downsample=downsample, run_tag_filter=run_tag_filter)
 
         def read_blob_sequences(self, ctx=None, *, experiment_id, plugin_name, downsample=None, run_tag_filter=None):
-            return self._read("read_blob_sequences", ctx, experiment_id, plugin_name, downsample, run_tag_filter)
+            return self._read("read_blob_sequences", ctx, experiment_id=experiment_id, plugin_name=plugin_name,
+                              downsample=downsample, run_tag_filter=run_tag_filter)
 
         def read_blob(self, ctx=None, *, blob_key):
             # The local provider's blob key is URL-safe base64 of a JSON list whose third item is
@@ -135,9 +139,9 @@ def readable_runs_provider(inner: Any) -> Any:
             try:
                 run = json.loads(base64.urlsafe_b64decode(blob_key + "=="))[2]
             except (ValueError, TypeError, IndexError, KeyError):
-                raise errors.NotFoundError("blob %r" % blob_key) from None
+                raise errors.NotFoundError(f"blob {blob_key!r}") from None
             if not isinstance(run, str) or not _readable(run):
-                raise errors.NotFoundError("blob %r" % blob_key)
+                raise errors.NotFoundError(f"blob {blob_key!r}")
             return inner.read_blob(ctx, blob_key=blob_key)
 
         # Hyperparameters come from tensors (listed above, filtered); the experiment-level
@@ -215,7 +219,7 @@ class TensorBoardApp:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":  # when run on its own; nothing to start or stop
-            while (message := await receive())["type"] != "lifespan.shutdown":
+            while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
@@ -245,8 +249,8 @@ class TensorBoardApp:
         # Only TensorBoard's data endpoints (``/data/...``, ``/experiment/<id>/data/...``) read
         # runs; its pages and scripts need no database reads. A request without READABLE set
         # sees no run at all, so skipping the lookup can hide runs but never show one.
-        access = await run_in_threadpool(access_of, user) if "/data/" in scope["path"] else None
-        token = READABLE.set(access)
+        readable = await run_in_threadpool(access_of, user) if "/data/" in scope["path"] else None
+        token = READABLE.set(readable)
         try:
             await app(scope, receive, send)
         finally:
@@ -257,11 +261,11 @@ class TensorBoardPlugin(AirflowPlugin):
     """Registered through the ``airflow.plugins`` entry point of the airflow-tf distribution."""
 
     name = "airflow_tf"
-    fastapi_apps = [
+    fastapi_apps: list[Any] = [  # noqa: RUF012  as AirflowPlugin declares it (not ClassVar)
         {"app": TensorBoardApp(), "url_prefix": URL_PREFIX, "name": "TensorBoard"},
         {"app": TrainingViewApp(), "url_prefix": TRAINING_PREFIX, "name": "Training"},
     ]
-    external_views = [
+    external_views: list[Any] = [  # noqa: RUF012  as AirflowPlugin declares it (not ClassVar)
         {
             # In the UI's navigation: the training groups of every DAG the user may read.
             "name": "Training",
@@ -277,4 +281,4 @@ class TensorBoardPlugin(AirflowPlugin):
             "url_route": "tensorboard",
         }
     ]
-    operator_extra_links = [TensorBoardLink()]
+    operator_extra_links: list[Any] = [TensorBoardLink()]  # noqa: RUF012  as AirflowPlugin declares it (not ClassVar)

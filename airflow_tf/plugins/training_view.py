@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -57,7 +58,7 @@ def training_rows(launches: Iterable[Launch], waits: dict[tuple[str, str, int], 
     """One row per launch, running groups first, then the most recently updated; ``waits`` holds
     the wait tasks of each (dag_id, run_id, map_index)."""
     now = time.time() if now is None else now
-    rows = []
+    rows: list[dict[str, Any]] = []
     for launch in launches:
         candidates = waits.get((launch.dag_id, launch.run_id, launch.map_index), [])
         wait = next((w for w in candidates if _group_of(w.task_id) == _group_of(launch.task_id)), None)
