@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
 import keras
 import numpy as np
@@ -101,7 +102,28 @@ def _all_finite(variables: dict[str, tf.Variable]) -> bool:
     return all(np.isfinite(v.numpy()).all() for v in variables.values() if v.dtype.is_floating)
 
 
-def train(config: TrainingConfig, task: Task, schema) -> dict:
+def _restore(config: TrainingConfig, model, saver, resume_from: str | None) -> str:
+    """Restores the run's latest checkpoint, or else the weights to warm-start from; says which."""
+    if resume_from:
+        check_checkpoint(resume_from, model)
+        try:
+            saver.restore(None, resume_from)
+        except tf.errors.NotFoundError as exc:
+            raise ModelError(
+                f"cannot restore {resume_from}: {exc.message.splitlines()[0]}. It was written by a run with "
+                "other options (mode, optimizer or model); train into a new run_dir, or use that run's options"
+            ) from None
+        return f"restoring {resume_from}"
+    if config.warm_start_from:
+        warm_from = resolve_checkpoint(config.warm_start_from)
+        model.set_weights(checkpoint_weights(warm_from, model))
+        return f"weights from {warm_from}"
+    return "new"
+
+
+# PLR0915: the strategy's closures (dataset_fn, worker_steps) and the scheduling loop share the
+# setup's locals (model, optimizer, global step, iterator); the restore is the helper above.
+def train(config: TrainingConfig, task: Task, schema) -> dict:  # noqa: PLR0915
     """The chief's loop: schedule steps until the global step reaches the target."""
     cluster = coordinator_cluster(task)
     workers = len(cluster.get("worker", []))
@@ -133,21 +155,7 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:
     variables = checkpoint_variables(model, optimizer, global_step)
     saver = tf.compat.v1.train.Saver(var_list=variables, max_to_keep=KEEP_CHECKPOINTS, save_relative_paths=True)
 
-    start = "new"
-    if resume_from:
-        check_checkpoint(resume_from, model)
-        try:
-            saver.restore(None, resume_from)
-        except tf.errors.NotFoundError as exc:
-            raise ModelError(
-                f"cannot restore {resume_from}: {exc.message.splitlines()[0]}. It was written by a run with "
-                "other options (mode, optimizer or model); train into a new run_dir, or use that run's options"
-            ) from None
-        start = f"restoring {resume_from}"
-    elif config.warm_start_from:
-        warm_from = resolve_checkpoint(config.warm_start_from)
-        model.set_weights(checkpoint_weights(warm_from, model))
-        start = f"weights from {warm_from}"
+    start = _restore(config, model, saver, resume_from)
 
     def dataset_fn():
         # One shard of the training data per worker: each worker pulls from its own.
@@ -167,7 +175,7 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:
         def replica_step(features, labels):
             with tf.GradientTape() as tape:
                 loss = compute_loss(loss_fn, labels, model(features, training=True))
-            optimizer.apply_gradients(zip(tape.gradient(loss, trainable), model.trainable_weights))
+            optimizer.apply_gradients(zip(tape.gradient(loss, trainable), model.trainable_weights, strict=True))
             global_step.assign_add(1)
             return loss
 
@@ -184,8 +192,9 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:
     log(f"airflow-tf session ready global_step={step} target_step={target}")
 
     eager = _EagerRun(config.run_dir)
-    progress = ProgressHook(global_step, _EagerRun.LOSS, target, config.batch_size, config.run_dir,
-                            config.log_every_secs, config.summary_every_steps, config.learning_rate)
+    progress = ProgressHook(global_step, _EagerRun.LOSS, target=target, examples_per_step=config.batch_size,
+                            run_dir=config.run_dir, every_secs=config.log_every_secs,
+                            summary_every_steps=config.summary_every_steps, learning_rate=config.learning_rate)
     progress.after_create_session(eager, None)
     non_finite = NonFiniteLossHook(global_step, _EagerRun.LOSS, config.on_nan)
     prefix = os.path.join(config.run_dir, "model.ckpt")
@@ -202,7 +211,8 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:
 
     saved_at, chunk = time.monotonic(), 2  # the first chunk is small: the first report comes early
     while step < target:
-        began, scheduled = time.monotonic(), []
+        began = time.monotonic()
+        scheduled: list[tuple[int, Any]] = []  # (steps, the closure's remote value)
         for _ in range(chunk):
             steps = min(STEPS_PER_CLOSURE, target - step - sum(k for k, _ in scheduled))
             if steps <= 0:

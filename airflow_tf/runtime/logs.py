@@ -4,12 +4,12 @@ the runtime, so any module may use it)."""
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 
 def log(message: str) -> None:
     """One line of the task's log, flushed at once (the log is read while the task runs)."""
-    stamp = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     # One write with its newline: print() writes the newline separately, and on an unbuffered
     # stdout TensorFlow's C++ logging (stderr, same file) could land in between.
     sys.stdout.write(f"{stamp} {message}\n")

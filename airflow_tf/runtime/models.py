@@ -14,7 +14,7 @@ import inspect
 import math
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import keras
 import tensorflow as tf
@@ -136,7 +136,7 @@ def _import_from_first(code_dir: str, module_name: str) -> None:
         sys.path.remove(directory)
     sys.path.insert(0, directory)
     importlib.invalidate_caches()
-    top = module_name.split(".")[0]
+    top = module_name.split(".", maxsplit=1)[0]
     loaded = sys.modules.get(top)
     origin = getattr(loaded, "__file__", None) or ""
     in_snapshot = os.path.exists(os.path.join(directory, top + ".py")) or os.path.isdir(os.path.join(directory, top))
@@ -227,7 +227,7 @@ def _target_shape(shape: tuple, dtype: str, input_shape: tuple, input_dtype: str
     text and the other numbers."""
     if (dtype == "string") != (input_dtype == "string"):
         return None
-    if len(input_shape) == len(shape) and all(d is None or d == s for d, s in zip(input_shape, shape)):
+    if len(input_shape) == len(shape) and all(d is None or d == s for d, s in zip(input_shape, shape, strict=True)):
         return shape
     if None not in input_shape and math.prod(input_shape) == math.prod(shape):
         return tuple(input_shape)
@@ -237,7 +237,7 @@ def _target_shape(shape: tuple, dtype: str, input_shape: tuple, input_dtype: str
 def _convert(value, shape: tuple, target: tuple, dtype: str, input_dtype: str):
     if target != shape:
         value = keras.ops.reshape(value, (-1, *target))
-    if dtype != "string" and input_dtype != dtype:
+    if dtype not in ("string", input_dtype):
         value = keras.ops.cast(value, input_dtype)
     return value
 
@@ -267,14 +267,7 @@ def feed_features(model: keras.Model, schema, reference: str = "model") -> keras
     numeric = all(spec.dtype != "string" for spec in specs.values())
     inputs = _declared_inputs(model)
     if inputs is None:
-        if not isinstance(model, keras.Sequential):
-            return model
-        if len(names) == 1 and not numeric:
-            return FeatureAdapter(model, lambda features: features[names[0]])
-        if numeric:
-            return FeatureAdapter(model, lambda features: _matrix(features, schema))
-        raise _unfed(model, schema, reference, "a Sequential model takes one input, and text features do not "
-                     "make a float matrix")
+        return _feed_undeclared(model, schema, reference, numeric=numeric)
     declared = {name: (tuple(t.shape[1:]), t.dtype) for name, t in inputs}
     dict_inputs = isinstance(getattr(model, "_inputs_struct", None), dict)
     if all(name in specs for name, _ in inputs):  # inputs named after features
@@ -283,12 +276,13 @@ def feed_features(model: keras.Model, schema, reference: str = "model") -> keras
         if misfits:
             raise _unfed(model, schema, reference, f"input(s) {', '.join(misfits)} named after features do not "
                          "take their shape or dtype")
+        fitted = {name: target for name, target in targets.items() if target is not None}  # all, after misfits
         if dict_inputs and set(declared) == set(names) and all(
                 declared[n] == (specs[n].shape, specs[n].dtype) for n in names):
             return model  # takes the features dict as it is (the built-in models do)
 
         def by_name(features):
-            values = {n: _convert(features[n], specs[n].shape, targets[n], specs[n].dtype, declared[n][1])
+            values = {n: _convert(features[n], specs[n].shape, fitted[n], specs[n].dtype, declared[n][1])
                       for n in declared}
             if dict_inputs:
                 return values
@@ -299,9 +293,9 @@ def feed_features(model: keras.Model, schema, reference: str = "model") -> keras
         shape, dtype = next(iter(declared.values()))
         if len(names) == 1:
             spec = specs[names[0]]
-            target = _target_shape(spec.shape, spec.dtype, shape, dtype)
-            if target is not None:
-                return FeatureAdapter(model, lambda features: _convert(features[spec.name], spec.shape, target,
+            reshaped = _target_shape(spec.shape, spec.dtype, shape, dtype)
+            if reshaped is not None:
+                return FeatureAdapter(model, lambda features: _convert(features[spec.name], spec.shape, reshaped,
                                                                        spec.dtype, dtype))
         elif numeric and keras.backend.is_float_dtype(dtype):
             width = (sum(spec.size for spec in specs.values()),)
@@ -310,6 +304,20 @@ def feed_features(model: keras.Model, schema, reference: str = "model") -> keras
                 return FeatureAdapter(model, lambda features: _convert(_matrix(features, schema, dtype), width,
                                                                        target, dtype, dtype))
     raise _unfed(model, schema, reference, None)
+
+
+def _feed_undeclared(model: keras.Model, schema, reference: str, *, numeric: bool) -> keras.Model:
+    """:func:`feed_features` for a model without declared inputs: a subclassed model gets the
+    features dict; a Sequential one the one text feature, or the numeric features as one matrix."""
+    names = schema.feature_names
+    if not isinstance(model, keras.Sequential):
+        return model
+    if len(names) == 1 and not numeric:
+        return FeatureAdapter(model, lambda features: features[names[0]])
+    if numeric:
+        return FeatureAdapter(model, lambda features: _matrix(features, schema))
+    raise _unfed(model, schema, reference, "a Sequential model takes one input, and text features do not "
+                 "make a float matrix")
 
 
 def _unfed(model: keras.Model, schema, reference: str, why: str | None) -> ModelError:
@@ -383,7 +391,7 @@ def check_output(shape, schema, loss: str, reference: str = "model") -> None:
             "loss='mean_squared_error'"
         )
     expected = [(), (1,)] if scalar else [label.shape]
-    if any(len(per_example) == len(e) and all(d is None or d == w for d, w in zip(per_example, e))
+    if any(len(per_example) == len(e) and all(d is None or d == w for d, w in zip(per_example, e, strict=True))
            for e in expected):
         return
     wanted = " or ".join(_shape_text((None, *e)) for e in expected)

@@ -15,6 +15,7 @@ from airflow_tf.files import write_json
 
 from .errors import NonFiniteError
 from .logs import log
+from .step_bound import StepBoundHook
 
 
 
@@ -54,7 +55,7 @@ class NonFiniteLossHook(tf.compat.v1.train.SessionRunHook):
     writes nothing more, not even the final save, since weights can still be finite while the
     loss is not). :class:`FiniteSaver` also refuses non-finite variables themselves."""
 
-    def __init__(self, global_step, loss, on_nan: str, saver: "FiniteSaver | None" = None):
+    def __init__(self, global_step, loss, on_nan: str, saver: FiniteSaver | None = None):
         self._global_step = global_step
         self._loss = loss
         self._on_nan = on_nan
@@ -89,7 +90,7 @@ class FiniteSaver(tf.compat.v1.train.Saver):
         super().__init__(var_list=var_list, **kwargs)
         self._on_nan = on_nan
         self._stopped: str | None = None
-        self.step_bound = None
+        self.step_bound: StepBoundHook | None = None
         """A :class:`~.step_bound.StepBoundHook` that bounds each save, or None."""
         variables = [v for value in var_list.values() for v in (value if isinstance(value, list) else [value])]
         checks = []
@@ -148,7 +149,7 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
     Throughput is the group's, from the global step's rate: every global step consumes
     ``examples_per_step`` examples (one batch, or ``replicas_to_aggregate`` batches in sync mode)."""
 
-    def __init__(self, global_step, loss, target: int, examples_per_step: int, run_dir: str, every_secs: float,
+    def __init__(self, global_step, loss, *, target: int, examples_per_step: int, run_dir: str, every_secs: float,
                  summary_every_steps: int, learning_rate: float, step_bound=None):
         self._global_step = global_step
         self._loss = loss
@@ -174,15 +175,21 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
     def before_run(self, run_context):
         return tf.compat.v1.train.SessionRunArgs({"step": self._global_step, "loss": self._loss})
 
+    def _windows(self) -> tuple[Window, Window]:
+        """The report's and the summary's windows, which :meth:`after_create_session` opens."""
+        assert self._report is not None and self._summary is not None, "after_create_session runs first"
+        return self._report, self._summary
+
     def after_run(self, run_context, run_values):
         loss = float(run_values.results["loss"])
-        self._report.losses.append(loss)
-        self._summary.losses.append(loss)
+        report, summary = self._windows()
+        report.losses.append(loss)
+        summary.losses.append(loss)
         step, now = int(run_values.results["step"]) + 1, time.monotonic()
-        if self._first or now - self._report.start >= self._every_secs:
+        if self._first or now - report.start >= self._every_secs:
             self._first = False
             self.report(step, now)
-        elif step // self._summary_every_steps > self._summary.step // self._summary_every_steps:
+        elif step // self._summary_every_steps > summary.step // self._summary_every_steps:
             self.summarize(step, now)
 
     def end(self, session):
@@ -191,7 +198,7 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         self.report(int(session.run(self._global_step)), time.monotonic(), done=True, checkpoint=checkpoint)
 
     def report(self, step: int, now: float, done: bool = False, **extra) -> None:
-        loss, rate = self._report.close(now, step, self._examples_per_step)
+        loss, rate = self._windows()[0].close(now, step, self._examples_per_step)
         self.last_loss = loss if loss is not None else self.last_loss
         self._rate = rate if rate is not None else self._rate
         steps_per_sec = self._rate / self._examples_per_step
@@ -211,7 +218,7 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
     def summarize(self, step: int, now: float, flush: bool = False) -> None:
         """TensorBoard scalars over the steps since the last ones (the same event files feed
         serving's training_curve.png)."""
-        loss, rate = self._summary.close(now, step, self._examples_per_step)
+        loss, rate = self._windows()[1].close(now, step, self._examples_per_step)
         values = [tf.compat.v1.Summary.Value(tag="learning_rate", simple_value=self._learning_rate)]
         if rate is not None:
             values.append(tf.compat.v1.Summary.Value(tag="examples_per_sec", simple_value=rate))
@@ -231,7 +238,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     def __init__(self, optimizer, is_chief: bool):
         self._optimizer = optimizer
         self._is_chief = is_chief
-        self._queue_runner = None
+        self._queue_runner: tf.compat.v1.train.QueueRunner | None = None
         self._init_tokens_op = None
 
     def begin(self):
@@ -253,5 +260,6 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
             raise RuntimeError(f"variables not initialised on the ps tasks: {list(uninitialized)}")
         session.run(self._local_init_op)
         if self._is_chief:
+            assert self._queue_runner is not None, "begin() makes the chief's queue runner"
             session.run(self._init_tokens_op)
             self._queue_runner.create_threads(session, coord=coord, daemon=True, start=True)

@@ -15,8 +15,8 @@ import statistics
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator, Sequence
 
 import tensorflow as tf
 from tensorflow.python.client.session import SessionInterface
@@ -134,6 +134,7 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
 
     def after_run(self, run_context, run_values):
         with self._lock:
+            assert self._started is not None, "before_run started this step's clock"
             took = time.monotonic() - self._started
             self._started = None
             if not self._fresh:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 from airflow_tf.cluster.training import TrainingConfig
@@ -61,9 +62,9 @@ class Task:
         return len(self.cluster.get("ps", []))
 
 
-def task_from_env(environ: dict[str, str] | None = None) -> Task:
-    environ = os.environ if environ is None else environ
-    raw = environ.get(TF_CONFIG)
+def task_from_env(environ: MutableMapping[str, str] | None = None) -> Task:
+    env: MutableMapping[str, str] = os.environ if environ is None else environ
+    raw = env.get(TF_CONFIG)
     if not raw:
         raise TaskConfigError(
             f"{TF_CONFIG} is not set: it tells this task its role and the cluster, e.g. "
@@ -85,8 +86,8 @@ def task_from_env(environ: dict[str, str] | None = None) -> Task:
     if index is None:
         # A pod of an Indexed Job (Kubernetes backend): one TF_CONFIG for the whole Job,
         # the index set by the Job controller. Written back so TensorFlow reads it too.
-        index = int(environ["JOB_COMPLETION_INDEX"]) if environ.get("JOB_COMPLETION_INDEX", "").isdigit() else 0
-        environ[TF_CONFIG] = json.dumps({**data, "task": {**task, "index": index}})
+        index = int(env["JOB_COMPLETION_INDEX"]) if env.get("JOB_COMPLETION_INDEX", "").isdigit() else 0
+        env[TF_CONFIG] = json.dumps({**data, "task": {**task, "index": index}})
     if kind not in TASK_TYPES:
         hint = " (use 'chief')" if kind == "master" else ""
         raise TaskConfigError(f"{TF_CONFIG}: task type {kind!r} is not one of {', '.join(TASK_TYPES)}{hint}")

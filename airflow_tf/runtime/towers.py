@@ -52,7 +52,7 @@ def split_batch(tensor, towers: int) -> list:
     return [tensor[bounds[i]:bounds[i + 1]] for i in range(towers)]
 
 
-def towers_train_op(model, features, labels, forward, loss_of, optimizer, global_step, var_list,
+def towers_train_op(model, features, labels, forward, loss_of, *, optimizer, global_step, var_list,
                     cluster, devices: list[str]):
     """The batch's loss and the train op of ``len(devices)`` towers sharing ``model``.
 
@@ -60,13 +60,14 @@ def towers_train_op(model, features, labels, forward, loss_of, optimizer, global
     mode, ``loss_of(labels, predictions)`` is the batch's mean loss. Every tower's ops run on
     its device; the variables stay where they are (on the ps). Returns ``(loss, train_op)``."""
     if isinstance(features, dict):
-        shares = [dict(zip(features, parts)) for parts in
-                  zip(*(split_batch(features[name], len(devices)) for name in features))]
+        # Every feature splits into len(devices) shares, and each share has every feature.
+        shares = [dict(zip(features, parts, strict=True)) for parts in
+                  zip(*(split_batch(features[name], len(devices)) for name in features), strict=True)]
     else:
         shares = split_batch(features, len(devices))
     cluster, label_shares = tf.train.ClusterSpec(cluster), split_batch(labels, len(devices))
     losses, weights, tower_grads, updates = [], [], [], []
-    for device, share, label_share in zip(devices, shares, label_shares):
+    for device, share, label_share in zip(devices, shares, label_shares, strict=True):
         setter = tf.compat.v1.train.replica_device_setter(cluster=cluster, worker_device=device)
         with tf.compat.v1.device(setter), tf.name_scope(f"tower_{device.rsplit(':', 1)[-1]}"):
             predictions, state_updates = forward(model, share)
@@ -85,12 +86,13 @@ def towers_train_op(model, features, labels, forward, loss_of, optimizer, global
         if isinstance(values[0], tf.IndexedSlices):  # embedding rows: the towers' rows side by side, still sparse
             return tf.IndexedSlices(
                 tf.concat([tf.math.multiply_no_nan(v.values, tf.cast(w / total, v.values.dtype))
-                           for v, w in zip(values, weights)], axis=0),
+                           for v, w in zip(values, weights, strict=True)], axis=0),
                 tf.concat([v.indices for v in values], axis=0), values[0].dense_shape)
-        return tf.add_n([tf.math.multiply_no_nan(v, tf.cast(w, v.dtype)) for v, w in zip(values, weights)]) / \
+        return tf.add_n([tf.math.multiply_no_nan(v, tf.cast(w, v.dtype)) for v, w in zip(values, weights, strict=True)]) / \
             tf.cast(total, values[0].dtype)
 
+    # compute_gradients gives one gradient (or None) per variable of var_list, on every tower.
     averaged = [(None if per_tower[0] is None else average(per_tower), variable)
-                for per_tower, variable in zip(zip(*tower_grads), var_list)]
+                for per_tower, variable in zip(zip(*tower_grads, strict=True), var_list, strict=True)]
     loss = average(losses)
     return loss, tf.group(optimizer.apply_gradients(averaged, global_step=global_step), *updates)

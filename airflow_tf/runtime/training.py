@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
+from collections.abc import Sequence
 
 import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
@@ -68,6 +69,7 @@ def target_step(config: TrainingConfig, examples_per_step: int) -> int:
     """``steps``, or ``epochs`` passes over the training split (counted in ``_SUCCESS``)."""
     if config.steps is not None:
         return int(config.steps)
+    assert config.epochs is not None, "TrainingConfig refuses a config with neither steps nor epochs"
     examples = count_examples(config.dataset, "train")
     if examples <= 0:
         raise TaskConfigError(f"dataset {config.dataset} has no training examples; epochs cannot be counted")
@@ -87,7 +89,7 @@ def training_forward(model, features):
     return predictions, [op for op in graph.get_operations()[first:] if op.type in STATE_UPDATES]
 
 
-def checkpoint_variables(model, tables: list[ShardedTable] = ()) -> dict[str, tf.Variable | list[tf.Variable]]:
+def checkpoint_variables(model, tables: Sequence[ShardedTable] = ()) -> dict[str, tf.Variable | list[tf.Variable]]:
     """Every global variable under its checkpoint name: the model's weights by position (see
     :mod:`.models`), the rest (global step, optimizer slots) by graph name. A sharded embedding
     table, and each optimizer slot of it, is the list of its shards under one name: the
@@ -187,7 +189,48 @@ class WorkerSessionCreator(tf.compat.v1.train.SessionCreator):
         return manager.wait_for_session(self._master, config=self._config, max_wait_secs=self._max_wait_secs)
 
 
-def train(config: TrainingConfig, task: Task, server, schema) -> dict:
+def _loss_and_train_op(model, features, labels, *, loss_fn, optimizer, global_step, var_list, task: Task,
+                       devices: list[str]):
+    """The batch's loss and the op of one training step: one tower per device, their gradients
+    averaged (see :mod:`.towers`), or the model on the whole batch on the worker's one device."""
+    if len(devices) > 1:
+        return towers_train_op(model, features, labels, training_forward, lambda y, p: compute_loss(loss_fn, y, p),
+                               optimizer=optimizer, global_step=global_step, var_list=var_list,
+                               cluster=task.cluster, devices=devices)
+    predictions, state_updates = training_forward(model, features)
+    loss = compute_loss(loss_fn, labels, predictions)
+    return loss, tf.group(optimizer.minimize(loss, global_step=global_step, var_list=var_list), *state_updates)
+
+
+def _initial_state(config: TrainingConfig, task: Task, model, variables: dict, resume_from: str | None):
+    """The scaffold's ``init_fn`` (None, or the warm start's restore of the model's weights) and
+    the log's word for where training starts. Only the chief checks and restores."""
+    init_fn, start = None, f"restoring {resume_from}" if resume_from else "new"
+    if task.is_chief and resume_from:
+        check_checkpoint(resume_from, model)
+    if task.is_chief and not resume_from and config.warm_start_from:
+        warm_from = resolve_checkpoint(config.warm_start_from)
+        check_checkpoint(warm_from, model)
+        weights = {key: v for key, v in variables.items() if key.startswith("model/")}
+        warm_saver = tf.compat.v1.train.Saver(var_list=weights)
+        init_fn = lambda scaffold, session: warm_saver.restore(session, warm_from)
+        start = f"weights from {warm_from}"
+    return init_fn, start
+
+
+def _no_constant_folding(tf_config) -> None:
+    """No constant folding in sessions over sharded tables: Grappler folds a slot's fill (an
+    accumulator's initial value) into a constant the ps keeps for good, so the first sparse
+    update copies the slot; and each ps evaluates a table's initial values to fold them whenever
+    a graph is registered with it. Both cost the ps a table's memory."""
+    tf_config.graph_options.rewrite_options.constant_folding = rewriter_config_pb2.RewriterConfig.OFF
+    tf_config.graph_options.optimizer_options.opt_level = tf.compat.v1.OptimizerOptions.L0
+    tf_config.graph_options.optimizer_options.do_common_subexpression_elimination = True
+
+
+# PLR0915: one graph is built in the order its session needs (ops, saver, hooks, session), each
+# step using the ones before; the self-contained parts are the helpers above.
+def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: PLR0915
     """Train until the global step reaches the target; returns the task's exit summary."""
     trainers = len(task.trainers)
     aggregate = replicas_to_aggregate(config, trainers)
@@ -222,32 +265,16 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
                 optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
                     optimizer, replicas_to_aggregate=aggregate, total_num_replicas=trainers
                 )
-            loss_fn, var_list = resolve_loss(config, schema), trainable_variables(model, tables)
-            if len(devices) > 1:  # one tower per device, gradients averaged (see .towers)
-                loss, train_op = towers_train_op(model, features, labels, training_forward,
-                                                 lambda y, p: compute_loss(loss_fn, y, p), optimizer,
-                                                 global_step, var_list, task.cluster, devices)
-            else:
-                predictions, state_updates = training_forward(model, features)
-                loss = compute_loss(loss_fn, labels, predictions)
-                train_op = tf.group(optimizer.minimize(loss, global_step=global_step, var_list=var_list),
-                                    *state_updates)
+            loss, train_op = _loss_and_train_op(
+                model, features, labels, loss_fn=resolve_loss(config, schema), optimizer=optimizer,
+                global_step=global_step, var_list=trainable_variables(model, tables), task=task, devices=devices)
         # Saving and restoring run on this task, so only the chief needs the run directory.
         with tf.device(task.device):
             variables = checkpoint_variables(model, tables)
             saver = FiniteSaver(
                 variables, config.on_nan, max_to_keep=KEEP_CHECKPOINTS, save_relative_paths=True, sharded=True
             )
-            init_fn, start = None, f"restoring {resume_from}" if resume_from else "new"
-            if task.is_chief and resume_from:
-                check_checkpoint(resume_from, model)
-            if task.is_chief and not resume_from and config.warm_start_from:
-                warm_from = resolve_checkpoint(config.warm_start_from)
-                check_checkpoint(warm_from, model)
-                weights = {key: v for key, v in variables.items() if key.startswith("model/")}
-                warm_saver = tf.compat.v1.train.Saver(var_list=weights)
-                init_fn = lambda scaffold, session: warm_saver.restore(session, warm_from)  # noqa: E731
-                start = f"weights from {warm_from}"
+            init_fn, start = _initial_state(config, task, model, variables, resume_from)
         scaffold = tf.compat.v1.train.Scaffold(saver=saver, init_fn=init_fn)
 
         if task.is_chief:
@@ -265,20 +292,15 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:
         if config.sync:
             hooks.append(SyncReplicasHook(optimizer, task.is_chief))
         hooks.append(non_finite)  # before the saver: a step with a NaN loss is never checkpointed
-        progress = None
+        progress: ProgressHook | None = None
         tf_config = session_config(task, config)
         if tables:
-            # No constant folding: Grappler folds a slot's fill (an accumulator's initial value)
-            # into a constant the ps keeps for good, so the first sparse update copies the slot;
-            # and each ps evaluates a table's initial values to fold them whenever a graph is
-            # registered with it. Both cost the ps a table's memory.
-            tf_config.graph_options.rewrite_options.constant_folding = rewriter_config_pb2.RewriterConfig.OFF
-            tf_config.graph_options.optimizer_options.opt_level = tf.compat.v1.OptimizerOptions.L0
-            tf_config.graph_options.optimizer_options.do_common_subexpression_elimination = True
+            _no_constant_folding(tf_config)
         if task.is_chief:
-            progress = ProgressHook(global_step, loss, target, examples_per_step, config.run_dir,
-                                    config.log_every_secs, config.summary_every_steps, config.learning_rate,
-                                    step_bound=bound)
+            progress = ProgressHook(global_step, loss, target=target, examples_per_step=examples_per_step,
+                                    run_dir=config.run_dir, every_secs=config.log_every_secs,
+                                    summary_every_steps=config.summary_every_steps,
+                                    learning_rate=config.learning_rate, step_bound=bound)
             hooks += [
                 tf.compat.v1.train.CheckpointSaverHook(
                     config.run_dir, save_secs=config.checkpoint_every_secs, saver=saver

@@ -64,8 +64,9 @@ def train_steps(cluster, towers: int, batch: int = BATCH):
                 train_op = optimizer.minimize(loss, global_step=global_step, var_list=var_list)
             else:
                 devices = tower_devices("/job:worker/task:0", towers)
-                loss, train_op = towers_train_op(model, features, labels, training_forward, loss_of, optimizer,
-                                                 global_step, var_list, spec, devices)
+                loss, train_op = towers_train_op(model, features, labels, training_forward, loss_of,
+                                                 optimizer=optimizer, global_step=global_step, var_list=var_list,
+                                                 cluster=spec, devices=devices)
         assert all(v.device.startswith("/job:ps/task:0") for v in tf.compat.v1.global_variables())
         with tf.compat.v1.Session(target, graph=graph) as session:
             session.run(tf.compat.v1.global_variables_initializer())
