@@ -219,6 +219,10 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
         """TensorBoard scalars over the steps since the last ones (the same event files feed
         serving's training_curve.png)."""
         loss, rate = self._windows()[1].close(now, step, self._examples_per_step)
+        if loss is None and flush:
+            # The final point: other workers may have taken the last steps, after the chief's last
+            # point; the curve still ends at the final global step, with the chief's latest loss.
+            loss = self.last_loss
         values = [tf.compat.v1.Summary.Value(tag="learning_rate", simple_value=self._learning_rate)]
         if rate is not None:
             values.append(tf.compat.v1.Summary.Value(tag="examples_per_sec", simple_value=rate))
