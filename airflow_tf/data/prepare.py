@@ -591,11 +591,9 @@ def prepare_dataset(  # noqa: PLR0912, PLR0915, PLR0917  the public signature of
             "seed": int(seed), "split_key": split_key, "allow_nan": bool(allow_nan),
             "vocabularies": vocabularies,
         })
-        cached = find_cached(root, fingerprint)
-        if cached is not None:
-            log.info("Input of dataset %r unchanged (fingerprint %s): reusing version %s, nothing encoded",
-                     str(name), fingerprint, cached["version"])
-            return _cached_summary(root, cached, started)
+        reused = _reuse_cached(root, str(name), fingerprint, started)
+        if reused is not None:
+            return reused
 
     reporter.begin("read")
     inputs = open_inputs(input, declared, allow_nan, string_columns or (), block_bytes=block_bytes,
@@ -618,12 +616,7 @@ def prepare_dataset(  # noqa: PLR0912, PLR0915, PLR0917  the public signature of
             on_train_rows=(lambda block, rows: counter.update(block.columns, rows)) if counter.sizes else None,
         )
         reporter("write", total, total, total, final=True)
-        if counter.sizes:
-            kept = counter.write(temporary)
-            inputs.schema = dataclasses.replace(inputs.schema, vocabularies=kept)
-            for column, info in kept.items():
-                log.info("Vocabulary of %r: %d of %d distinct values kept (top %d)", column, info["size"],
-                         info["distinct"], info["top_k"])
+        inputs.schema = _with_vocabularies(inputs.schema, counter, temporary)
         write_json(temporary / SCHEMA_FILE, inputs.schema.to_dict())
         manifest = {
             "format_version": FORMAT_VERSION,
@@ -672,6 +665,27 @@ def prepare_dataset(  # noqa: PLR0912, PLR0915, PLR0917  the public signature of
         **({"fingerprint": fingerprint} if fingerprint else {}),
         **({"partition": partition_key} if partition_key is not None else {}),
     }
+
+
+def _reuse_cached(root: Path, name: str, fingerprint: str, started: float) -> dict[str, Any] | None:
+    """The summary of the committed version with this fingerprint (logged as reused), or None."""
+    cached = find_cached(root, fingerprint)
+    if cached is None:
+        return None
+    log.info("Input of dataset %r unchanged (fingerprint %s): reusing version %s, nothing encoded",
+             name, fingerprint, cached["version"])
+    return _cached_summary(root, cached, started)
+
+
+def _with_vocabularies(schema: Schema, counter: VocabularyCounter, directory: Path) -> Schema:
+    """The schema recording the vocabularies ``counter`` counted, written into ``directory``."""
+    if not counter.sizes:
+        return schema
+    kept = counter.write(directory)
+    for column, info in kept.items():
+        log.info("Vocabulary of %r: %d of %d distinct values kept (top %d)", column, info["size"],
+                 info["distinct"], info["top_k"])
+    return dataclasses.replace(schema, vocabularies=kept)
 
 
 def input_fingerprint(inputs: Any, options: dict[str, Any]) -> str:
