@@ -29,7 +29,7 @@ nothing, which lets rows of different lengths share one matrix).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -231,7 +231,7 @@ class Ragged:
     lengths: np.ndarray  # int64 per row
 
 
-Piece = Union[bytes, np.ndarray, Ragged]  # same bytes every row | (rows x width) uint8 | ragged
+Piece = bytes | np.ndarray | Ragged  # same bytes every row | (rows x width) uint8 | ragged
 
 
 def _varint_piece(values: np.ndarray, n: int) -> Piece:

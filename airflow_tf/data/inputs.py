@@ -15,7 +15,8 @@ import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -532,7 +533,7 @@ def _first_bad(mask: np.ndarray) -> int:
 
 def _convert(raw: _Raw, spec: FeatureSpec) -> np.ndarray:
     values = _to_numpy(raw, spec.name)
-    where = lambda row: f"{raw.where(row)}, column {spec.name!r}"  # noqa: E731
+    where = lambda row: f"{raw.where(row)}, column {spec.name!r}"
     if values.shape[1:] != spec.shape:
         raise SchemaError(
             f"{raw.path}, column {spec.name!r} has shape {list(values.shape[1:])} per row but the schema "

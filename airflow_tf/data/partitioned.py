@@ -17,9 +17,10 @@ import os
 import shutil
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from ..cluster.names import path_component
 from ..files import read_json, strip_file_scheme, write_json
@@ -240,7 +241,7 @@ def commit_parts(plan: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
         write_json(temporary / SCHEMA_FILE, schema.to_dict())
         manifest = {
             "format_version": FORMAT_VERSION, "name": plan["name"], "version": version_name,
-            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "compression": compression, "splits": manifest_splits,
             "split": {k: options[k] for k in ("eval_fraction", "seed", "split_key")},
             "source": {"files": plan["files"], "rows": rows, "parts": len(markers)},

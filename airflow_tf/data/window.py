@@ -12,9 +12,10 @@ import json
 import os
 import shutil
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from ..cluster.names import path_component
 from ..files import strip_file_scheme, write_json
@@ -95,7 +96,7 @@ def make_window(
         (temporary / SCHEMA_FILE).write_text(schemas[0], encoding="utf-8")
         manifest = {
             "format_version": FORMAT_VERSION, "name": str(name), "version": version_name,
-            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "compression": manifests[0].get("compression"), "splits": splits,
             "window": [{"partition": key, "version": v} for key, v in chosen],
             "source": {"rows": sum(m["source"]["rows"] for m in manifests)},

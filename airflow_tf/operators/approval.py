@@ -7,7 +7,8 @@ Airflow 3.1; nothing else of airflow-tf imports it unless approval is asked for.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from airflow.providers.common.compat.sdk import AirflowFailException, AirflowSkipException
 

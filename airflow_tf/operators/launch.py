@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from airflow.sdk import BaseOperator
 

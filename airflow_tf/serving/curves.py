@@ -8,7 +8,8 @@ import io
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from airflow_tf.files import atomic_write_bytes
 

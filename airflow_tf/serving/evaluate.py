@@ -9,7 +9,8 @@ import math
 import os
 import re
 import time
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from airflow_tf.cluster import TrainingConfig
 from airflow_tf.cluster.model_code import model_code_record

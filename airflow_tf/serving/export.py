@@ -13,7 +13,8 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from airflow_tf.cluster import TrainingConfig
 from airflow_tf.cluster.model_code import model_code_record
