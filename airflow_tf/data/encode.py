@@ -302,7 +302,7 @@ def example_pieces(features: Sequence[FeatureSpec], columns: Sequence[np.ndarray
     """The byte pieces of the serialized Example of every row."""
     n = len(columns[0])
     entries: list[Piece] = []
-    for spec, values in zip(features, columns):
+    for spec, values in zip(features, columns, strict=True):
         kind, value_list = _values_piece(spec, values)
         feature = _delimited(kind, value_list, n)
         key = spec.name.encode("utf-8")

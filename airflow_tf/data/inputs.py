@@ -313,7 +313,8 @@ class _FileReader:
         start = 0
         for index, batch in enumerate(batches):
             columns = {}
-            for name, column in zip(names, batch.columns):
+            for name, read in zip(names, batch.columns, strict=True):
+                column = read
                 if _arrow_dtype(column.type) is None:
                     column = pc.cast(column, pa.string())
                 elif name not in column_types:  # inferred: the type pyarrow chose must be honest
@@ -358,7 +359,8 @@ class _FileReader:
         try:
             for batch in handle.iter_batches(batch_size=batch_rows):
                 columns = {}
-                for f, column in zip(schema, batch.columns):
+                for f, read in zip(schema, batch.columns, strict=True):
+                    column = read
                     if pa.types.is_dictionary(column.type):
                         column = column.dictionary_decode()
                     t = column.type
@@ -392,17 +394,7 @@ class _FileReader:
             for member in archive.namelist():
                 name = member[:-4] if member.endswith(".npy") else member
                 stream = archive.open(member)
-                try:
-                    version = np.lib.format.read_magic(stream)
-                    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                                   else np.lib.format.read_array_header_2_0)
-                    shape, fortran, dtype = read_header(stream)
-                except ValueError as exc:
-                    raise InputDataError(f"cannot read NumPy file {path}, array {name!r}: {exc}") from None
-                if dtype.hasobject:
-                    raise InputDataError(f"{path}, array {name!r}: object arrays are not supported")
-                if len(shape) == 0:
-                    raise InputDataError(f"{path}, array {name!r} is a scalar; each array needs one entry per row")
+                shape, fortran, dtype = _npy_header(path, name, stream)
                 if rows is None:
                     rows = shape[0]
                 elif shape[0] != rows:
@@ -440,6 +432,23 @@ class _FileReader:
                 yield _Raw(path, "npz", columns, dtypes, shapes, n, start)
 
 
+def _npy_header(path: Path, name: str, stream: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, Fortran order, dtype) of one .npy member of a .npz file, read from its header;
+    object arrays and scalars are refused."""
+    try:
+        version = np.lib.format.read_magic(stream)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        shape, fortran, dtype = read_header(stream)
+    except ValueError as exc:
+        raise InputDataError(f"cannot read NumPy file {path}, array {name!r}: {exc}") from None
+    if dtype.hasobject:
+        raise InputDataError(f"{path}, array {name!r}: object arrays are not supported")
+    if len(shape) == 0:
+        raise InputDataError(f"{path}, array {name!r} is a scalar; each array needs one entry per row")
+    return shape, fortran, dtype
+
+
 def _raw_bytes(raw: _Raw) -> int:
     return sum(c.nbytes for c in raw.columns.values())
 
@@ -468,7 +477,7 @@ def _diagnose_csv(path: Path, column_types: dict[str, pa.DataType]) -> str | Non
             if len(row) != len(header):
                 return (f"{path} line {line}: expected {len(header)} fields (the header's), "
                         f"found {len(row)}; fix or remove that row")
-            for name, text in zip(header, row):
+            for name, text in zip(header, row, strict=True):
                 want = wanted.get(name)
                 if want is None:
                     continue
@@ -685,7 +694,7 @@ class Inputs:
                 yield Block(raw.path, raw.start, {spec.name: _convert(raw, spec) for spec in self.schema.features})
 
 
-def open_inputs(
+def open_inputs(  # noqa: PLR0917  public signature: callers pass these positionally
     inputs: str | os.PathLike | Sequence[str | os.PathLike],
     declared: Schema | None = None,
     allow_nan: bool = False,

@@ -48,7 +48,7 @@ def _balanced(paths: list[Path], parts: int) -> list[list[str]]:
     return [sorted(share) for share in shares if share]
 
 
-def plan_parts(
+def plan_parts(  # noqa: PLR0917  public signature: callers pass these positionally
     input: str | os.PathLike | Sequence[str | os.PathLike],
     output: str | os.PathLike,
     name: str,
@@ -182,17 +182,8 @@ def _link(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def commit_parts(plan: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
-    """Check every part of the plan and commit them as one dataset version (``_SUCCESS``
-    last), then remove the parts' directory. Refuses, committing nothing, when a part is
-    missing or its files do not match its marker. Returns the same summary as
-    :func:`~airflow_tf.data.prepare_dataset`."""
-    started = time.monotonic()
-    plan = _load_plan(plan)
-    directory = Path(plan["directory"])
-    root = directory.parent
-    options = plan["options"]
-    compression = options["compression"]
+def _part_markers(plan: dict[str, Any], directory: Path) -> list[dict[str, Any]]:
+    """The marker of every part of the plan, each checked against the plan and the files it lists."""
     markers = []
     for index in range(len(plan["parts"])):
         marker = directory / f"part-{index}" / PART_MARKER
@@ -213,6 +204,21 @@ def commit_parts(plan: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
                     raise DataError(f"part {index}: {path} is {'missing' if size is None else f'{size} bytes'} "
                                     f"where the part wrote {shard['bytes']}; run part {index} again")
         markers.append(data)
+    return markers
+
+
+def commit_parts(plan: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
+    """Check every part of the plan and commit them as one dataset version (``_SUCCESS``
+    last), then remove the parts' directory. Refuses, committing nothing, when a part is
+    missing or its files do not match its marker. Returns the same summary as
+    :func:`~airflow_tf.data.prepare_dataset`."""
+    started = time.monotonic()
+    plan = _load_plan(plan)
+    directory = Path(plan["directory"])
+    root = directory.parent
+    options = plan["options"]
+    compression = options["compression"]
+    markers = _part_markers(plan, directory)
     rows = sum(m["rows"] for m in markers)
     splits_seen = [s for s in ("train", "eval") if any(s in m["splits"] for m in markers)]
     if "train" not in splits_seen:

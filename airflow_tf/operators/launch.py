@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any
+from typing import Any, ClassVar
 from collections.abc import Sequence
 
 from airflow.sdk import BaseOperator
@@ -128,7 +128,7 @@ class LaunchTFClusterOperator(BaseOperator):
         "dataset", "run_dir", "ps", "workers", "chief", "sync", *TRAINING_OPTIONS, "backend_options", "image",
         "group_name",
     )
-    template_fields_renderers = {"model_kwargs": "json", "backend_options": "json"}
+    template_fields_renderers: ClassVar[dict[str, str]] = {"model_kwargs": "json", "backend_options": "json"}
     operator_extra_links = (TensorBoardLink(),)
     ui_color = "#ffcc80"
 

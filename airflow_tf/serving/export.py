@@ -38,10 +38,11 @@ class ExportError(RuntimeError):
     """The export could not be written or did not verify; no version was published."""
 
 
-def export_saved_model(run_dir: str | os.PathLike[str], dataset_uri: str, config: TrainingConfig | Mapping[str, Any],
-                       serving_base: str | os.PathLike[str], model_name: str,
-                       metrics: Mapping[str, Any] | str | None = None, force: bool = False,
-                       checkpoint: str | None = None, *, verify_examples: int = VERIFY_EXAMPLES) -> dict[str, Any]:
+def export_saved_model(  # noqa: PLR0917  public signature: callers pass these positionally
+        run_dir: str | os.PathLike[str], dataset_uri: str, config: TrainingConfig | Mapping[str, Any],
+        serving_base: str | os.PathLike[str], model_name: str,
+        metrics: Mapping[str, Any] | str | None = None, force: bool = False,
+        checkpoint: str | None = None, *, verify_examples: int = VERIFY_EXAMPLES) -> dict[str, Any]:
     """Export the evaluated checkpoint to ``<serving_base>/<model_name>/<version>/``.
 
     ``metrics``: the evaluation result (default: the run's ``metrics.json``). An unblessed or
