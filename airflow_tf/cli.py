@@ -130,7 +130,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Interrupted(signal.Signals(signum).name)
 
-    shown = {"line": None}
+    shown: dict[str, str | None] = {"line": None}
 
     def show(status: Any) -> None:
         counts = status.counts().get("worker", {})

@@ -8,6 +8,7 @@ file, the line (CSV) or row (Parquet, .npz), and the column, plus what to do abo
 from __future__ import annotations
 
 import csv
+import functools
 import glob as globlib
 import io
 import math
@@ -322,7 +323,7 @@ class _FileReader:
                         _check_text_column(path, name, column, start)
                     elif index == 0 and dtypes[name] == "float32" and pa.types.is_floating(column.type):
                         _check_int64_overflow(path, name, column,
-                                              lambda n=name: _csv_text_block(path, n, 0, self.block_bytes))
+                                              functools.partial(_csv_text_block, path, name, 0, self.block_bytes))
                 columns[name] = column
             if index == 0:  # the first block is block_bytes of text, or the whole file
                 self.estimated_rows = max(batch.num_rows, round(batch.num_rows * size / self.block_bytes))

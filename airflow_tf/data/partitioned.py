@@ -119,9 +119,8 @@ def plan_parts(  # noqa: PLR0917  public signature: callers pass these positiona
 
 
 def _load_plan(plan: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
-    if isinstance(plan, dict):
-        plan = plan["directory"]
-    path = Path(strip_file_scheme(plan))
+    location = plan["directory"] if isinstance(plan, dict) else plan
+    path = Path(strip_file_scheme(location))
     path = path / PLAN_FILE if path.is_dir() else path
     try:
         return read_json(path)

@@ -131,6 +131,7 @@ class LaunchTFClusterOperator(BaseOperator):
     template_fields_renderers: ClassVar[dict[str, str]] = {"model_kwargs": "json", "backend_options": "json"}
     operator_extra_links = (TensorBoardLink(),)
     ui_color = "#ffcc80"
+    _code_hash: str | None  # sha256 of the model code snapshotted by this attempt, if any
 
     def __init__(self, *, dataset: Any, model: str = "linear_regression", steps: int | str | None = None,
                  epochs: float | str | None = None, learning_rate: float | str = 0.01,

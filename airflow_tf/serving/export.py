@@ -55,15 +55,18 @@ def export_saved_model(  # noqa: PLR0917  public signature: callers pass these p
 
     run_path = local_path(run_dir, "run_dir")
     config = training_config(config)
+    given: Mapping[str, Any] | None
     if isinstance(metrics, str):  # a templated operator argument arrives as text
         try:
-            metrics = json.loads(metrics)
+            given = json.loads(metrics)
         except json.JSONDecodeError as exc:
             raise ValueError(f"metrics: not valid JSON ({exc}); pass the evaluation result (a dict)") from exc
-    if metrics is None:
-        metrics = read_metrics(run_path)
-    _check_blessed(metrics, run_path, checkpoint, force)
-    evaluation = dict(metrics or {})
+    else:
+        given = metrics
+    if given is None:
+        given = read_metrics(run_path)
+    _check_blessed(given, run_path, checkpoint, force)
+    evaluation = dict(given or {})
     try:
         refuse_non_finite(evaluation.get("metrics") or {}, f"run {run_path}")
     except EvaluationError as exc:
