@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from .results import EvaluationResult
 
