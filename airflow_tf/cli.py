@@ -8,7 +8,8 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from airflow_tf.cluster.training import add_training_arguments
 from airflow_tf.files import read_json
@@ -75,7 +76,7 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
             progress=None if args.quiet else show,
         )
     except DataError as err:
-        raise SystemExit(f"airflow-tf prepare: {err}")
+        raise SystemExit(f"airflow-tf prepare: {err}") from err
     _print_json(summary)
     return 0
 
@@ -104,7 +105,6 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    import dataclasses
     import logging
     import os
     import signal
@@ -113,25 +113,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from airflow_tf.backends import BackendError
     from airflow_tf.backends.local import LocalBackend
     from airflow_tf.backends.wait import run_group
-    from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig
-    from airflow_tf.cluster.model_code import snapshot_model_code
+    from airflow_tf.cluster import SpecError
     from airflow_tf.cluster.progress import describe
 
     name = args.name or time.strftime("run-%Y%m%d-%H%M%S-") + str(os.getpid())
     run_dir = os.path.abspath(args.run_dir or os.path.join("airflow-tf-runs", name))
     started, started_at = time.monotonic(), time.time()
-    try:
-        training = TrainingConfig.from_namespace(args, dataset=os.path.abspath(args.dataset), run_dir=run_dir)
-        if training.code_dir is None:  # a model module of the user's travels with the run (cwd as `python -m`)
-            code = snapshot_model_code(training.model, run_dir, [*sys.path, os.getcwd()])
-            if code is not None:
-                training = dataclasses.replace(training, code_dir=code.path)
-                print(f"model code of {training.model} copied to {code.path} (sha256 {code.sha256})", file=sys.stderr)
-        spec = GroupSpec.for_training(name, training, ps=args.ps, workers=args.workers,
-                                      backoff_limit=args.backoff_limit, active_deadline_seconds=args.deadline,
-                                      progress_timeout=args.progress_timeout or None, pass_env=args.pass_env)
-    except ValueError as err:  # SpecError and bad training options
-        raise SystemExit(f"airflow-tf run: {err}")
+    spec = _run_spec(args, name, run_dir)
 
     class Interrupted(Exception):
         pass
@@ -142,7 +130,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Interrupted(signal.Signals(signum).name)
 
-    shown = {"line": None}
+    shown: dict[str, str | None] = {"line": None}
 
     def show(status: Any) -> None:
         counts = status.counts().get("worker", {})
@@ -169,22 +157,52 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"airflow-tf run: {sig}: group {name} torn down; task logs in {logs['dir']}", file=sys.stderr)
         return 128 + signal.Signals[str(sig)].value
     except (SpecError, BackendError, ValueError) as err:  # includes a dataset without _SUCCESS
-        raise SystemExit(f"airflow-tf run: {err}")
+        raise SystemExit(f"airflow-tf run: {err}") from err
     _record_launch(run_dir, spec, result.ref)
+    _print_json(_run_summary(result, name, run_dir, logs["dir"], started=started, started_at=started_at))
+    return 0 if result.outcome.succeeded else 1
+
+
+def _run_spec(args: argparse.Namespace, name: str, run_dir: str) -> Any:
+    """The group spec of ``airflow-tf run`` (the user's model code copied into the run dir when it
+    is a module of theirs); bad options exit with the message."""
+    import dataclasses
+
+    from airflow_tf.cluster import GroupSpec, TrainingConfig
+    from airflow_tf.cluster.model_code import snapshot_model_code
+
+    try:
+        training = TrainingConfig.from_namespace(args, dataset=os.path.abspath(args.dataset), run_dir=run_dir)
+        if training.code_dir is None:  # a model module of the user's travels with the run (cwd as `python -m`)
+            code = snapshot_model_code(training.model, run_dir, [*sys.path, os.getcwd()])
+            if code is not None:
+                training = dataclasses.replace(training, code_dir=code.path)
+                print(f"model code of {training.model} copied to {code.path} (sha256 {code.sha256})", file=sys.stderr)
+        return GroupSpec.for_training(name, training, ps=args.ps, workers=args.workers,
+                                      backoff_limit=args.backoff_limit, active_deadline_seconds=args.deadline,
+                                      progress_timeout=args.progress_timeout or None, pass_env=args.pass_env)
+    except ValueError as err:  # SpecError and bad training options
+        raise SystemExit(f"airflow-tf run: {err}") from err
+
+
+def _run_summary(result: Any, name: str, run_dir: str, logs_dir: str, *, started: float,
+                 started_at: float) -> dict[str, Any]:
+    """The JSON summary ``airflow-tf run`` prints; a failure's report goes to stderr."""
+    import time
+
     final = _final_progress(run_dir) or {}
     if final.get("time", 0) < started_at:  # left by an earlier run in the same run dir
         final = result.status.progress or {}
     summary = {
         "group": name, "succeeded": result.outcome.succeeded, "reason": result.outcome.reason,
         "global_step": final.get("global_step"), "loss": final.get("loss"), "checkpoint": final.get("checkpoint"),
-        "run_dir": run_dir, "logs": logs["dir"], "elapsed_seconds": round(time.monotonic() - started, 2),
+        "run_dir": run_dir, "logs": logs_dir, "elapsed_seconds": round(time.monotonic() - started, 2),
     }
     if result.report:
         failed = result.outcome.failed_task
         summary["failed_task"] = None if failed is None else failed.name
         print(result.report, file=sys.stderr)
-    _print_json(summary)
-    return 0 if result.outcome.succeeded else 1
+    return summary
 
 
 LAUNCH_FILE = "launch.json"
@@ -216,9 +234,9 @@ def _json_arg(what: str) -> Callable[[str], Any]:
         try:
             return json.loads(open(text[1:], encoding="utf-8").read() if text.startswith("@") else text)
         except OSError as e:
-            raise argparse.ArgumentTypeError(f"cannot read {text[1:]}: {e.strerror}")
+            raise argparse.ArgumentTypeError(f"cannot read {text[1:]}: {e.strerror}") from e
         except json.JSONDecodeError as e:
-            raise argparse.ArgumentTypeError(f"{what}: not JSON ({e})")
+            raise argparse.ArgumentTypeError(f"{what}: not JSON ({e})") from e
     return parse
 
 
@@ -238,15 +256,15 @@ def _launch_of(args: argparse.Namespace, command: str) -> Any:
         path = os.path.join(args.run_dir, LAUNCH_FILE)
         try:
             data = read_json(path)
-        except FileNotFoundError:
+        except FileNotFoundError as err:
             raise SystemExit(f"airflow-tf {command}: {path} does not exist: give the run directory of "
-                             "`airflow-tf run`, or the launch result with --launch")
+                             "`airflow-tf run`, or the launch result with --launch") from err
         except ValueError as e:
-            raise SystemExit(f"airflow-tf {command}: {path}: {e}")
+            raise SystemExit(f"airflow-tf {command}: {path}: {e}") from e
     try:
         launch = LaunchResult.from_dict(data)
     except ValueError as e:
-        raise SystemExit(f"airflow-tf {command}: launch result: {e}")
+        raise SystemExit(f"airflow-tf {command}: launch result: {e}") from e
     if os.path.realpath(launch.run_dir) != os.path.realpath(args.run_dir):
         raise SystemExit(f"airflow-tf {command}: the launch result is of run directory {launch.run_dir}, "
                          f"not {args.run_dir}")
@@ -337,7 +355,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         try:
             metrics = EvaluationResult.from_dict(args.metrics).to_dict()
         except ValueError as e:
-            raise SystemExit(f"airflow-tf export: --metrics: {e}")
+            raise SystemExit(f"airflow-tf export: --metrics: {e}") from e
     request = {"run_dir": launch.run_dir, "dataset": launch.dataset, "training": launch.training,
                "serving_base": _serving_base(args.serving_base), "model_name": args.model_name,
                "metrics": metrics, "force": args.force}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk import TaskGroup, task
 
@@ -23,6 +23,11 @@ from airflow_tf.operators import (
     EvaluateModelOperator, ExportSavedModelOperator, LaunchTFClusterOperator, TeardownTFClusterOperator,
 )
 from airflow_tf.sensors import WorkerCompletionSensor
+
+if TYPE_CHECKING:
+    from airflow.sdk.definitions.xcom_arg import PlainXComArg
+
+    from airflow_tf.operators.approval import ApproveExportOperator
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +103,7 @@ def tf_training(
         (``model``, ``steps``, ``learning_rate``, ``ps``, ``workers``, ``sync``, ...).
     """
     backend_options = dict(backend_options or {})
-    approve_class = None
+    approve_class: type[ApproveExportOperator] | None = None
     if approval:
         if model_name is None:
             raise ValueError("approval=True needs model_name= (approval is of the export, and there is no export)")
@@ -106,9 +111,13 @@ def tf_training(
     wait_options: dict[str, Any] = {"poke_interval": poke_interval, "timeout": timeout}
     if deferrable is not None:
         wait_options["deferrable"] = deferrable
-    pooled = {"pool": pool} if pool else {}
+    pooled: dict[str, Any] = {"pool": pool} if pool else {}
     mapped = {"max_active_tis_per_dagrun": max_active_trainings} if expand and max_active_trainings else {}
 
+    # Each an operator, or a mapped operator when the launch is expanded over a sweep.
+    launch: Any
+    wait: Any
+    evaluate: Any
     with TaskGroup(group_id=group_id) as group:
         launch_args = dict(task_id="launch", dataset=dataset, backend=backend, backend_options=backend_options,
                            retries=launch_retries, retry_delay=launch_retry_delay, **pooled, **launch_options)
@@ -136,7 +145,9 @@ def tf_training(
 
         if model_name is not None:
             if expand:
-                best = select_best.override(task_id="select_best")(evaluate.output, launch.output, select_by)
+                # multiple_outputs: a plain XComArg, whose keys are the returned dict's
+                best = cast("PlainXComArg",
+                            select_best.override(task_id="select_best")(evaluate.output, launch.output, select_by))
                 export_launch, export_metrics = best["launch"], best["evaluation"]
             else:
                 export_launch, export_metrics = launch.output, evaluate.output
@@ -211,7 +222,7 @@ def tf_prepare(
             return done
 
         @task(task_id="commit", outlets=outlets)
-        def commit(jobs: list[dict[str, Any]]) -> dict[str, Any]:
+        def commit(jobs: Any) -> dict[str, Any]:  # the plan's jobs (an XComArg while the DAG is built)
             from airflow.sdk import get_current_context
 
             from airflow_tf.data.partitioned import commit_parts

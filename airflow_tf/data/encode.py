@@ -29,7 +29,8 @@ nothing, which lets rows of different lengths share one matrix).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Union
+from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -231,7 +232,8 @@ class Ragged:
     lengths: np.ndarray  # int64 per row
 
 
-Piece = Union[bytes, np.ndarray, Ragged]  # same bytes every row | (rows x width) uint8 | ragged
+Piece = bytes | np.ndarray | Ragged  # same bytes every row | (rows x width) uint8 | ragged
+FixedPiece = bytes | np.ndarray  # a piece of rows that all have the same byte layout
 
 
 def _varint_piece(values: np.ndarray, n: int) -> Piece:
@@ -248,12 +250,13 @@ def _length_piece(lengths: np.ndarray | int, n: int) -> Piece:
     """The varint of a per-row length: constant when every row has the same length."""
     if np.ndim(lengths) == 0:
         return varint(int(lengths))
-    first = int(lengths[0])
-    if (lengths == first).all():
+    per_row = np.asarray(lengths)
+    first = int(per_row[0])
+    if (per_row == first).all():
         return varint(first)
-    if lengths.max() < 0x80:  # one byte each, the usual case
-        return lengths.astype(np.uint8).reshape(n, 1)
-    return _varint_piece(lengths, n)
+    if per_row.max() < 0x80:  # one byte each, the usual case
+        return per_row.astype(np.uint8).reshape(n, 1)
+    return _varint_piece(per_row, n)
 
 
 def _piece_width(piece: Piece) -> np.ndarray | int:
@@ -302,7 +305,7 @@ def example_pieces(features: Sequence[FeatureSpec], columns: Sequence[np.ndarray
     """The byte pieces of the serialized Example of every row."""
     n = len(columns[0])
     entries: list[Piece] = []
-    for spec, values in zip(features, columns):
+    for spec, values in zip(features, columns, strict=True):
         kind, value_list = _values_piece(spec, values)
         feature = _delimited(kind, value_list, n)
         key = spec.name.encode("utf-8")
@@ -319,7 +322,7 @@ def _copy_columns(out: np.ndarray, start: int, piece: np.ndarray) -> None:
     out[:, start:start + width].view(item)[...] = np.ascontiguousarray(piece).view(item)
 
 
-def _fixed_records(pieces: list[Piece], n: int) -> tuple[np.ndarray, np.ndarray]:
+def _fixed_records(pieces: Sequence[FixedPiece], n: int) -> tuple[np.ndarray, np.ndarray]:
     """Every row the same length: a (rows x (12 + width + 4)) matrix with the record bytes in
     place and the TFRecord header and footer columns still to fill, and the mask of record
     columns that come from values (the others are the same in every row)."""
@@ -385,7 +388,7 @@ def encode_examples(features: Sequence[FeatureSpec], columns: Sequence[np.ndarra
     pieces = _merge_runs(example_pieces(features, columns))
     ragged = [p for p in pieces if isinstance(p, Ragged)]
     if not ragged:
-        return _frame_fixed(pieces, n).reshape(-1)
+        return _frame_fixed(cast("list[FixedPiece]", pieces), n).reshape(-1)
     # Rows whose variable-length pieces have the same lengths share one fixed layout. When
     # there are few such layouts (an int64 column: at most 10), each group takes the fixed path.
     lengths = np.stack([p.lengths for p in ragged], axis=1)
@@ -397,7 +400,7 @@ def encode_examples(features: Sequence[FeatureSpec], columns: Sequence[np.ndarra
     framed = []
     for g, layout in enumerate(layouts):
         rows = np.nonzero(group == g)[0]
-        sub: list[Piece] = []
+        sub: list[FixedPiece] = []
         i = 0  # index among the ragged pieces
         for piece in pieces:
             if isinstance(piece, bytes):
@@ -430,7 +433,7 @@ def _row_keys(lengths: np.ndarray) -> np.ndarray:
     return np.unique(lengths, axis=0, return_inverse=True)[1].ravel()
 
 
-def _frame_fixed(pieces: list[Piece], n: int) -> np.ndarray:
+def _frame_fixed(pieces: Sequence[FixedPiece], n: int) -> np.ndarray:
     """Framed records of rows that all have the same layout: a (rows x framed size) matrix."""
     out, varying = _fixed_records(pieces, n)
     width = len(varying)

@@ -8,6 +8,7 @@ file, the line (CSV) or row (Parquet, .npz), and the column, plus what to do abo
 from __future__ import annotations
 
 import csv
+import functools
 import glob as globlib
 import io
 import math
@@ -15,7 +16,8 @@ import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -312,7 +314,8 @@ class _FileReader:
         start = 0
         for index, batch in enumerate(batches):
             columns = {}
-            for name, column in zip(names, batch.columns):
+            for name, read in zip(names, batch.columns, strict=True):
+                column = read
                 if _arrow_dtype(column.type) is None:
                     column = pc.cast(column, pa.string())
                 elif name not in column_types:  # inferred: the type pyarrow chose must be honest
@@ -320,7 +323,7 @@ class _FileReader:
                         _check_text_column(path, name, column, start)
                     elif index == 0 and dtypes[name] == "float32" and pa.types.is_floating(column.type):
                         _check_int64_overflow(path, name, column,
-                                              lambda n=name: _csv_text_block(path, n, 0, self.block_bytes))
+                                              functools.partial(_csv_text_block, path, name, 0, self.block_bytes))
                 columns[name] = column
             if index == 0:  # the first block is block_bytes of text, or the whole file
                 self.estimated_rows = max(batch.num_rows, round(batch.num_rows * size / self.block_bytes))
@@ -357,7 +360,8 @@ class _FileReader:
         try:
             for batch in handle.iter_batches(batch_size=batch_rows):
                 columns = {}
-                for f, column in zip(schema, batch.columns):
+                for f, read in zip(schema, batch.columns, strict=True):
+                    column = read
                     if pa.types.is_dictionary(column.type):
                         column = column.dictionary_decode()
                     t = column.type
@@ -391,17 +395,7 @@ class _FileReader:
             for member in archive.namelist():
                 name = member[:-4] if member.endswith(".npy") else member
                 stream = archive.open(member)
-                try:
-                    version = np.lib.format.read_magic(stream)
-                    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                                   else np.lib.format.read_array_header_2_0)
-                    shape, fortran, dtype = read_header(stream)
-                except ValueError as exc:
-                    raise InputDataError(f"cannot read NumPy file {path}, array {name!r}: {exc}") from None
-                if dtype.hasobject:
-                    raise InputDataError(f"{path}, array {name!r}: object arrays are not supported")
-                if len(shape) == 0:
-                    raise InputDataError(f"{path}, array {name!r} is a scalar; each array needs one entry per row")
+                shape, fortran, dtype = _npy_header(path, name, stream)
                 if rows is None:
                     rows = shape[0]
                 elif shape[0] != rows:
@@ -439,6 +433,23 @@ class _FileReader:
                 yield _Raw(path, "npz", columns, dtypes, shapes, n, start)
 
 
+def _npy_header(path: Path, name: str, stream: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, Fortran order, dtype) of one .npy member of a .npz file, read from its header;
+    object arrays and scalars are refused."""
+    try:
+        version = np.lib.format.read_magic(stream)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        shape, fortran, dtype = read_header(stream)
+    except ValueError as exc:
+        raise InputDataError(f"cannot read NumPy file {path}, array {name!r}: {exc}") from None
+    if dtype.hasobject:
+        raise InputDataError(f"{path}, array {name!r}: object arrays are not supported")
+    if len(shape) == 0:
+        raise InputDataError(f"{path}, array {name!r} is a scalar; each array needs one entry per row")
+    return shape, fortran, dtype
+
+
 def _raw_bytes(raw: _Raw) -> int:
     return sum(c.nbytes for c in raw.columns.values())
 
@@ -467,7 +478,7 @@ def _diagnose_csv(path: Path, column_types: dict[str, pa.DataType]) -> str | Non
             if len(row) != len(header):
                 return (f"{path} line {line}: expected {len(header)} fields (the header's), "
                         f"found {len(row)}; fix or remove that row")
-            for name, text in zip(header, row):
+            for name, text in zip(header, row, strict=True):
                 want = wanted.get(name)
                 if want is None:
                     continue
@@ -532,7 +543,7 @@ def _first_bad(mask: np.ndarray) -> int:
 
 def _convert(raw: _Raw, spec: FeatureSpec) -> np.ndarray:
     values = _to_numpy(raw, spec.name)
-    where = lambda row: f"{raw.where(row)}, column {spec.name!r}"  # noqa: E731
+    where = lambda row: f"{raw.where(row)}, column {spec.name!r}"
     if values.shape[1:] != spec.shape:
         raise SchemaError(
             f"{raw.path}, column {spec.name!r} has shape {list(values.shape[1:])} per row but the schema "
@@ -684,7 +695,7 @@ class Inputs:
                 yield Block(raw.path, raw.start, {spec.name: _convert(raw, spec) for spec in self.schema.features})
 
 
-def open_inputs(
+def open_inputs(  # noqa: PLR0917  public signature: callers pass these positionally
     inputs: str | os.PathLike | Sequence[str | os.PathLike],
     declared: Schema | None = None,
     allow_nan: bool = False,

@@ -17,9 +17,10 @@ import os
 import shutil
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from ..cluster.names import path_component
 from ..files import read_json, strip_file_scheme, write_json
@@ -47,7 +48,7 @@ def _balanced(paths: list[Path], parts: int) -> list[list[str]]:
     return [sorted(share) for share in shares if share]
 
 
-def plan_parts(
+def plan_parts(  # noqa: PLR0917  public signature: callers pass these positionally
     input: str | os.PathLike | Sequence[str | os.PathLike],
     output: str | os.PathLike,
     name: str,
@@ -118,9 +119,8 @@ def plan_parts(
 
 
 def _load_plan(plan: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
-    if isinstance(plan, dict):
-        plan = plan["directory"]
-    path = Path(strip_file_scheme(plan))
+    location = plan["directory"] if isinstance(plan, dict) else plan
+    path = Path(strip_file_scheme(location))
     path = path / PLAN_FILE if path.is_dir() else path
     try:
         return read_json(path)
@@ -181,17 +181,8 @@ def _link(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def commit_parts(plan: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
-    """Check every part of the plan and commit them as one dataset version (``_SUCCESS``
-    last), then remove the parts' directory. Refuses, committing nothing, when a part is
-    missing or its files do not match its marker. Returns the same summary as
-    :func:`~airflow_tf.data.prepare_dataset`."""
-    started = time.monotonic()
-    plan = _load_plan(plan)
-    directory = Path(plan["directory"])
-    root = directory.parent
-    options = plan["options"]
-    compression = options["compression"]
+def _part_markers(plan: dict[str, Any], directory: Path) -> list[dict[str, Any]]:
+    """The marker of every part of the plan, each checked against the plan and the files it lists."""
     markers = []
     for index in range(len(plan["parts"])):
         marker = directory / f"part-{index}" / PART_MARKER
@@ -212,6 +203,21 @@ def commit_parts(plan: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
                     raise DataError(f"part {index}: {path} is {'missing' if size is None else f'{size} bytes'} "
                                     f"where the part wrote {shard['bytes']}; run part {index} again")
         markers.append(data)
+    return markers
+
+
+def commit_parts(plan: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
+    """Check every part of the plan and commit them as one dataset version (``_SUCCESS``
+    last), then remove the parts' directory. Refuses, committing nothing, when a part is
+    missing or its files do not match its marker. Returns the same summary as
+    :func:`~airflow_tf.data.prepare_dataset`."""
+    started = time.monotonic()
+    plan = _load_plan(plan)
+    directory = Path(plan["directory"])
+    root = directory.parent
+    options = plan["options"]
+    compression = options["compression"]
+    markers = _part_markers(plan, directory)
     rows = sum(m["rows"] for m in markers)
     splits_seen = [s for s in ("train", "eval") if any(s in m["splits"] for m in markers)]
     if "train" not in splits_seen:
@@ -240,7 +246,7 @@ def commit_parts(plan: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
         write_json(temporary / SCHEMA_FILE, schema.to_dict())
         manifest = {
             "format_version": FORMAT_VERSION, "name": plan["name"], "version": version_name,
-            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "compression": compression, "splits": manifest_splits,
             "split": {k: options[k] for k in ("eval_fraction", "seed", "split_key")},
             "source": {"files": plan["files"], "rows": rows, "parts": len(markers)},

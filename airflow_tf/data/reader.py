@@ -24,7 +24,7 @@ def parse_spec(schema: Schema) -> dict[str, Any]:
     }
 
 
-def make_dataset(
+def make_dataset(  # noqa: PLR0917  public signature: callers pass these positionally
     dataset_uri: str | os.PathLike,
     split: str = "train",
     batch_size: int = 64,

@@ -50,5 +50,5 @@ def write_clicks_csv(path: str | os.PathLike, rows: int = 200_000, users: int = 
         handle.write("user,item,clicked\n")
         for start in range(0, int(rows), 100_000):
             stop = start + 100_000
-            handle.writelines(f"u{u},i{i},{c}\n" for u, i, c in zip(user[start:stop], item[start:stop], clicked[start:stop]))
+            handle.writelines(f"u{u},i{i},{c}\n" for u, i, c in zip(user[start:stop], item[start:stop], clicked[start:stop], strict=True))
     return path

@@ -12,9 +12,10 @@ import json
 import os
 import shutil
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from ..cluster.names import path_component
 from ..files import strip_file_scheme, write_json
@@ -38,7 +39,21 @@ def partition_versions(root: Path) -> list[tuple[str, str]]:
     return sorted(found)
 
 
-def make_window(
+def _chosen_partitions(root: Path, available: list[tuple[str, str]], last: int | None,
+                       partitions: Sequence[str] | None) -> list[tuple[str, str]]:
+    """The (key, version) pairs of the window: the given ``partitions`` in key order, else the ``last`` N."""
+    by_key = dict(available)
+    if partitions is not None:
+        missing = [k for k in partitions if str(k) not in by_key]
+        if missing:
+            raise DataError(f"partitions {missing} of dataset {root} are not prepared (prepared: {', '.join(by_key)})")
+        return sorted((str(k), by_key[str(k)]) for k in dict.fromkeys(partitions))
+    if last is not None and int(last) >= 1:
+        return available[-int(last):]
+    raise DataError(f"give last (a number of partitions, at least 1) or partitions (their keys); got last={last!r}")
+
+
+def make_window(  # noqa: PLR0917  public signature: callers pass these positionally
     output: str | os.PathLike,
     name: str,
     last: int | None = None,
@@ -55,19 +70,10 @@ def make_window(
     if not available:
         raise DatasetNotReadyError(f"dataset {root} has no partition versions; prepare partitions first "
                                    "(prepare_dataset(..., partition_key=...))")
-    by_key = dict(available)
-    if partitions is not None:
-        missing = [k for k in partitions if str(k) not in by_key]
-        if missing:
-            raise DataError(f"partitions {missing} of dataset {root} are not prepared (prepared: {', '.join(by_key)})")
-        chosen = sorted((str(k), by_key[str(k)]) for k in dict.fromkeys(partitions))
-    elif last is not None and int(last) >= 1:
-        chosen = available[-int(last):]
-    else:
-        raise DataError(f"give last (a number of partitions, at least 1) or partitions (their keys); got last={last!r}")
+    chosen = _chosen_partitions(root, available, last, partitions)
     manifests = [json.loads((root / v / SUCCESS_FILE).read_text(encoding="utf-8")) for _, v in chosen]
     schemas = [(root / v / SCHEMA_FILE).read_text(encoding="utf-8") for _, v in chosen]
-    for (key, _), manifest, schema in zip(chosen, manifests, schemas):
+    for (key, _), manifest, schema in zip(chosen, manifests, schemas, strict=True):
         if json.loads(schema) != json.loads(schemas[0]):
             raise DataError(f"partition {key!r} has another schema than partition {chosen[0][0]!r}; "
                             "a window needs one schema: prepare the partitions with the same schema")
@@ -81,7 +87,7 @@ def make_window(
     if final.exists() and not overwrite:
         raise DatasetExistsError(f"dataset version {final} already exists; choose another version or overwrite it")
     splits: dict[str, Any] = {}
-    for (_, v), manifest in zip(chosen, manifests):
+    for (_, v), manifest in zip(chosen, manifests, strict=True):
         for split, info in manifest["splits"].items():
             entry = splits.setdefault(split, {"examples": 0, "shards": []})
             for shard in info["shards"]:
@@ -95,7 +101,7 @@ def make_window(
         (temporary / SCHEMA_FILE).write_text(schemas[0], encoding="utf-8")
         manifest = {
             "format_version": FORMAT_VERSION, "name": str(name), "version": version_name,
-            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "compression": manifests[0].get("compression"), "splits": splits,
             "window": [{"partition": key, "version": v} for key, v in chosen],
             "source": {"rows": sum(m["source"]["rows"] for m in manifests)},

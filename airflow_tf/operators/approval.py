@@ -7,7 +7,8 @@ Airflow 3.1; nothing else of airflow-tf imports it unless approval is asked for.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
 
 from airflow.providers.common.compat.sdk import AirflowFailException, AirflowSkipException
 
@@ -19,11 +20,15 @@ from airflow_tf.compat import require
 from .common import no_retry_for
 
 _hitl = require("hitl", "Approval before export (approval=True)")
+if TYPE_CHECKING:
+    from airflow.providers.standard.operators.hitl import ApprovalOperator
+else:
+    ApprovalOperator = _hitl.ApprovalOperator
 
 ON_TIMEOUT = ("reject", "approve", "fail")
 
 
-class ApproveExportOperator(_hitl.ApprovalOperator):
+class ApproveExportOperator(ApprovalOperator):
     """Asks a person to approve the export of an evaluated model, showing its metrics, the
     thresholds, the comparison with the served model and, in a sweep, the other runs; the task
     waits (in Airflow 3.3's ``awaiting input`` state) until someone answers in the UI's

@@ -7,7 +7,8 @@ import os
 import sys
 import warnings
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import airflow
 import airflow.sdk

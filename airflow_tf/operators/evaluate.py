@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import Any, cast
+from collections.abc import Sequence
 
 from airflow.sdk import BaseOperator
 from airflow.providers.common.compat.sdk import AirflowFailException, AirflowSkipException
@@ -32,14 +33,15 @@ def _on_cluster(launch: LaunchResult, command: str, request: dict[str, Any]) -> 
     if launch.group.get("backend") != "kubernetes":
         return None
     from airflow_tf.backends import GroupRef, backend_for
-    from airflow_tf.backends.kubernetes import JobRefusedError
+    from airflow_tf.backends.kubernetes import JobRefusedError, KubernetesBackend
     from airflow_tf.serving.__main__ import REFUSED, result_of
 
     ref = GroupRef.coerce(launch.group)
     request = {"run_dir": launch.run_dir, "dataset": launch.dataset, "training": launch.training, **request}
     with no_retry_for(JobRefusedError, what=f"{command} refused"):
-        text = backend_for(ref).run_job(ref, command, [command, "--request", json.dumps(request)],
-                                        refused_exit=REFUSED)
+        backend = cast("KubernetesBackend", backend_for(ref))  # a kubernetes group, checked above
+        text = backend.run_job(ref, command, [command, "--request", json.dumps(request)],
+                                refused_exit=REFUSED)
     result = result_of(text)
     if result is None:
         raise RuntimeError(f"the {command} Job of group {ref.name} succeeded without printing its result; "

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any, Sequence
+from typing import Any, ClassVar
+from collections.abc import Sequence
 
 from airflow.sdk import BaseOperator
 
@@ -127,9 +128,10 @@ class LaunchTFClusterOperator(BaseOperator):
         "dataset", "run_dir", "ps", "workers", "chief", "sync", *TRAINING_OPTIONS, "backend_options", "image",
         "group_name",
     )
-    template_fields_renderers = {"model_kwargs": "json", "backend_options": "json"}
+    template_fields_renderers: ClassVar[dict[str, str]] = {"model_kwargs": "json", "backend_options": "json"}
     operator_extra_links = (TensorBoardLink(),)
     ui_color = "#ffcc80"
+    _code_hash: str | None  # sha256 of the model code snapshotted by this attempt, if any
 
     def __init__(self, *, dataset: Any, model: str = "linear_regression", steps: int | str | None = None,
                  epochs: float | str | None = None, learning_rate: float | str = 0.01,

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 LOWER_IS_BETTER = "lower"
 HIGHER_IS_BETTER = "higher"

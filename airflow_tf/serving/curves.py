@@ -8,7 +8,8 @@ import io
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from airflow_tf.files import atomic_write_bytes
 
@@ -78,7 +79,7 @@ def plot_training_curve(run_dir: str | os.PathLike[str], output: str | os.PathLi
     figure = Figure(figsize=(8, 3.2 * rows + 0.6), layout="constrained")
     axes = figure.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
 
-    steps, values = zip(*scalars[loss_tag])
+    steps, values = zip(*scalars[loss_tag], strict=True)
     axes[0].plot(steps, values, color="tab:blue", label=f"training {loss_tag}")
     finite = [v for v in values if math.isfinite(v) and v > 0]
     if finite and max(finite) / min(finite) > 100:  # a loss falling over decades reads better on a log scale
@@ -90,7 +91,7 @@ def plot_training_curve(run_dir: str | os.PathLike[str], output: str | os.PathLi
     axes[0].legend(loc="upper right")
 
     if throughput_tag:
-        t_steps, t_values = zip(*scalars[throughput_tag])
+        t_steps, t_values = zip(*scalars[throughput_tag], strict=True)
         axes[1].plot(t_steps, t_values, color="tab:green")
         axes[1].set_ylabel(throughput_tag.replace("_", " "))
         axes[1].grid(True, alpha=0.3)

@@ -9,7 +9,8 @@ import math
 import os
 import re
 import time
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from airflow_tf.cluster import TrainingConfig
 from airflow_tf.cluster.model_code import model_code_record
@@ -37,10 +38,11 @@ def training_config(config: TrainingConfig | Mapping[str, Any]) -> TrainingConfi
     return config if isinstance(config, TrainingConfig) else TrainingConfig.from_dict(dict(config))
 
 
-def evaluate_checkpoint(run_dir: str | os.PathLike[str], dataset_uri: str, config: TrainingConfig | Mapping[str, Any],
-                        thresholds: Mapping[str, Any] | str | None = None, baseline: Mapping[str, Any] | None = None,
-                        checkpoint: str | None = None, *, baseline_metric: str | None = None,
-                        batch_size: int = EVAL_BATCH_SIZE, plot: bool = True) -> dict[str, Any]:
+def evaluate_checkpoint(  # noqa: PLR0917  public signature: callers pass these positionally
+        run_dir: str | os.PathLike[str], dataset_uri: str, config: TrainingConfig | Mapping[str, Any],
+        thresholds: Mapping[str, Any] | str | None = None, baseline: Mapping[str, Any] | None = None,
+        checkpoint: str | None = None, *, baseline_metric: str | None = None,
+        batch_size: int = EVAL_BATCH_SIZE, plot: bool = True) -> dict[str, Any]:
     """Evaluate the run's final (or the given) checkpoint on the eval split and bless it or not.
 
     ``thresholds``: ``{"mse": {"max": 1.0}, "accuracy": {"min": 0.9}}``. ``baseline``: the
@@ -207,7 +209,7 @@ def _keras_predict(model: Any) -> Callable[[Mapping[str, Any]], Any]:
 
 
 def _evaluate(predict: Callable[[Mapping[str, Any]], Any], dataset_uri: str, schema: Any, loss: Any,
-              batch_size: int, what: str) -> tuple[str, dict[str, float], int]:
+              batch_size: int, *, what: str) -> tuple[str, dict[str, float], int]:
     """Stream the eval split through ``predict``; the one place metrics are computed, for
     checkpoints and SavedModels alike. Returns (task, metrics, examples)."""
     import keras
@@ -221,7 +223,7 @@ def _evaluate(predict: Callable[[Mapping[str, Any]], Any], dataset_uri: str, sch
     mean_loss = keras.metrics.Mean()
     trackers: dict[str, Any] = {}
     examples = 0
-    for features, label in dataset:
+    for features, batch_label in dataset:
         predictions = predict(features)
         if not tf.is_tensor(predictions):
             raise EvaluationError(f"{what}: the model returned {type(predictions).__name__}; "
@@ -230,6 +232,7 @@ def _evaluate(predict: Callable[[Mapping[str, Any]], Any], dataset_uri: str, sch
             task = task_of(schema, predictions, loss)
             loss = loss or keras.losses.get(DEFAULT_LOSS[task])
             trackers = _metric_trackers(task, from_logits(loss))
+        label = batch_label
         if task != "classification":
             label = tf.reshape(tf.cast(label, predictions.dtype), tf.shape(predictions))
         batch = int(tf.shape(label)[0])

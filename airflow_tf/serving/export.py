@@ -13,7 +13,8 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from airflow_tf.cluster import TrainingConfig
 from airflow_tf.cluster.model_code import model_code_record
@@ -37,10 +38,11 @@ class ExportError(RuntimeError):
     """The export could not be written or did not verify; no version was published."""
 
 
-def export_saved_model(run_dir: str | os.PathLike[str], dataset_uri: str, config: TrainingConfig | Mapping[str, Any],
-                       serving_base: str | os.PathLike[str], model_name: str,
-                       metrics: Mapping[str, Any] | str | None = None, force: bool = False,
-                       checkpoint: str | None = None, *, verify_examples: int = VERIFY_EXAMPLES) -> dict[str, Any]:
+def export_saved_model(  # noqa: PLR0917  public signature: callers pass these positionally
+        run_dir: str | os.PathLike[str], dataset_uri: str, config: TrainingConfig | Mapping[str, Any],
+        serving_base: str | os.PathLike[str], model_name: str,
+        metrics: Mapping[str, Any] | str | None = None, force: bool = False,
+        checkpoint: str | None = None, *, verify_examples: int = VERIFY_EXAMPLES) -> dict[str, Any]:
     """Export the evaluated checkpoint to ``<serving_base>/<model_name>/<version>/``.
 
     ``metrics``: the evaluation result (default: the run's ``metrics.json``). An unblessed or
@@ -53,15 +55,18 @@ def export_saved_model(run_dir: str | os.PathLike[str], dataset_uri: str, config
 
     run_path = local_path(run_dir, "run_dir")
     config = training_config(config)
+    given: Mapping[str, Any] | None
     if isinstance(metrics, str):  # a templated operator argument arrives as text
         try:
-            metrics = json.loads(metrics)
+            given = json.loads(metrics)
         except json.JSONDecodeError as exc:
             raise ValueError(f"metrics: not valid JSON ({exc}); pass the evaluation result (a dict)") from exc
-    if metrics is None:
-        metrics = read_metrics(run_path)
-    _check_blessed(metrics, run_path, checkpoint, force)
-    evaluation = dict(metrics or {})
+    else:
+        given = metrics
+    if given is None:
+        given = read_metrics(run_path)
+    _check_blessed(given, run_path, checkpoint, force)
+    evaluation = dict(given or {})
     try:
         refuse_non_finite(evaluation.get("metrics") or {}, f"run {run_path}")
     except EvaluationError as exc:

@@ -14,7 +14,8 @@ launch returns, or what ``airflow-tf run`` records in ``<run_dir>/launch.json``)
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 REQUIRED = ("run_dir", "dataset", "training")
 
