@@ -161,3 +161,26 @@ async def signed_in_user(request: Request) -> Any:
 
 
 __all__ = ["Access", "Launch", "access_of", "recorded_launches", "run_owners", "signed_in_user"]
+
+
+async def signed_in_http_request(scope, receive, send) -> tuple[Request, Any] | None:
+    """For a mounted ASGI app: the HTTP request and its signed-in user; None when this has
+    already answered (lifespan events of an app run on its own, a websocket refused, or the
+    sign-in's 401/403)."""
+    from starlette.exceptions import HTTPException
+    from starlette.responses import JSONResponse
+
+    if scope["type"] == "lifespan":  # when run on its own; nothing to start or stop
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return None
+    if scope["type"] != "http":  # the views serve plain HTTP only
+        await send({"type": "websocket.close", "code": 1008})
+        return None
+    request = Request(scope, receive)
+    try:
+        return request, await signed_in_user(request)
+    except HTTPException as exc:
+        await JSONResponse({"detail": exc.detail}, status_code=exc.status_code)(scope, receive, send)
+        return None

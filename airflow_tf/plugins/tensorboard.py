@@ -23,13 +23,11 @@ from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 from airflow_tf.storage import runs_dir
 
-from .access import Access, access_of, recorded_launches, signed_in_user
+from .access import Access, access_of, recorded_launches, signed_in_http_request
 from .links import URL_PREFIX, TensorBoardLink, scalars_url
 from .training_view import URL_PREFIX as TRAINING_PREFIX
 from .training_view import TrainingViewApp
@@ -218,20 +216,10 @@ class TensorBoardApp:
             return self._app
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "lifespan":  # when run on its own; nothing to start or stop
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+        signed_in = await signed_in_http_request(scope, receive, send)
+        if signed_in is None:
             return
-        if scope["type"] != "http":  # TensorBoard serves plain HTTP only
-            await send({"type": "websocket.close", "code": 1008})
-            return
-        request = Request(scope, receive)
-        try:
-            user = await signed_in_user(request)
-        except HTTPException as exc:
-            await JSONResponse({"detail": exc.detail}, status_code=exc.status_code)(scope, receive, send)
-            return
+        request, user = signed_in
         if scope["path"].removeprefix(scope.get("root_path", "")) == DAG_RUN_VIEW:
             dag_id, run_id = request.query_params.get("dag_id"), request.query_params.get("run_id")
             if not dag_id or not run_id:

@@ -16,14 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse
 
 from airflow_tf.cluster.progress import read_progress_file
 from airflow_tf.files import strip_file_scheme
 
-from .access import Launch, access_of, recorded_launches, signed_in_user
+from .access import Launch, access_of, recorded_launches, signed_in_http_request
 from .links import URL_PREFIX as TENSORBOARD_PREFIX
 from .links import airflow_url, scalars_url, task_url
 
@@ -215,20 +213,10 @@ class TrainingViewApp:
     """The ASGI app mounted at ``/training``: the page, and its data at ``/training/api/groups``."""
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "lifespan":  # when run on its own; nothing to start or stop
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+        signed_in = await signed_in_http_request(scope, receive, send)
+        if signed_in is None:
             return
-        if scope["type"] != "http":
-            await send({"type": "websocket.close", "code": 1008})
-            return
-        request = Request(scope, receive)
-        try:
-            user = await signed_in_user(request)
-        except HTTPException as exc:
-            await JSONResponse({"detail": exc.detail}, status_code=exc.status_code)(scope, receive, send)
-            return
+        _, user = signed_in
         root = scope.get("root_path", "").rstrip("/")
         path = scope["path"].removeprefix(root)
         if path == API_PATH:
