@@ -2,7 +2,7 @@
 PostgreSQL with the LocalExecutor, and stays consistent with the project: build contexts and
 Dockerfiles exist, mounted paths exist, every environment name (set or documented in a
 comment) is an Airflow option or one the package reads, and the storage is shared. Its
-secrets come from .env (the commands in docs/deployment.md create one), never from the file,
+secrets come from .env (the commands in docs/how-to/deploy.md create one), never from the file,
 and the UI is published on loopback unless .env says otherwise."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from cryptography.fernet import Fernet
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 ENV_EXAMPLE = ROOT / ".env.example"
-DEPLOYMENT_DOC = ROOT / "docs" / "deployment.md"
+DEPLOYMENT_DOC = ROOT / "docs" / "how-to" / "deploy.md"
 AIRFLOW_SERVICES = {
     "airflow-apiserver": "api-server",
     "airflow-scheduler": "scheduler",
@@ -61,10 +61,10 @@ def required_variables() -> set[str]:
 
 
 def created_env(tmp_path: Path) -> dict[str, str]:
-    """The .env that the commands in docs/deployment.md write, run in an empty directory."""
+    """The .env that the commands in docs/how-to/deploy.md write, run in an empty directory."""
     blocks = re.findall(r"```bash\n(.*?)```", DEPLOYMENT_DOC.read_text(), re.S)
     create = [b for b in blocks if "> .env" in b]
-    assert len(create) == 1, "docs/deployment.md shows one block of commands that creates .env"
+    assert len(create) == 1, "docs/how-to/deploy.md shows one block of commands that creates .env"
     subprocess.run(["bash", "-euo", "pipefail", "-c", create[0]], cwd=tmp_path, check=True)
     env_file = tmp_path / ".env"
     assert env_file.stat().st_mode & 0o077 == 0, ".env holds secrets: only its owner may read it"

@@ -18,7 +18,7 @@ def test_user_guide_builds_strict(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    operators = (tmp_path / "site" / "operators" / "index.html").read_text()
+    operators = (tmp_path / "site" / "reference" / "operators" / "index.html").read_text()
     assert "LaunchTFClusterOperator" in operators and "WorkerCompletionSensor" in operators
 
 

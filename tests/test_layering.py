@@ -1,4 +1,4 @@
-"""The layering rules of docs/development.md hold: ``cluster/`` is pure, ``runtime/`` never
+"""The layering rules of docs/explanation/architecture.md hold: ``cluster/`` is pure, ``runtime/`` never
 imports Airflow, and the Airflow side loads no TensorFlow when Airflow imports it (a DAG file
 parsed by the scheduler must not pay TensorFlow's start-up, and the Airflow image need not carry it)."""
 

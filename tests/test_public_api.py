@@ -1,4 +1,4 @@
-"""The public API is a promise: every name the reference documents (docs/operators.md) and every
+"""The public API is a promise: every name the reference documents (docs/reference/operators.md) and every
 name in a package's ``__all__`` imports, and no documented name or parameter of the Airflow-facing
 API disappears without a deprecation period.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = ROOT / "docs" / "operators.md"
+REFERENCE = ROOT / "docs" / "reference" / "operators.md"
 RECORDED = Path(__file__).with_name("public_api.json")
 # The Airflow-facing packages; their __all__ is part of the recorded API.
 RECORDED_PACKAGES = ["airflow_tf.operators", "airflow_tf.sensors", "airflow_tf.triggers"]

@@ -20,7 +20,8 @@ RunGraph request that reaches a task twice is refused as a copy ("The same RunGr
 request was received twice") and the step then fails or waits for ever for the first one's
 reply (seen in long runs). gRPC's own retries can send such a copy; without them a broken call
 fails as UnavailableError, which the session recovers from. The hang still occurred once in 15
-stress runs without them (docs/faults.md), so the operation timeout stays the safety net."""
+stress runs without them (bench/README.md; a known issue in docs/reference/faults.md), so the
+operation timeout stays the safety net."""
 
 
 def grpc_default_options(current: str | None) -> str:

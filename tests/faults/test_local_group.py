@@ -1,7 +1,7 @@
 """Faults and abuse of a local training group, with real TensorFlow tasks on gRPC: each case
 asserts what the user sees, that nothing is lost, and that nothing is left running
 (the ``local_state_dir`` fixture fails a test that leaves a process of its groups).
-docs/faults.md ("Local group") lists these cases."""
+docs/reference/faults.md ("Local group") lists these cases."""
 
 from __future__ import annotations
 
