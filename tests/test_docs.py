@@ -1,7 +1,10 @@
-"""The user guide builds with warnings as errors: a broken link, a missing page, an example DAG
-that is no longer where the guide includes it from, or an operator docstring mkdocstrings cannot
-read fails the build."""
+"""The user guide builds with warnings as errors: a broken link or anchor, a missing page, an example
+DAG that is no longer where the guide includes it from, or an operator docstring mkdocstrings cannot
+read fails the build. Links into the guide from outside it (the READMEs, code, tests, images) point
+at pages and headings that exist, and the guide holds no test diaries or measurements outside
+the performance page."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +13,12 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+# Files outside docs/ that send readers into the guide; mkdocs does not check their links.
+POINTING_IN = ["README.md", "CHANGELOG.md", "tests/README.md", "bench/README.md", "pyproject.toml",
+               "docker-compose.yml", ".ci/run", "images/*/Dockerfile", "airflow_tf/**/*.py", "tests/**/*.py",
+               "bench/*.py", "scripts/*", "dags/*.py"]
+GUIDE_REFERENCE = re.compile(r"\bdocs/((?:[\w-]+/)*[\w-]+\.md)(#[\w-]+)?")
 
 
 def test_user_guide_builds_strict(tmp_path):
@@ -65,3 +74,56 @@ def test_every_parameter_of_the_operators_sensor_and_task_group_is_documented():
                 if not re.search(rf":param {name}:", doc):
                     missing.append(f"{thing.__name__}({name})")
     assert not missing, f"parameters without a :param: line: {missing}"
+
+
+def anchors(page: Path) -> set[str]:
+    """The ids mkdocs gives the headings of a page (Python-Markdown's toc slugify)."""
+    from markdown.extensions.toc import slugify
+
+    text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.M | re.S)
+    return {slugify(m.group(1), "-") for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*$", text, flags=re.M)}
+
+
+def test_links_into_the_guide_from_outside_it_resolve():
+    """``docs/<page>.md#<heading>`` in a README, an error message or a test names a page and a
+    heading that exist: moving a page or renaming a heading must update those too."""
+    broken = []
+    files = sorted({f for pattern in POINTING_IN for f in ROOT.glob(pattern) if f.is_file()})
+    assert len(files) > 20
+    for path in files:
+        for match in GUIDE_REFERENCE.finditer(path.read_text(encoding="utf-8", errors="replace")):
+            page, anchor = DOCS / match.group(1), match.group(2)
+            where = f"{path.relative_to(ROOT)}: {match.group(0)}"
+            if not page.is_file():
+                broken.append(f"{where} (no such page)")
+            elif anchor and anchor[1:] not in anchors(page):
+                broken.append(f"{where} (no such heading on the page)")
+    assert not broken, "links into the guide that lead nowhere:\n" + "\n".join(broken)
+
+
+def test_anchors_are_the_ids_mkdocs_gives_headings(tmp_path):
+    """The check above computes heading ids itself: they are the ones the built site has."""
+    page = DOCS / "reference" / "kubernetes.md"
+    ours = anchors(page)
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    built = set(re.findall(r'<h[1-6] id="([^"]+)"', (tmp_path / "site" / "reference" / "kubernetes" / "index.html").read_text()))
+    assert ours == built
+
+
+def test_the_guide_holds_no_test_diaries_or_measurements():
+    """Test runs, their counts and timings belong in tests/README.md; figures in the performance
+    page (with the command that measured them) or bench/README.md."""
+    performance = DOCS / "reference" / "performance.md"
+    found = []
+    for page in sorted(DOCS.rglob("*.md")):
+        if page == performance:
+            continue
+        text = page.read_text(encoding="utf-8")
+        for pattern in (r"^#+\s*(Tests|Measured|Tests and figures)\b", r"\b\d+ (passed|failed|tests?)\b",
+                        r"load average"):
+            found += [f"{page.relative_to(ROOT)}: {m.group(0)!r}" for m in re.finditer(pattern, text, flags=re.M)]
+    assert not found, "test diaries or measurements in the user guide:\n" + "\n".join(found)
