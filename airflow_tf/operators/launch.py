@@ -131,7 +131,6 @@ class LaunchTFClusterOperator(BaseOperator):
     template_fields_renderers: ClassVar[dict[str, str]] = {"model_kwargs": "json", "backend_options": "json"}
     operator_extra_links = (TensorBoardLink(),)
     ui_color = "#ffcc80"
-    _code_hash: str | None  # sha256 of the model code snapshotted by this attempt, if any
 
     def __init__(self, *, dataset: Any, model: str = "linear_regression", steps: int | str | None = None,
                  epochs: float | str | None = None, learning_rate: float | str = 0.01,
@@ -219,38 +218,44 @@ class LaunchTFClusterOperator(BaseOperator):
         return options
 
     def build_spec(self, context: Any) -> GroupSpec:
+        """The group this task launches (snapshotting the model's code into the run directory)."""
+        return self._plan(context)[0]
+
+    def _plan(self, context: Any) -> tuple[GroupSpec, str | None]:
+        """The group this task launches, and the hash of the model code it snapshotted (None
+        when the model's code comes from an installed package or the training image)."""
         ti = context["ti"]
         map_index = _map_index(ti)
         name = self.group_name or group_name(ti.dag_id, ti.task_id, ti.run_id, map_index)
         run_dir = self.run_dir or os.path.join(runs_dir(), name)
         config = TrainingConfig(dataset=dataset_uri_of(self.dataset), run_dir=run_dir,
                                 sync=_flag(self.sync, "sync"), **self.training_options())
-        config = self._with_model_code(config)
+        config, code_hash = self._with_model_code(config)
         labels = {**launch_labels(ti.dag_id, ti.task_id, ti.run_id, map_index),
                   "airflow.try_number": str(ti.try_number)}
-        return GroupSpec.for_training(
+        spec = GroupSpec.for_training(
             name, config, ps=_whole(self.ps, "ps", 1), workers=_whole(self.workers, "workers", 1),
             chief=_whole(self.chief, "chief", 0), image=self.image, role_options=self.role_options,
             backoff_limit=self.backoff_limit, active_deadline_seconds=self.active_deadline_seconds,
             success_policy=self.success_policy, port=self.port, labels=labels,
         )
+        return spec, code_hash
 
-    def _with_model_code(self, config: TrainingConfig) -> TrainingConfig:
+    def _with_model_code(self, config: TrainingConfig) -> tuple[TrainingConfig, str | None]:
         """Snapshots the model's module into the run directory (when it is not an installed
-        package), so every task, the evaluation and the export import that code first."""
+        package), so every task, the evaluation and the export import that code first; returns
+        the config reading the snapshot and the snapshot's hash (None: nothing snapshotted)."""
         snapshot = snapshot_model_code(config.model, config.run_dir)
         if snapshot is None:
-            return config
+            return config, None
         path, digest = snapshot
-        self._code_hash = digest
         self.log.info("model code %s snapshotted into %s (sha256 %s)", config.model, path, digest)
-        return TrainingConfig.from_dict({**config.to_dict(), "code_dir": str(path)})
+        return TrainingConfig.from_dict({**config.to_dict(), "code_dir": str(path)}), digest
 
     def execute(self, context: Any) -> dict[str, Any]:
-        self._code_hash = None
         # A bad option or spec, or a model that cannot be found, fails at once: retrying cannot fix it.
         with no_retry_for(ValueError, SpecError, what="launch refused"):
-            spec = self.build_spec(context)
+            spec, code_hash = self._plan(context)
         backend = get_backend(self.backend, **resolved_backend_options(self.backend, self.backend_options))
         existing = backend.find(spec.name)
         store = task_state_store(context)  # Airflow 3.3+: kept across the retries of this task
@@ -280,7 +285,7 @@ class LaunchTFClusterOperator(BaseOperator):
         result = LaunchResult(
             group=ref.to_dict(), run_dir=spec.training.run_dir, dataset=spec.training.dataset,
             training=spec.training.to_dict(), reattached=existing is not None,
-            map_index=_map_index(context["ti"]), code_hash=self._code_hash,
+            map_index=_map_index(context["ti"]), code_hash=code_hash,
         ).to_dict()
         # Last: until the group is handed over, a launch killed now (before its XCom exists)
         # takes its group down with it instead of leaving it running unreferenced.

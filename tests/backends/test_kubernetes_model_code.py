@@ -69,3 +69,35 @@ def test_the_runtime_imports_the_model_from_the_snapshot_without_any_path_to_the
     where, params = result.stdout.split()[-2:]
     assert where.startswith(code.path), f"imported from {where}, not from the snapshot"
     assert params == "2", "the seed's Dense(1) on one input: a weight and a bias"
+
+
+def test_the_launch_returns_the_hash_of_the_code_it_snapshotted_and_none_for_a_built_in_model(
+        emulator, kubeconfig, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from airflow.sdk import DAG
+
+    from airflow_tf.cluster.model_code import code_hash
+    from airflow_tf.operators import LaunchTFClusterOperator
+
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "my_models.py").write_text(MODEL)
+    monkeypatch.syspath_prepend(str(dags))  # the DAG folder, where Airflow finds the DAG's own modules
+    monkeypatch.setenv("AIRFLOW_TF_STORAGE", str(tmp_path / "storage"))
+    options = {"kubernetes_conn_id": None, "config_file": kubeconfig, "namespace": NS}
+    with DAG("sales", schedule=None):
+        own = LaunchTFClusterOperator(task_id="own", dataset="/data/sales/1", model="my_models:build", steps=10,
+                                      backend="kubernetes", backend_options=options, image="registry.example/tf:2.21")
+        builtin = LaunchTFClusterOperator(task_id="builtin", dataset="/data/sales/1", steps=10, backend="kubernetes",
+                                          backend_options=options, image="registry.example/tf:2.21")
+
+    def context(task_id):
+        return {"ti": SimpleNamespace(dag_id="sales", task_id=task_id, run_id="manual__1", map_index=-1, try_number=1)}
+
+    result = own.execute(context("own"))
+    code_dir = result["training"]["code_dir"]
+    assert code_dir.startswith(result["run_dir"]), "the snapshot lives in the run directory"
+    assert result["code_hash"] == code_hash(code_dir), "the XCom names the code every task imports"
+    result = builtin.execute(context("builtin"))
+    assert result["code_hash"] is None and result["training"]["code_dir"] is None
