@@ -29,53 +29,61 @@ ON_NAN = ("fail", "stop")
 """What a loss that becomes NaN/inf does: fail the run, or stop and keep the last finite checkpoint."""
 
 
+def _option(default: Any = dataclasses.MISSING, doc: str = "") -> Any:
+    """A training option: its default and its one-line documentation, which the launch
+    operator's parameters and reference take over (``dataclasses.fields(TrainingConfig)``)."""
+    return field(default=default, metadata={"doc": doc})
+
+
 @dataclass
 class TrainingConfig:
-    dataset: str
-    """Dataset directory written by PrepareTFRecords (holds schema.json and _SUCCESS)."""
-    run_dir: str
-    """Checkpoints, event files and progress.json of this run (shared by all tasks)."""
-    model: str = "linear_regression"
-    """A built-in model name or ``package.module:function`` returning a Keras model."""
-    model_kwargs: dict[str, Any] = field(default_factory=dict)
-    loss: str | None = None
-    """Keras loss name; None lets the model decide (mse for regression, sparse CE for classes)."""
-    optimizer: str = "sgd"
-    learning_rate: float = 0.01
-    batch_size: int = 64
-    steps: int | None = None
-    """Target global step. Exactly one of steps / epochs is set (steps wins when both)."""
-    epochs: float | None = None
-    sync: bool = False
-    replicas_to_aggregate: int | None = None
-    """Sync mode: gradients aggregated per step; below the worker count, slow workers don't stall."""
-    checkpoint_every_secs: float = 10.0
-    log_every_secs: float = 2.0
-    intra_op_threads: int = 1
-    inter_op_threads: int = 2
-    seed: int = 0
-    warm_start_from: str | None = None
-    """A run directory or checkpoint prefix to initialise the model weights from (first start only;
-    an export keeps one in its metadata's ``warm_start_from``)."""
-    mode: str = "between_graph"
-    """One of :data:`MODES`."""
-    devices_per_worker: int | None = None
-    """Towers per worker (gradients averaged before the update); None: the worker's GPUs, else 1."""
-    on_nan: str = "fail"
-    """One of :data:`ON_NAN`."""
-    operation_timeout_secs: float = 300.0
-    """Bound on one session step: a step stuck longer errors and the session recovers."""
-    summary_every_steps: int = 100
-    """Summaries (loss, examples/s, learning rate) every N global steps, besides every log_every_secs."""
-    code_dir: str | None = None
-    """Snapshot of the model's code (written by the launch into the run directory); imported first."""
-    min_shard_bytes: int = DEFAULT_MIN_SHARD_BYTES
-    """Embedding tables are split over the ps tasks in shards of at least this many bytes (at most
-    one shard per ps): a table under it stays in one piece."""
-    ps_memory_limit: str | None = None
-    """Memory of one ps task (a quantity: ``4Gi``), against which embedding tables and their
-    optimizer slots are checked before training; default: the ps role's ``resources`` (limits,
-    else requests), else on a local group the memory available on the machine."""
+    """The options of one training run. Each field's default and ``metadata["doc"]`` are the
+    only ones: the launch operator's parameters and reference and the command line take them over."""
+
+    dataset: str = _option(doc="dataset directory written by PrepareTFRecords (holds schema.json and _SUCCESS)")
+    run_dir: str = _option(doc="checkpoints, event files and progress.json of this run, shared by every task")
+    model: str = _option("linear_regression", "a built-in model (``linear_regression``, ``mlp_classifier``) or "
+                         "``package.module:function`` returning a Keras model. A module kept next to the DAG file "
+                         "is snapshotted into the run directory, so every task imports it from there")
+    model_kwargs: dict[str, Any] = field(default_factory=dict, metadata={"doc": "keyword arguments of the model function"})
+    loss: str | None = _option(None, "Keras loss name; None lets the model decide (mse for regression, sparse "
+                               "categorical cross-entropy for classes)")
+    optimizer: str = _option("sgd", "``sgd``, ``adam``, ``adagrad``, ``rmsprop``, ``lazy_adam`` (Adam updating "
+                             "only the embedding rows a step looked up) or ``ftrl``")
+    learning_rate: float = _option(0.01, "the optimizer's learning rate")
+    batch_size: int = _option(64, "examples per worker per step")
+    steps: int | None = _option(None, "target global step (set ``steps`` or ``epochs``; ``steps`` wins when both)")
+    epochs: float | None = _option(None, "passes over the training split, instead of ``steps``")
+    sync: bool = _option(False, "synchronous updates (``SyncReplicasOptimizer``) instead of asynchronous")
+    replicas_to_aggregate: int | None = _option(None, "sync mode: gradients aggregated per step (below the worker "
+                                                "count, a slow worker stalls no one); None: every worker's")
+    checkpoint_every_secs: float = _option(10.0, "seconds between checkpoints")
+    log_every_secs: float = _option(2.0, "seconds between progress lines in the task logs")
+    intra_op_threads: int = _option(1, "threads per TensorFlow op in each task")
+    inter_op_threads: int = _option(2, "TensorFlow ops run at once in each task")
+    seed: int = _option(0, "random seed of the model and the input pipeline")
+    warm_start_from: str | None = _option(None, "run directory or checkpoint prefix to initialise the weights "
+                                          "from (first start only; an export records one in its metadata's "
+                                          "``warm_start_from``)")
+    mode: str = _option("between_graph", "``between_graph`` (each worker drives itself) or ``coordinator`` (the "
+                        "chief drives the group with ``ParameterServerStrategy``; asynchronous only)")
+    devices_per_worker: int | None = _option(None, "towers per worker, gradients averaged before the update; "
+                                             "None: the worker's GPUs, else 1")
+    on_nan: str = _option("fail", "a loss that becomes NaN/inf fails the run (``fail``) or stops it keeping the "
+                          "last finite checkpoint (``stop``)")
+    operation_timeout_secs: float = _option(300.0, "bound on one session step: a step stuck longer errors and "
+                                            "the session recovers")
+    summary_every_steps: int = _option(100, "TensorBoard summaries (loss, examples/s, learning rate) every N "
+                                       "global steps, besides every ``log_every_secs``")
+    code_dir: str | None = _option(None, "snapshot of the model's code (written by the launch into the run "
+                                   "directory); imported first")
+    min_shard_bytes: int = _option(DEFAULT_MIN_SHARD_BYTES, "embedding tables are split over the ps tasks in "
+                                   "shards of at least this many bytes (at most one shard per ps): a table under "
+                                   "it stays in one piece")
+    ps_memory_limit: str | None = _option(None, "memory of one ps task (a quantity: ``4Gi``) to check embedding "
+                                          "tables and their optimizer slots against before training; None: the ps "
+                                          "role's ``resources`` (limits, else requests), else on a local group the "
+                                          "memory available on the machine")
 
     def __post_init__(self) -> None:
         errors = self._coerce_types()
@@ -236,46 +244,48 @@ def add_training_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> 
     ``airflow-tf render``'s. ``defaults`` overrides a default (and makes dataset or run_dir,
     otherwise required, optional)."""
     add = parser.add_argument
+    default = {f.name: f.default for f in dataclasses.fields(TrainingConfig) if f.default is not dataclasses.MISSING}
     add("--dataset", required="dataset" not in defaults,
         help="dataset directory written by PrepareTFRecords / airflow-tf prepare (must hold _SUCCESS)")
     add("--run-dir", dest="run_dir", required="run_dir" not in defaults,
         help="directory for checkpoints, event files and progress.json, shared by all tasks")
-    add("--model", default="linear_regression",
+    add("--model", default=default["model"],
         help=f"built-in model ({', '.join(BUILTIN_MODELS)}) or package.module:function")
     add("--model-kwargs", dest="model_kwargs", type=json.loads, default={}, metavar="JSON",
         help="keyword arguments of the model function, as a JSON object")
-    add("--loss", default=None, help="Keras loss name (default: chosen from the label)")
-    add("--optimizer", default="sgd", choices=OPTIMIZERS)
-    add("--learning-rate", dest="learning_rate", type=float, default=0.01)
-    add("--batch-size", dest="batch_size", type=int, default=64, help="examples per trainer per step")
-    add("--steps", type=int, default=None, help="target global step")
-    add("--epochs", type=float, default=None, help="passes over the training split (instead of --steps)")
+    add("--loss", default=default["loss"], help="Keras loss name (default: chosen from the label)")
+    add("--optimizer", default=default["optimizer"], choices=OPTIMIZERS)
+    add("--learning-rate", dest="learning_rate", type=float, default=default["learning_rate"])
+    add("--batch-size", dest="batch_size", type=int, default=default["batch_size"], help="examples per trainer per step")
+    add("--steps", type=int, default=default["steps"], help="target global step")
+    add("--epochs", type=float, default=default["epochs"], help="passes over the training split (instead of --steps)")
     add("--sync", action="store_true", help="synchronous updates (SyncReplicasOptimizer)")
-    add("--replicas-to-aggregate", dest="replicas_to_aggregate", type=int, default=None,
+    add("--replicas-to-aggregate", dest="replicas_to_aggregate", type=int, default=default["replicas_to_aggregate"],
         help="sync mode: gradients per step (below the worker count, a slow worker stalls no one)")
-    add("--checkpoint-every-secs", dest="checkpoint_every_secs", type=float, default=10.0)
-    add("--log-every-secs", dest="log_every_secs", type=float, default=2.0)
-    add("--intra-op-threads", dest="intra_op_threads", type=int, default=1, help="threads per op in each task")
-    add("--inter-op-threads", dest="inter_op_threads", type=int, default=2, help="ops run at once in each task")
-    add("--seed", type=int, default=0)
-    add("--warm-start-from", dest="warm_start_from", default=None,
+    add("--checkpoint-every-secs", dest="checkpoint_every_secs", type=float, default=default["checkpoint_every_secs"])
+    add("--log-every-secs", dest="log_every_secs", type=float, default=default["log_every_secs"])
+    add("--intra-op-threads", dest="intra_op_threads", type=int, default=default["intra_op_threads"], help="threads per op in each task")
+    add("--inter-op-threads", dest="inter_op_threads", type=int, default=default["inter_op_threads"], help="ops run at once in each task")
+    add("--seed", type=int, default=default["seed"])
+    add("--warm-start-from", dest="warm_start_from", default=default["warm_start_from"],
         help="run directory or checkpoint prefix to initialise the model weights from (first start only)")
-    add("--mode", default="between_graph", choices=MODES,
+    add("--mode", default=default["mode"], choices=MODES,
         help="between_graph: each worker drives itself (async or sync); coordinator: the chief drives "
         "the group with ParameterServerStrategy (async only)")
-    add("--devices-per-worker", dest="devices_per_worker", type=int, default=None,
+    add("--devices-per-worker", dest="devices_per_worker", type=int, default=default["devices_per_worker"],
         help="towers per worker, gradients averaged before the update (default: the worker's GPUs, else 1)")
-    add("--on-nan", dest="on_nan", default="fail", choices=ON_NAN,
+    add("--on-nan", dest="on_nan", default=default["on_nan"], choices=ON_NAN,
         help="a loss that becomes NaN/inf fails the run (fail) or stops it keeping the last finite checkpoint (stop)")
-    add("--operation-timeout-secs", dest="operation_timeout_secs", type=float, default=300.0,
+    add("--operation-timeout-secs", dest="operation_timeout_secs", type=float,
+        default=default["operation_timeout_secs"],
         help="a session step stuck longer than this errors and the session recovers")
-    add("--summary-every-steps", dest="summary_every_steps", type=int, default=100,
+    add("--summary-every-steps", dest="summary_every_steps", type=int, default=default["summary_every_steps"],
         help="write summaries every N global steps (and every --log-every-secs)")
-    add("--code-dir", dest="code_dir", default=None,
+    add("--code-dir", dest="code_dir", default=default["code_dir"],
         help="snapshot of the model's code to import first (the launch writes it into the run directory)")
-    add("--min-shard-bytes", dest="min_shard_bytes", type=int, default=DEFAULT_MIN_SHARD_BYTES,
+    add("--min-shard-bytes", dest="min_shard_bytes", type=int, default=default["min_shard_bytes"],
         help="embedding tables are split over the ps tasks in shards of at least this many bytes")
-    add("--ps-memory-limit", dest="ps_memory_limit", default=None,
+    add("--ps-memory-limit", dest="ps_memory_limit", default=default["ps_memory_limit"],
         help="memory of one ps task (e.g. 4Gi) to check embedding tables against before training "
         "(default: the ps role's resources, else the memory available on a local machine)")
     parser.set_defaults(**defaults)

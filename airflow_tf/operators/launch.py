@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 from typing import Any, ClassVar
@@ -15,7 +16,7 @@ from airflow_tf.backends.ownership import NotOurGroupError, check_ours, intent, 
 from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name
 from airflow_tf.cluster.results import LaunchResult
 from airflow_tf.cluster.model_code import snapshot_model_code
-from airflow_tf.cluster.training import DEFAULT_MIN_SHARD_BYTES, dataset_uri_of
+from airflow_tf.cluster.training import dataset_uri_of
 from airflow_tf.plugins.links import TensorBoardLink
 from airflow_tf.storage import runs_dir
 
@@ -24,12 +25,8 @@ from .common import deprecated, launch_labels, no_retry_for, resolved_backend_op
 # Every TrainingConfig option a DAG author sets is an explicit parameter of the operator, so
 # Airflow's .partial()/.expand() validation sees it; dataset, run_dir and sync are group-level
 # parameters, and code_dir is written by the launch itself.
-TRAINING_OPTIONS = (
-    "model", "model_kwargs", "loss", "optimizer", "learning_rate", "batch_size", "steps", "epochs",
-    "replicas_to_aggregate", "checkpoint_every_secs", "log_every_secs", "intra_op_threads", "inter_op_threads",
-    "seed", "warm_start_from", "mode", "devices_per_worker", "on_nan", "operation_timeout_secs",
-    "summary_every_steps", "min_shard_bytes", "ps_memory_limit",
-)
+TRAINING_OPTIONS = tuple(f.name for f in dataclasses.fields(TrainingConfig)
+                         if f.name not in ("dataset", "run_dir", "sync", "code_dir"))
 
 
 def _whole(value: Any, name: str, low: int) -> int:
@@ -69,46 +66,15 @@ class LaunchTFClusterOperator(BaseOperator):
     this task did not create fails the launch, naming it, instead of being taken as its own.
     Before 3.3 a retry re-attaches by name alone.
 
-    Every parameter is templated; every one works in ``.partial()`` and ``.expand()``.
+    Every parameter is templated; every one works in ``.partial()`` and ``.expand()``. The
+    training options (``model`` to ``ps_memory_limit`` below, and ``sync``) are the fields of
+    :class:`~airflow_tf.cluster.TrainingConfig`, with its defaults and documentation.
 
     :param dataset: dataset directory, or the prepare task's XCom (``prepare.output``).
-    :param model: a built-in model (``linear_regression``, ``mlp_classifier``) or
-        ``package.module:function`` returning a Keras model. A module kept next to the DAG file
-        is snapshotted into the run directory, so every task imports it from there.
-    :param steps: target global step (set ``steps`` or ``epochs``).
-    :param epochs: passes over the training split, instead of ``steps``.
-    :param learning_rate: the optimizer's learning rate.
-    :param batch_size: examples per worker per step.
-    :param optimizer: ``sgd``, ``adam``, ``adagrad``, ``rmsprop``, ``lazy_adam`` (Adam updating
-        only the embedding rows a step looked up) or ``ftrl``.
-    :param loss: Keras loss name; None lets the model decide (mse for regression, sparse
-        categorical cross-entropy for classes).
-    :param model_kwargs: keyword arguments of the model function.
+    {training_options}
     :param ps: parameter-server tasks.
     :param workers: worker tasks.
     :param chief: 0, or 1 for a separate chief task (required by ``mode="coordinator"``).
-    :param sync: synchronous updates (``SyncReplicasOptimizer``) instead of asynchronous.
-    :param replicas_to_aggregate: sync mode: gradients aggregated per step (below the worker
-        count, a slow worker stalls no one).
-    :param mode: ``between_graph`` (each worker drives itself) or ``coordinator`` (the chief
-        drives the group with ``ParameterServerStrategy``; asynchronous only).
-    :param devices_per_worker: towers per worker, gradients averaged before the update;
-        None: the worker's GPUs, else 1.
-    :param on_nan: a loss that becomes NaN/inf fails the run (``fail``) or stops it keeping the
-        last finite checkpoint (``stop``).
-    :param warm_start_from: run directory or checkpoint prefix to initialise the weights from.
-    :param checkpoint_every_secs: seconds between checkpoints.
-    :param log_every_secs: seconds between progress lines in the task logs.
-    :param summary_every_steps: TensorBoard summaries every N global steps.
-    :param operation_timeout_secs: a session step stuck longer errors and the session recovers.
-    :param intra_op_threads: threads per TensorFlow op in each task.
-    :param inter_op_threads: TensorFlow ops run at once in each task.
-    :param seed: random seed of the model and the input pipeline.
-    :param min_shard_bytes: embedding tables are split over the ps tasks in shards of at least
-        this many bytes (at most one shard per ps); default 16 MiB.
-    :param ps_memory_limit: memory of one ps task (``4Gi``) to check embedding tables and their
-        optimizer slots against before training; default: the ps role's ``resources``, else the
-        memory available on a local machine.
     :param run_dir: checkpoints and event files; default ``<storage>/runs/<group name>``.
     :param backend: ``local`` (processes on this machine) or ``kubernetes``.
     :param backend_options: e.g. ``{"state_dir": ...}`` for local, or ``{"kubernetes_conn_id":
@@ -132,18 +98,25 @@ class LaunchTFClusterOperator(BaseOperator):
     operator_extra_links = (TensorBoardLink(),)
     ui_color = "#ffcc80"
 
-    def __init__(self, *, dataset: Any, model: str = "linear_regression", steps: int | str | None = None,
-                 epochs: float | str | None = None, learning_rate: float | str = 0.01,
-                 batch_size: int | str = 64, optimizer: str = "sgd", loss: str | None = None,
-                 model_kwargs: dict[str, Any] | None = None, ps: int | str = 1, workers: int | str = 2,
-                 chief: int | str = 0, sync: bool | str = False, replicas_to_aggregate: int | str | None = None,
-                 mode: str = "between_graph", devices_per_worker: int | str | None = None, on_nan: str = "fail",
-                 warm_start_from: str | None = None, checkpoint_every_secs: float | str = 10.0,
-                 log_every_secs: float | str = 2.0, summary_every_steps: int | str = 100,
-                 operation_timeout_secs: float | str = 300.0, intra_op_threads: int | str = 1,
-                 inter_op_threads: int | str = 2, seed: int | str = 0,
-                 min_shard_bytes: int | str = DEFAULT_MIN_SHARD_BYTES, ps_memory_limit: str | None = None,
-                 run_dir: str | None = None,
+    # The training options' defaults are TrainingConfig's (model_kwargs: None stands for its empty dict).
+    def __init__(self, *, dataset: Any, model: str = TrainingConfig.model,
+                 steps: int | str | None = TrainingConfig.steps, epochs: float | str | None = TrainingConfig.epochs,
+                 learning_rate: float | str = TrainingConfig.learning_rate,
+                 batch_size: int | str = TrainingConfig.batch_size, optimizer: str = TrainingConfig.optimizer,
+                 loss: str | None = TrainingConfig.loss, model_kwargs: dict[str, Any] | None = None,
+                 ps: int | str = 1, workers: int | str = 2, chief: int | str = 0,
+                 sync: bool | str = TrainingConfig.sync,
+                 replicas_to_aggregate: int | str | None = TrainingConfig.replicas_to_aggregate,
+                 mode: str = TrainingConfig.mode, devices_per_worker: int | str | None = TrainingConfig.devices_per_worker,
+                 on_nan: str = TrainingConfig.on_nan, warm_start_from: str | None = TrainingConfig.warm_start_from,
+                 checkpoint_every_secs: float | str = TrainingConfig.checkpoint_every_secs,
+                 log_every_secs: float | str = TrainingConfig.log_every_secs,
+                 summary_every_steps: int | str = TrainingConfig.summary_every_steps,
+                 operation_timeout_secs: float | str = TrainingConfig.operation_timeout_secs,
+                 intra_op_threads: int | str = TrainingConfig.intra_op_threads,
+                 inter_op_threads: int | str = TrainingConfig.inter_op_threads, seed: int | str = TrainingConfig.seed,
+                 min_shard_bytes: int | str = TrainingConfig.min_shard_bytes,
+                 ps_memory_limit: str | None = TrainingConfig.ps_memory_limit, run_dir: str | None = None,
                  backend: str = "local", backend_options: dict[str, Any] | None = None, image: str | None = None,
                  role_options: dict[str, dict[str, Any]] | None = None, backoff_limit: int = 3,
                  active_deadline_seconds: float | None = None, success_policy: str = "AllWorkers",
@@ -301,6 +274,17 @@ class LaunchTFClusterOperator(BaseOperator):
                 self.log.warning("launch killed: could not tear down group %s: %s", ref.name, exc)
                 return
             self.log.info("launch killed: tore down group %s", ref.name)
+
+
+def _training_option_docs(doc: str) -> str:
+    """``doc`` with its ``{training_options}`` line replaced by a ``:param:`` line per training
+    option (and ``sync``): TrainingConfig's documentation of the option."""
+    lines = [f":param {option.name}: {option.metadata['doc']}." for option in dataclasses.fields(TrainingConfig)
+             if option.name in (*TRAINING_OPTIONS, "sync")]
+    return doc.replace("{training_options}", "\n    ".join(lines))
+
+
+LaunchTFClusterOperator.__doc__ = _training_option_docs(LaunchTFClusterOperator.__doc__ or "")
 
 
 GROUP_RECORD_KEY = "airflow_tf.training_group"
