@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Backend, BackendError, GroupRef
+from .base import Backend, BackendError, ComponentRefusedError, GroupRef
 
 BACKENDS = ("local", "kubernetes")
 
@@ -32,4 +32,4 @@ def backend_for(ref: GroupRef | dict[str, Any]) -> Backend:
     return get_backend(ref.backend, **options)
 
 
-__all__ = ["BACKENDS", "Backend", "BackendError", "GroupRef", "backend_for", "get_backend"]
+__all__ = ["BACKENDS", "Backend", "BackendError", "ComponentRefusedError", "GroupRef", "backend_for", "get_backend"]

@@ -53,6 +53,10 @@ class BackendError(RuntimeError):
     """The backend could not do what was asked; the message says what and what to do."""
 
 
+class ComponentRefusedError(BackendError):
+    """A one-off component (evaluation, export) refused its request: a retry would fail again."""
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str
@@ -84,6 +88,14 @@ class Backend(Protocol):
     def teardown(self, ref: GroupRef, roles: Iterable[str] | None = None) -> list[str]:
         """Stop and delete the tasks of ``roles`` (None: all, and the group itself).
         Tolerates tasks already gone; returns the names of what it deleted."""
+
+    def run_component(self, ref: GroupRef, component: str, request: dict[str, Any]) -> dict[str, Any]:
+        """Run a one-off component of the group once (``evaluate`` or ``export``: the request
+        and the result are those of :mod:`airflow_tf.serving.requests`) where the group's
+        storage is, and return its result, a JSON object. Works after the teardown. A refused
+        request raises :class:`ComponentRefusedError` (run in this process: the component's own
+        error); a component that could not run or gave no result raises BackendError naming
+        where it ran."""
 
 
 async def poll_watch(backend: Backend, ref: GroupRef, interval: float, timeout: float | None) -> AsyncIterator[GroupStatus]:

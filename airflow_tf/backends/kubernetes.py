@@ -10,7 +10,7 @@ own (``kubernetes_conn_id``, ``in_cluster``, ``config_file``, ``cluster_context`
 ``namespace``) and travel in the GroupRef, so any process can reconnect.
 
 Reading status never changes anything: the only writes are ``launch()``, ``teardown()``
-and ``run_job()`` (evaluation and export on the cluster). What the Jobs and pods mean for
+and ``run_component()`` (evaluation and export on the cluster). What the Jobs and pods mean for
 the group is decided in :mod:`.kubernetes_status`.
 """
 
@@ -28,9 +28,10 @@ from functools import cached_property
 from typing import Any
 
 from airflow_tf.cluster import GroupSpec, GroupStatus, SpecError
+from airflow_tf.cluster.components import REFUSED_EXIT, component_command
 from airflow_tf.cluster.progress import parse_progress
 
-from .base import BackendError, GroupRef
+from .base import BackendError, ComponentRefusedError, GroupRef
 from .kubernetes_manifests import (
     COMPONENT_LABEL,
     DEFAULT_PS_MAX_LIFETIME_SECONDS,
@@ -65,8 +66,11 @@ _KINDS = ("jobs", "services", "networkpolicies")
 _PROPAGATION = "Background"
 
 
-class JobRefusedError(BackendError):
-    """A one-off Job exited with the code that means its request was refused: a retry would fail again."""
+ONE_OFF_LOG_TAIL_LINES = 50
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+"""Where a one-off component's container writes its result (Kubernetes' default path)."""
+TERMINATION_MESSAGE_MAX_BYTES = 4096
+"""The most of a termination message the kubelet keeps (the end of a longer one)."""
 
 
 def _now() -> dt.datetime:
@@ -102,7 +106,7 @@ class KubernetesBackend:
     :param progress_interval: how often ``watch()`` re-reads the chief's log for progress,
         and the longest a single pod watch request stays open.
     :param poll_interval: how often ``watch()`` lists pods while the watch API is unavailable,
-        and how often ``run_job()`` checks its Job.
+        and how often ``run_component()`` checks its Job.
     :param task_template: recorded at launch (in the GroupRef): the lead trainer's pod
         template, which the evaluation and export Jobs reuse (image, volumes, service account).
     """
@@ -369,15 +373,29 @@ class KubernetesBackend:
         return deleted
 
     # -- one-off Jobs: evaluation and export on the cluster ------------------------------
-    def run_job(self, ref: GroupRef, component: str, args: list[str], *, timeout: float = 3600.0,
-                log_tail_lines: int = 50, refused_exit: int | None = None) -> str:
-        """Run ``python -m airflow_tf.serving <args>`` once, on the group's training image
-        with the lead trainer's volumes and service account, and wait for it.
+    def run_component(self, ref: GroupRef, component: str, request: dict[str, Any], *,
+                      timeout: float = 3600.0) -> dict[str, Any]:
+        """Run ``python -m airflow_tf.serving <component>`` once as a Job on the group's training
+        image, with the lead trainer's volumes and service account, wait for it, and return the
+        result its container wrote to its termination message.
 
-        The Job is named ``<group>-<component>``; a Job of that name left by an earlier try
-        is replaced when it finished, re-attached to while it runs. Returns its log;
-        raises BackendError naming the pod and its reason when it fails (JobRefusedError
-        when it exited with ``refused_exit``)."""
+        The Job is named ``<group>-<component>``; a Job of that name left by an earlier try is
+        replaced when it finished, re-attached to while it runs, and deleted once its result is
+        read. Raises BackendError naming the pod and its reason when it fails
+        (ComponentRefusedError when it refused the request) or when its termination message
+        holds no result."""
+        try:
+            command = component_command(component, request, TERMINATION_MESSAGE_PATH)
+        except ValueError as e:
+            raise BackendError(f"group {ref.name}: {e}") from None
+        namespace, name = self._ns(ref), f"{ref.name}-{component}"
+        pod = self._run_one_off(ref, component, command, timeout)
+        result = component_result(pod, component)
+        self._delete("jobs", namespace, name)
+        return result
+
+    def _run_one_off(self, ref: GroupRef, component: str, command: list[str], timeout: float) -> dict:
+        """The pod of the one-off Job ``<group>-<component>`` once the Job completed."""
         template = ref.options.get("task_template") or self.task_template
         if not template:
             raise BackendError(f"group {ref.name}: the launch recorded no pod template to run {component} with; "
@@ -385,22 +403,22 @@ class KubernetesBackend:
         namespace, name = self._ns(ref), f"{ref.name}-{component}"
         selector = f"{group_selector(ref.name)},{COMPONENT_LABEL}={component}"
         self._start_one_off(_one_off_job(name, namespace, group=ref.name, component=component, template=template,
-                                         args=args, timeout=timeout, ttl=self.ttl_seconds_after_finished), selector)
+                                         command=command, timeout=timeout, ttl=self.ttl_seconds_after_finished),
+                            selector)
         log.info("running %s on the cluster as Job %s in namespace %s", component, name, namespace)
         job, state = self._wait_one_off(namespace, name, selector)
-        pods = latest_pods(self._list("pods", namespace, selector))
-        pod = next(iter(pods.values()), None)
-        text = self._read_log(namespace, _name(pod), component, log_tail_lines) if pod else ""
-        if state != "Complete":
-            task = _task_status(pod, _now(), {}, name, 0) if pod else None
-            detail = (task.reason or (f"exit code {task.exit_code}" if task.exit_code is not None else None)) if task else None
-            error = JobRefusedError if task and refused_exit is not None and task.exit_code == refused_exit \
-                else BackendError
-            raise error(f"{component} Job {name} failed (pod {_name(pod) if pod else 'none'}: "
-                        f"{detail or _job_condition_text(job)}); last lines of its log:\n"
-                        f"{text.rstrip() or '(empty)'}")
-        self._delete("jobs", namespace, name)
-        return text
+        pod = next(iter(latest_pods(self._list("pods", namespace, selector)).values()), None)
+        if state == "Complete":
+            if pod is None:
+                raise BackendError(f"{component} Job {name} completed, but its pod, which holds the result, is gone "
+                                   "(deleted outside airflow-tf); run the task again")
+            return pod
+        text = self._read_log(namespace, _name(pod), component, ONE_OFF_LOG_TAIL_LINES) if pod else ""
+        task = _task_status(pod, _now(), {}, name, 0) if pod else None
+        detail = (task.reason or (f"exit code {task.exit_code}" if task.exit_code is not None else None)) if task else None
+        error = ComponentRefusedError if task and task.exit_code == REFUSED_EXIT else BackendError
+        raise error(f"{component} Job {name} failed (pod {_name(pod) if pod else 'none'}: "
+                    f"{detail or _job_condition_text(job)}); last lines of its log:\n{text.rstrip() or '(empty)'}")
 
     def _start_one_off(self, body: dict, selector: str) -> None:
         """Create the one-off Job, replacing a finished one of its name and re-attaching to a
@@ -609,14 +627,41 @@ def _job_condition_text(job: dict) -> str:
     return "no pod ran"
 
 
-def _one_off_job(name: str, namespace: str, *, group: str, component: str, template: dict, args: list[str],
+def component_result(pod: dict, component: str) -> dict[str, Any]:
+    """The result a one-off component's container wrote to its termination message (the kubelet
+    copies it into the pod's status); BackendError naming the pod when it is missing, cut
+    short or not a JSON object."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    status = next((c for c in statuses if c.get("name") == component), statuses[0] if statuses else {})
+    message = ((status.get("state") or {}).get("terminated") or {}).get("message") or ""
+    where = f"{component} pod {_name(pod)} (namespace {pod['metadata'].get('namespace')})"
+    if not message.strip():
+        raise BackendError(f"{where} succeeded without writing its result to its termination message "
+                           f"({TERMINATION_MESSAGE_PATH}); the training image's airflow-tf may be older than "
+                           "this one: build it from the same version")
+    try:
+        result = json.loads(message)
+    except json.JSONDecodeError as e:
+        if len(message.encode()) >= TERMINATION_MESSAGE_MAX_BYTES:
+            raise BackendError(f"{where}: its result is larger than a termination message holds "
+                               f"({TERMINATION_MESSAGE_MAX_BYTES} bytes; the kubelet kept the end only); the "
+                               "whole result is the last line of the pod's log") from None
+        raise BackendError(f"{where}: its termination message is not JSON ({e}): {message[:200]!r}") from None
+    if not isinstance(result, dict):
+        raise BackendError(f"{where}: its termination message is not a JSON object: {message[:200]!r}")
+    return result
+
+
+def _one_off_job(name: str, namespace: str, *, group: str, component: str, template: dict, command: list[str],
                  timeout: float, ttl: int | None) -> dict:
-    """A Job running ``python -m airflow_tf.serving <args>`` in the lead trainer's pod
-    template: same image, volumes, service account and security; no TF_CONFIG, no port."""
+    """A Job running ``command`` (a component's) in the lead trainer's pod template: same image,
+    volumes, service account and security; no TF_CONFIG, no port. The container's result goes
+    to its termination message (on failure, the end of its log does)."""
     spec = json.loads(json.dumps(template["spec"]))
     spec.pop("subdomain", None)
     main = dict(spec["containers"][0])
-    main.update(name=component, command=["python", "-m", "airflow_tf.serving", *args],
+    main.update(name=component, command=command, terminationMessagePath=TERMINATION_MESSAGE_PATH,
+                terminationMessagePolicy="FallbackToLogsOnError",
                 env=[e for e in main.get("env") or [] if e.get("name") not in ("TF_CONFIG",)])
     main.pop("ports", None)
     spec["containers"] = [main, *spec["containers"][1:]]

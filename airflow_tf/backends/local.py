@@ -530,6 +530,18 @@ class LocalBackend:
         sup = state.get("supervisor")
         return sup["pid"] if sup and is_running(sup["pid"], sup["start_time"]) else None
 
+    # -- one-off components: evaluation and export ------------------------------------------
+    def run_component(self, ref: GroupRef, component: str, request: dict[str, Any]) -> dict[str, Any]:
+        """Runs in this process: a local group's storage is this machine's. The component's own
+        errors (a refused request: ValueError, ``airflow_tf.serving``'s) reach the caller as they are."""
+        from airflow_tf.serving import requests  # loads TensorFlow only when the component needs it
+
+        if component not in requests.COMMANDS:
+            raise BackendError(f"group {ref.name}: component {component!r} is not one of "
+                               f"{', '.join(requests.COMMANDS)}")
+        log.info("running %s of group %s in this process", component, ref.name)
+        return requests.COMMANDS[component](request)
+
     # -- teardown ---------------------------------------------------------------------------
     def teardown(self, ref: GroupRef, roles: Iterable[str] | None = None) -> list[str]:
         group = self._dir(ref.name)

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any, cast
+from typing import Any
 from collections.abc import Sequence
 
 from airflow.sdk import BaseOperator
 from airflow.providers.common.compat.sdk import AirflowFailException, AirflowSkipException
 
+from airflow_tf.backends.base import ComponentRefusedError
 from airflow_tf.cluster.results import EvaluationResult, ExportResult, LaunchResult
 from airflow_tf.storage import models_dir
 
@@ -26,27 +27,15 @@ def _serving_base(value: str | None) -> str:
     return value or models_dir()
 
 
-def _on_cluster(launch: LaunchResult, command: str, request: dict[str, Any]) -> dict[str, Any] | None:
-    """With ``backend="kubernetes"``: run ``python -m airflow_tf.serving <command>`` as a Job
-    on the group's training image and volumes (this Airflow needs no TensorFlow) and return
-    its result; None for a group of another backend, which runs here."""
-    if launch.group.get("backend") != "kubernetes":
-        return None
+def _run_component(launch: LaunchResult, component: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Runs ``component`` (evaluate or export) of the launch's group through its backend and
+    returns its result: a local group's here, a Kubernetes group's as a Job on the group's
+    training image and volumes (so this Airflow needs no TensorFlow)."""
     from airflow_tf.backends import GroupRef, backend_for
-    from airflow_tf.backends.kubernetes import JobRefusedError, KubernetesBackend
-    from airflow_tf.serving.__main__ import REFUSED, result_of
 
     ref = GroupRef.coerce(launch.group)
-    request = {"run_dir": launch.run_dir, "dataset": launch.dataset, "training": launch.training, **request}
-    with no_retry_for(JobRefusedError, what=f"{command} refused"):
-        backend = cast("KubernetesBackend", backend_for(ref))  # a kubernetes group, checked above
-        text = backend.run_job(ref, command, [command, "--request", json.dumps(request)],
-                                refused_exit=REFUSED)
-    result = result_of(text)
-    if result is None:
-        raise RuntimeError(f"the {command} Job of group {ref.name} succeeded without printing its result; "
-                           f"last lines of its log:\n{text}")
-    return result
+    request = {"run_dir": launch.run_dir, "dataset": launch.dataset, "training": launch.training, **options}
+    return backend_for(ref).run_component(ref, component, request)
 
 
 class EvaluateModelOperator(BaseOperator):
@@ -83,25 +72,17 @@ class EvaluateModelOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_tf import serving
-        from airflow_tf.serving import requests
 
         launch = _launch_result(self.launch)
         options = {
             "thresholds": self.thresholds, "compare_to_served": self.compare_to_served,
             "serving_base": _serving_base(self.serving_base) if self.compare_to_served else None,
             "model_name": self.model_name, "comparison_metric": self.comparison_metric}
-        remote = _on_cluster(launch, "evaluate", options)
-        if remote is not None:
-            result = EvaluationResult.from_dict(remote)
-            self.log.info("evaluation of %s on the cluster: %s; model %s", launch.run_dir, result.metrics,
-                          "BLESSED" if result.blessed else f"NOT blessed: {result.reasons}")
-            return result.to_dict()
-        request = {"run_dir": launch.run_dir, "dataset": launch.dataset, "training": launch.training, **options}
-        with no_retry_for(ValueError, serving.EvaluationError, serving.BlessingConfigError,
+        with no_retry_for(ValueError, ComponentRefusedError, serving.EvaluationError, serving.BlessingConfigError,
                           what="evaluation refused"):
             if self.compare_to_served and not self.model_name:
                 raise ValueError("compare_to_served=True needs model_name= (the served model to compare with)")
-            result = EvaluationResult.from_dict(requests.evaluate(request))
+            result = EvaluationResult.from_dict(_run_component(launch, "evaluate", options))
         if self.compare_to_served:
             self.log.info("served model: %s", result.baseline or
                           "none yet (the first export is compared with thresholds only)")
@@ -150,7 +131,6 @@ class ExportSavedModelOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_tf import serving
-        from airflow_tf.serving import requests
 
         launch = _launch_result(self.launch)
         with no_retry_for(ValueError, what="metrics"):
@@ -164,10 +144,8 @@ class ExportSavedModelOperator(BaseOperator):
             raise AirflowFailException(message)
         options = {"serving_base": _serving_base(self.serving_base), "model_name": self.model_name,
                    "metrics": None if metrics is None else metrics.to_dict(), "force": self.force}
-        remote = _on_cluster(launch, "export", options)
-        with no_retry_for(ValueError, serving.NotBlessedError, what="export refused"):
-            result = ExportResult.from_dict(remote if remote is not None else requests.export(
-                {"run_dir": launch.run_dir, "dataset": launch.dataset, "training": launch.training, **options}))
+        with no_retry_for(ValueError, ComponentRefusedError, serving.NotBlessedError, what="export refused"):
+            result = ExportResult.from_dict(_run_component(launch, "export", options))
         self.log.info("exported %s version %s to %s", self.model_name, result.version, result.path)
         asset = model_asset(self.model_name)
         if any(getattr(outlet, "name", None) == asset.name for outlet in self.outlets):

@@ -1,18 +1,19 @@
-"""``python -m airflow_tf.serving evaluate|export --request JSON``: evaluation and export
-inside the training image, for an Airflow that has no TensorFlow.
+"""``python -m airflow_tf.serving evaluate|export --request JSON [--result-file PATH]``:
+evaluation and export inside the training image, for an Airflow that has no TensorFlow.
 
 With ``backend="kubernetes"`` the EvaluateModelOperator and ExportSavedModelOperator run
 this as a one-off Job on the group's training image, with its volumes: it reads the run's
 checkpoints and the dataset from shared storage and writes there (``<run_dir>/metrics.json``,
-``<serving_base>/<model_name>/<version>/``), as the functions it calls always do. Its last
-log line is the result, ``airflow-tf-result: {json}``, which the operator reads from the
-pod log, so the Airflow workers need not mount the training storage.
+``<serving_base>/<model_name>/<version>/``), as the functions it calls always do. Its result,
+a JSON object, goes to ``--result-file``: on Kubernetes the container's termination message
+(``/dev/termination-log``), which the backend reads from the pod's status, so the Airflow
+workers need not mount the training storage. The log's last line shows it too.
 
 The request (a JSON object, or ``@path`` of a file holding one) is described in
 :mod:`airflow_tf.serving.requests`.
 
-Exit status 0 with the result; 2 when the request or the model is refused (a retry would
-fail again), with the reason on stderr.
+Exit status 0 with the result; 2 (:data:`~airflow_tf.cluster.components.REFUSED_EXIT`) when
+the request or the model is refused (a retry would fail again), with the reason on stderr.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from airflow_tf.cluster.components import REFUSED_EXIT
+
 from .requests import COMMANDS, check_request
 
 RESULT_MARKER = "airflow-tf-result: "
-REFUSED = 2
+"""Starts the log line that shows the result to a person reading the log."""
 
 
 def _request(text: str) -> dict[str, Any]:
@@ -46,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m airflow_tf.serving", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=sorted(COMMANDS))
     parser.add_argument("--request", required=True, help="the request: a JSON object, or @FILE")
+    parser.add_argument("--result-file", dest="result_file",
+                        help="write the result (a JSON object) here, e.g. the container's termination message")
     args = parser.parse_args(argv)
     from airflow_tf import serving
 
@@ -55,17 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         result = COMMANDS[args.command](_request(args.request))
     except refused as e:
         print(f"{args.command} refused: {e}", file=sys.stderr, flush=True)
-        return REFUSED
-    print(RESULT_MARKER + json.dumps(result, sort_keys=True), flush=True)
+        return REFUSED_EXIT
+    text = json.dumps(result, sort_keys=True, separators=(",", ":"))
+    if args.result_file:
+        # Written in place: a termination-log file is mounted by the kubelet and cannot be
+        # replaced by a rename; nothing reads it before the container has exited.
+        Path(args.result_file).write_text(text, encoding="utf-8")
+    print(RESULT_MARKER + text, flush=True)
     return 0
-
-
-def result_of(log: str) -> dict[str, Any] | None:
-    """The result a run of this command printed, from its log; None when there is none."""
-    for line in reversed(log.splitlines()):
-        if line.startswith(RESULT_MARKER):
-            return json.loads(line[len(RESULT_MARKER):])
-    return None
 
 
 if __name__ == "__main__":

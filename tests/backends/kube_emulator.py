@@ -35,7 +35,10 @@ the backend made with the shipped Role. Tests drive pods through the helper meth
 :meth:`evict`, :meth:`oom_kill`), which change the status the way the kubelet and the
 scheduler would and emit MODIFIED watch events; :meth:`pod` names the current pod of a
 Job's index, :meth:`advance` moves the controllers' clock (deadlines, TTL) and
-:meth:`admit` unsuspends a Job as Kueue would.
+:meth:`admit` unsuspends a Job as Kueue would. A terminated container's ``message`` is what it
+wrote to its termination-log file (``termination_message=``), of which the kubelet keeps the
+last 4096 bytes, else, with ``terminationMessagePolicy: FallbackToLogsOnError`` and a failure,
+the end of its log.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ _GROUPED = re.compile(
 _KINDS = {"pods": ("v1", "Pod"), "services": ("v1", "Service"), "events": ("v1", "Event"),
           "networkpolicies": ("networking.k8s.io/v1", "NetworkPolicy"), "jobs": ("batch/v1", "Job")}
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+TERMINATION_MESSAGE_MAX_BYTES = 4096  # the kubelet's MaxContainerTerminationMessageLength
 
 
 def _now() -> str:
@@ -398,11 +402,17 @@ class KubeEmulator:
             c = self._container(namespace, name, {"running": {"startedAt": _now()}}, ready=True)
             self.set_pod_status(namespace, name, {"phase": "Running", "containerStatuses": [c], "podIP": "10.0.0.9"})
 
-    def _terminate(self, namespace: str, name: str, phase: str, exit_code: int, reason: str, **pod_fields: Any) -> None:
+    def _terminate(self, namespace: str, name: str, phase: str, exit_code: int, reason: str,
+                   termination_message: str | None = None, **pod_fields: Any) -> None:
         with self._lock:
             terminated = {"exitCode": exit_code, "reason": reason, "startedAt": _iso(5), "finishedAt": _now()}
             container = self._objects[("pods", namespace, name)]["spec"]["containers"][0]
-            if exit_code and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            if termination_message:
+                # What the container wrote to its terminationMessagePath: the kubelet keeps at
+                # most the last 4096 bytes of the file.
+                terminated["message"] = termination_message.encode()[-TERMINATION_MESSAGE_MAX_BYTES:].decode(
+                    errors="ignore")
+            elif exit_code and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
                 # The kubelet's rule: a failed container without a termination-log file gets
                 # the end of its log (at most 80 lines, 2048 bytes) as its message.
                 tail = "\n".join(self._logs.get((namespace, name), "").splitlines()[-80:])
@@ -411,11 +421,13 @@ class KubeEmulator:
             c = self._container(namespace, name, {"terminated": terminated})
             self.set_pod_status(namespace, name, {"phase": phase, "containerStatuses": [c], **pod_fields})
 
-    def succeed(self, namespace: str, name: str) -> None:
-        self._terminate(namespace, name, "Succeeded", 0, "Completed")
+    def succeed(self, namespace: str, name: str, termination_message: str | None = None) -> None:
+        """The container exited 0, having written ``termination_message`` to its termination-log file."""
+        self._terminate(namespace, name, "Succeeded", 0, "Completed", termination_message)
 
-    def fail(self, namespace: str, name: str, exit_code: int = 1, reason: str = "Error") -> None:
-        self._terminate(namespace, name, "Failed", exit_code, reason)
+    def fail(self, namespace: str, name: str, exit_code: int = 1, reason: str = "Error",
+             termination_message: str | None = None) -> None:
+        self._terminate(namespace, name, "Failed", exit_code, reason, termination_message)
 
     def oom_kill(self, namespace: str, name: str) -> None:
         self._terminate(namespace, name, "Failed", 137, "OOMKilled")

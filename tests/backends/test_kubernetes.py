@@ -500,6 +500,9 @@ def test_hostile_dag_id_launches_with_valid_labels_and_the_original_in_annotatio
 
 
 # -- evaluation and export on the cluster ----------------------------------------------------------
+REQUEST = {"run_dir": "/runs/tf-mnist", "dataset": "/data/mnist/1", "training": {"steps": 10}}
+
+
 def test_evaluation_runs_as_a_job_on_the_training_image_and_its_failure_names_the_pod(emulator, kubeconfig):
     import threading
 
@@ -515,19 +518,23 @@ def test_evaluation_runs_as_a_job_on_the_training_image_and_its_failure_names_th
         emulator.set_log(NS, name, "evaluated 100 examples\n")
         outcome(NS, name)
 
-    runner = threading.Thread(target=kubelet, args=(emulator.succeed,))
+    runner = threading.Thread(target=kubelet, args=(
+        lambda ns, name: emulator.succeed(ns, name, termination_message='{"blessed":true,"metrics":{"mse":0.5}}'),))
     runner.start()
-    text = backend_for(ref).run_job(ref, "evaluate", ["evaluate", "--request", "/runs/tf-mnist/evaluate.json"])
+    result = backend_for(ref).run_component(ref, "evaluate", REQUEST)
     runner.join()
-    assert text == "evaluated 100 examples\n"
+    assert result == {"blessed": True, "metrics": {"mse": 0.5}}, "the result is the pod's termination message"
     created = [r for r in emulator.calls("create", "jobs") if r.name is None]
     job_body = emulator._history  # the Job as it was created
     job = next(o for _, resource, kind, o in job_body if resource == "jobs" and kind == "ADDED"
                and o["metadata"]["name"] == "tf-mnist-evaluate")
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "registry.example/tf:2.21"
-    assert container["command"] == ["python", "-m", "airflow_tf.serving", "evaluate", "--request",
-                                    "/runs/tf-mnist/evaluate.json"]
+    assert container["command"][:5] == ["python", "-m", "airflow_tf.serving", "evaluate", "--request"]
+    assert json.loads(container["command"][5]) == REQUEST
+    assert container["command"][6:] == ["--result-file", "/dev/termination-log"]
+    assert (container["terminationMessagePath"], container["terminationMessagePolicy"]) == (
+        "/dev/termination-log", "FallbackToLogsOnError")
     assert container["volumeMounts"] == [{"name": "volume-0", "mountPath": "/runs", "readOnly": False}]
     assert "TF_CONFIG" not in {e["name"] for e in container["env"]}
     assert job["spec"]["backoffLimit"] == 0 and len(created) >= 3
@@ -537,8 +544,15 @@ def test_evaluation_runs_as_a_job_on_the_training_image_and_its_failure_names_th
     runner.start()
     with pytest.raises(BackendError, match=r"(?s)evaluate Job tf-mnist-evaluate failed \(pod tf-mnist-evaluate-0-\w+: "
                                            r"exit code 1\).*evaluated 100 examples"):
-        backend_for(ref).run_job(ref, "evaluate", ["evaluate", "--request", "/runs/tf-mnist/evaluate.json"])
+        backend_for(ref).run_component(ref, "evaluate", REQUEST)
     runner.join()
+
+
+def test_a_component_that_is_not_evaluate_or_export_is_refused_before_any_job(emulator, backend):
+    ref = backend.launch(make_spec())
+    with pytest.raises(BackendError, match="group tf-mnist: component 'train' is not one of evaluate, export"):
+        backend.run_component(ref, "train", REQUEST)
+    assert [j["metadata"]["name"] for j in emulator.objects("jobs", NS)] == ["tf-mnist-ps", "tf-mnist-worker"]
 
 
 def test_rbac_role_grants_exactly_what_the_backend_uses(emulator, kubeconfig):

@@ -18,11 +18,11 @@ from types import SimpleNamespace
 import pytest
 from test_kubernetes import NS, emulator, kubeconfig, make_spec, pod, tasks_of  # noqa: F401 (fixtures)
 
-from airflow_tf.backends import get_backend
+from airflow_tf.backends import BackendError, get_backend
 from airflow_tf.backends.kubernetes_manifests import GROUP_LABEL
 from airflow_tf.cluster import group_name
 from airflow_tf.operators.common import launch_labels
-from airflow_tf.serving.__main__ import RESULT_MARKER, main as serving_main, result_of
+from airflow_tf.serving.__main__ import RESULT_MARKER, main as serving_main
 
 
 class _TaskInstance(SimpleNamespace):
@@ -111,8 +111,9 @@ def test_on_finish_action_must_be_one_the_provider_knows():
         TeardownTFClusterOperator(task_id="t", group={"backend": "local", "name": "g"}, on_finish_action="keep_failed")
 
 
-def _kubelet(emulator, component, log, outcome="succeed"):
-    """Plays the kubelet for the one-off Job's pod: prints ``log``, then ends it."""
+def _kubelet(emulator, component, log, outcome="succeed", message=None):
+    """Plays the kubelet for the one-off Job's pod: prints ``log``, then ends it, the container
+    having written ``message`` to its termination-log file."""
 
     def run():
         selector = f"airflow-tf/component={component}"
@@ -122,9 +123,9 @@ def _kubelet(emulator, component, log, outcome="succeed"):
         name = emulator.objects("pods", NS, selector)[0]["metadata"]["name"]
         emulator.set_log(NS, name, log)
         if outcome == "succeed":
-            emulator.succeed(NS, name)
+            emulator.succeed(NS, name, termination_message=message)
         else:
-            emulator.fail(NS, name, exit_code=outcome)
+            emulator.fail(NS, name, exit_code=outcome, termination_message=message)
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -148,7 +149,9 @@ def test_evaluation_and_export_run_as_jobs_and_their_results_come_back(emulator,
     get_backend("kubernetes", **_options(kubeconfig)).teardown(ref)  # evaluation runs after the teardown
     metrics = {"run_dir": "/runs/tf-mnist", "checkpoint": "/runs/tf-mnist/model.ckpt-200",
                "metrics": {"mse": 0.01}, "blessed": True, "global_step": 200}
-    thread = _kubelet(emulator, "evaluate", "evaluating\n" + RESULT_MARKER + json.dumps(metrics) + "\n")
+    # The log's result line is for people: the result is what the container wrote to its termination message.
+    thread = _kubelet(emulator, "evaluate", "evaluating\n" + RESULT_MARKER + '{"blessed": false}\n',
+                      message=json.dumps(metrics))
     result = EvaluateModelOperator(task_id="evaluate", launch=_launch_result(ref),
                                    thresholds={"mse": {"max": 1.0}}).execute({})
     thread.join()
@@ -159,7 +162,7 @@ def test_evaluation_and_export_run_as_jobs_and_their_results_come_back(emulator,
 
     exported = {"path": "/models/mnist/3", "version": 3, "model_name": "mnist", "metrics": metrics["metrics"],
                 "blessed": True}
-    thread = _kubelet(emulator, "export", RESULT_MARKER + json.dumps(exported) + "\n")
+    thread = _kubelet(emulator, "export", "exporting\n", message=json.dumps(exported))
     # Keyed by the asset's name, as Airflow's own accessor is (an Asset is unhashable on Airflow 3.1).
     events = defaultdict(SimpleNamespace)
 
@@ -186,18 +189,45 @@ def test_a_refused_evaluation_fails_without_retries_naming_the_pod(emulator, kub
 
     ref = get_backend("kubernetes", **_options(kubeconfig)).launch(make_spec())
     thread = _kubelet(emulator, "evaluate", "evaluate refused: no checkpoint in /runs/tf-mnist\n", outcome=2)
-    with pytest.raises(AirflowFailException, match=r"(?s)evaluate refused: evaluate Job tf-mnist-evaluate failed "
+    with pytest.raises(AirflowFailException, match=r"(?s)evaluation refused: evaluate Job tf-mnist-evaluate failed "
                                                    r"\(pod tf-mnist-evaluate-0-\w+: exit code 2\).*no checkpoint"):
         EvaluateModelOperator(task_id="evaluate", launch=_launch_result(ref)).execute({})
     thread.join()
 
 
-def test_the_serving_command_refuses_a_bad_request_and_prints_its_result_line(capsys, tmp_path):
+@pytest.mark.parametrize("message, complaint", [
+    (None, r"succeeded without writing its result to its termination message \(/dev/termination-log\)"),
+    ("Traceback (most recent call last):", r"its termination message is not JSON"),
+    ('["a list"]', r"its termination message is not a JSON object"),
+    (json.dumps({"metrics": {f"metric_{i}": 0.5 for i in range(400)}}),
+     r"its result is larger than a termination message holds \(4096 bytes"),
+])
+def test_a_missing_or_bad_result_fails_the_evaluation_naming_the_pod(emulator, kubeconfig, message, complaint):
+    from airflow_tf.operators import EvaluateModelOperator
+
+    ref = get_backend("kubernetes", **_options(kubeconfig)).launch(make_spec())
+    thread = _kubelet(emulator, "evaluate", "evaluating\n", message=message)
+    with pytest.raises(BackendError, match=rf"evaluate pod tf-mnist-evaluate-0-\w+ \(namespace {NS}\).*{complaint}"):
+        EvaluateModelOperator(task_id="evaluate", launch=_launch_result(ref)).execute({})
+    thread.join()
+    assert [j["metadata"]["name"] for j in emulator.objects("jobs", NS, "airflow-tf/component=evaluate")] == [
+        "tf-mnist-evaluate"], "the Job is kept, so its pod's log can be read"
+
+
+def test_the_serving_command_refuses_a_bad_request_and_writes_its_result_to_the_result_file(
+        capsys, tmp_path, monkeypatch):
     assert serving_main(["evaluate", "--request", "{not json"]) == 2
     assert "evaluate refused: --request: not JSON" in capsys.readouterr().err
     assert serving_main(["export", "--request", json.dumps({"run_dir": "/r"})]) == 2
     assert "missing dataset, training" in capsys.readouterr().err
     assert serving_main(["evaluate", "--request", f"@{tmp_path / 'missing.json'}"]) == 2
     assert "cannot read" in capsys.readouterr().err
-    assert result_of("noise\n" + RESULT_MARKER + '{"version": 2}\nmore noise\n') == {"version": 2}
-    assert result_of("no result here\n") is None
+
+    from airflow_tf.serving import requests
+
+    exported = {"path": "/models/m/1", "version": 1, "model_name": "m"}
+    monkeypatch.setitem(requests.COMMANDS, "export", lambda request: exported)  # no TensorFlow run here
+    request = json.dumps({"run_dir": "/r", "dataset": "/d", "training": {}})
+    assert serving_main(["export", "--request", request, "--result-file", str(tmp_path / "termination-log")]) == 0
+    assert json.loads((tmp_path / "termination-log").read_text()) == exported
+    assert capsys.readouterr().out == RESULT_MARKER + json.dumps(exported, sort_keys=True, separators=(",", ":")) + "\n"
