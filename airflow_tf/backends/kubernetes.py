@@ -390,7 +390,7 @@ class KubernetesBackend:
             raise BackendError(f"group {ref.name}: {e}") from None
         namespace, name = self._ns(ref), f"{ref.name}-{component}"
         pod = self._run_one_off(ref, component, command, timeout)
-        result = component_result(pod, component)
+        result = _component_result(pod, component)
         self._delete("jobs", namespace, name)
         return result
 
@@ -627,7 +627,7 @@ def _job_condition_text(job: dict) -> str:
     return "no pod ran"
 
 
-def component_result(pod: dict, component: str) -> dict[str, Any]:
+def _component_result(pod: dict, component: str) -> dict[str, Any]:
     """The result a one-off component's container wrote to its termination message (the kubelet
     copies it into the pod's status); BackendError naming the pod when it is missing, cut
     short or not a JSON object."""
