@@ -29,6 +29,9 @@ def test_user_guide_builds_strict(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     operators = (tmp_path / "site" / "reference" / "operators" / "index.html").read_text()
     assert "LaunchTFClusterOperator" in operators and "WorkerCompletionSensor" in operators
+    # The launch operator's training options are documented from TrainingConfig, with its defaults' values.
+    assert "{training_options}" not in operators and "the optimizer's learning rate" in operators
+    assert "TrainingConfig.learning_rate" not in operators
 
 
 @pytest.mark.parametrize("link, complaint", [
