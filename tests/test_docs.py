@@ -130,3 +130,32 @@ def test_the_guide_holds_no_test_diaries_or_measurements():
                         r"load average"):
             found += [f"{page.relative_to(ROOT)}: {m.group(0)!r}" for m in re.finditer(pattern, text, flags=re.M)]
     assert not found, "test diaries or measurements in the user guide:\n" + "\n".join(found)
+
+
+def test_the_training_options_table_states_training_configs_defaults():
+    """docs/reference/training.md's table of options gives each literal default (a number or a
+    code word) as TrainingConfig has it; a default changed in the code fails here until the
+    table follows. Descriptions ("per label", "16 MiB") are left to the reader."""
+    import dataclasses
+    import re
+
+    from airflow_tf.cluster import TrainingConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainingConfig)}
+    table = (ROOT / "docs" / "reference" / "training.md").read_text(encoding="utf-8").split("## Options", 1)[1]
+    checked, wrong = [], []
+    for row in re.findall(r"^\| (`[^|]+) \| ([^|]+) \|", table, flags=re.M):
+        names, values = re.findall(r"`(\w+)`", row[0]), [v.strip() for v in row[1].split(",")]
+        if len(names) != len(values):
+            continue
+        for name, value in zip(names, values):
+            literal = re.fullmatch(r"`(\w+)`|(\d+(?:\.\d+)?)", value)
+            if literal is None or name not in defaults:
+                continue
+            expected = defaults[name]
+            same = literal[1] == expected if literal[1] else float(literal[2]) == expected
+            checked.append(name)
+            if not same:
+                wrong.append(f"{name}: the table says {value}, TrainingConfig {expected!r}")
+    assert not wrong, wrong
+    assert {"model", "learning_rate", "batch_size", "seed", "on_nan", "mode"} <= set(checked), checked
