@@ -28,7 +28,7 @@ from functools import cached_property
 from typing import Any
 
 from airflow_tf.cluster import GroupSpec, GroupStatus, SpecError
-from airflow_tf.cluster.components import REFUSED_EXIT, component_command
+from airflow_tf.cluster.components import REFUSED_EXIT, RESULT_MARKER, component_command
 from airflow_tf.cluster.progress import parse_progress
 
 from .base import BackendError, ComponentRefusedError, GroupRef
@@ -390,7 +390,17 @@ class KubernetesBackend:
             raise BackendError(f"group {ref.name}: {e}") from None
         namespace, name = self._ns(ref), f"{ref.name}-{component}"
         pod = self._run_one_off(ref, component, command, timeout)
-        result = _component_result(pod, component)
+        try:
+            result = _component_result(pod, component)
+        except _ResultTooLarge as too_large:
+            # The component also prints its whole result as its log's last line: read it there.
+            last = self._read_log(namespace, _name(pod), component, 1).strip()
+            try:
+                result = json.loads(last.removeprefix(RESULT_MARKER))
+            except json.JSONDecodeError:
+                raise BackendError(f"{too_large}, which is not JSON either: {last[:200]!r}") from None
+            if not isinstance(result, dict):
+                raise BackendError(f"{too_large}, which is not a JSON object: {last[:200]!r}") from None
         self._delete("jobs", namespace, name)
         return result
 
@@ -627,6 +637,10 @@ def _job_condition_text(job: dict) -> str:
     return "no pod ran"
 
 
+class _ResultTooLarge(BackendError):
+    """A component's result was cut short by the termination message's size limit."""
+
+
 def _component_result(pod: dict, component: str) -> dict[str, Any]:
     """The result a one-off component's container wrote to its termination message (the kubelet
     copies it into the pod's status); BackendError naming the pod when it is missing, cut
@@ -643,9 +657,9 @@ def _component_result(pod: dict, component: str) -> dict[str, Any]:
         result = json.loads(message)
     except json.JSONDecodeError as e:
         if len(message.encode()) >= TERMINATION_MESSAGE_MAX_BYTES:
-            raise BackendError(f"{where}: its result is larger than a termination message holds "
-                               f"({TERMINATION_MESSAGE_MAX_BYTES} bytes; the kubelet kept the end only); the "
-                               "whole result is the last line of the pod's log") from None
+            raise _ResultTooLarge(f"{where}: its result is larger than a termination message holds "
+                                  f"({TERMINATION_MESSAGE_MAX_BYTES} bytes; the kubelet kept the end only); the "
+                                  "whole result is the last line of the pod's log") from None
         raise BackendError(f"{where}: its termination message is not JSON ({e}): {message[:200]!r}") from None
     if not isinstance(result, dict):
         raise BackendError(f"{where}: its termination message is not a JSON object: {message[:200]!r}")

@@ -10,6 +10,10 @@ from typing import Any
 
 COMPONENTS = ("evaluate", "export")
 
+RESULT_MARKER = "airflow-tf-result: "
+"""Starts the log line that also shows the result (the whole of it, when a termination message
+is too small to hold it)."""
+
 REFUSED_EXIT = 2
 """Exit status of a component that refused its request (bad options, no checkpoint, an unblessed
 model): a retry would fail again."""

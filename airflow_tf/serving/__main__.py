@@ -24,12 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from airflow_tf.cluster.components import REFUSED_EXIT
+from airflow_tf.cluster.components import REFUSED_EXIT, RESULT_MARKER
 
 from .requests import COMMANDS, check_request
-
-RESULT_MARKER = "airflow-tf-result: "
-"""Starts the log line that shows the result to a person reading the log."""
 
 
 def _request(text: str) -> dict[str, Any]:

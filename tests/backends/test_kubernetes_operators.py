@@ -22,7 +22,8 @@ from airflow_tf.backends import BackendError, get_backend
 from airflow_tf.backends.kubernetes_manifests import GROUP_LABEL
 from airflow_tf.cluster import group_name
 from airflow_tf.operators.common import launch_labels
-from airflow_tf.serving.__main__ import RESULT_MARKER, main as serving_main
+from airflow_tf.cluster.components import RESULT_MARKER
+from airflow_tf.serving.__main__ import main as serving_main
 
 
 class _TaskInstance(SimpleNamespace):
@@ -195,12 +196,28 @@ def test_a_refused_evaluation_fails_without_retries_naming_the_pod(emulator, kub
     thread.join()
 
 
+LARGE_RESULT = {"run_dir": "/runs/tf-mnist", "checkpoint": "/runs/tf-mnist/model.ckpt-200", "blessed": True,
+                "metrics": {f"metric_{i}": 0.5 for i in range(400)}}
+
+
+def test_a_result_too_large_for_the_termination_message_is_read_from_the_log(emulator, kubeconfig):
+    from airflow_tf.operators import EvaluateModelOperator
+
+    ref = get_backend("kubernetes", **_options(kubeconfig)).launch(make_spec())
+    text = json.dumps(LARGE_RESULT, sort_keys=True)
+    assert len(text) > 4096
+    thread = _kubelet(emulator, "evaluate", f"evaluating\n{RESULT_MARKER}{text}\n", message=text)
+    result = EvaluateModelOperator(task_id="evaluate", launch=_launch_result(ref)).execute({})
+    thread.join()
+    assert result["metrics"] == LARGE_RESULT["metrics"], "the whole result, not the kubelet's cut-short end"
+
+
 @pytest.mark.parametrize("message, complaint", [
     (None, r"succeeded without writing its result to its termination message \(/dev/termination-log\)"),
     ("Traceback (most recent call last):", r"its termination message is not JSON"),
     ('["a list"]', r"its termination message is not a JSON object"),
-    (json.dumps({"metrics": {f"metric_{i}": 0.5 for i in range(400)}}),
-     r"its result is larger than a termination message holds \(4096 bytes"),
+    (json.dumps(LARGE_RESULT), r"its result is larger than a termination message holds \(4096 bytes.*which is not "
+                               r"JSON either"),
 ])
 def test_a_missing_or_bad_result_fails_the_evaluation_naming_the_pod(emulator, kubeconfig, message, complaint):
     from airflow_tf.operators import EvaluateModelOperator
