@@ -41,7 +41,9 @@ def run(config: TrainingConfig, task: Task) -> int:
         schema = load_schema(config.dataset)  # refuses an unfinished dataset before TensorFlow starts
     import tensorflow as tf
 
-    tf.get_logger().setLevel("ERROR")  # the compat.v1 APIs warn on every use; this log says what happens
+    from .step_bound import quiet_tensorflow_logs
+
+    quiet_tensorflow_logs()  # the compat.v1 APIs warn on every use; this log says what happens
     if config.mode == "coordinator" and task.type == "chief":
         from .coordinator import run_chief  # its strategy starts the chief's server
 

@@ -7,11 +7,24 @@ steps)``, never more than ``operation_timeout_secs`` (the user's cap, also the b
 session's first step, which registers its graphs on every task and has no history yet). It is
 passed to each step as ``RunOptions.timeout_in_ms``, so TensorFlow itself abandons the step.
 The chief's checkpoint saves read every variable from the ps, so they are bounded the same way
-by the recent saves' times."""
+by the recent saves' times.
+
+One stuck step TensorFlow cannot cancel: a RunGraph request refused as a repeat ("The same
+RunGraph (Worker) request was received twice") by this task's own worker before the request to
+the ps was sent. TensorFlow 2.21 draws a step's request ids from a generator seeded with 32 random
+bits in a thread created for that step, so ids repeat within a long run; the master's cancel then
+misses the ps call, whose partition waits for ever (bench/README.md, ``request_id_repeats.py``).
+A step still running one more bound after its cancel is such a step: the task logs it and
+kills itself, to be restarted like any lost task. Every other recovery's log line names the
+error TensorFlow reported, which :data:`RECOVERED_ERRORS` keeps from MonitoredSession's log."""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import statistics
+import sys
 import threading
 import time
 from collections import deque
@@ -29,6 +42,63 @@ in sync mode can stretch one step to seconds without anything being stuck."""
 STALL_MULTIPLE = 20.0
 RECENT_STEPS = 200
 WATCH_INTERVAL_SECS = 1.0
+REPEATED_REQUEST = "received twice"
+"""TensorFlow's refusal of a repeated request id ("The same RunGraph (Worker) request was received twice")."""
+
+
+class RecoveredErrors(logging.Filter):
+    """A filter for TensorFlow's Python logger: passes ERROR and above only (the compat.v1 APIs
+    warn on every use), and keeps the error of each session MonitoredSession discards and
+    recreates, which it logs at INFO ("An error was raised ... Error: %s"), for the recovery's
+    log line. The logger must be at INFO for these records to be made."""
+
+    def __init__(self):
+        super().__init__()
+        self._last: BaseException | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        if (isinstance(record.msg, str) and record.msg.startswith("An error was raised") and record.args
+                and isinstance(record.args, tuple) and isinstance(record.args[-1], BaseException)):
+            self._last = record.args[-1]
+        return False
+
+    def take(self) -> BaseException | None:
+        """The error behind the latest recreated session (once), or None."""
+        last, self._last = self._last, None
+        return last
+
+
+RECOVERED_ERRORS = RecoveredErrors()
+
+
+def quiet_tensorflow_logs() -> None:
+    """TensorFlow's Python logger shows errors only, and feeds :data:`RECOVERED_ERRORS`."""
+    logger = tf.get_logger()
+    logger.setLevel(logging.INFO)
+    if RECOVERED_ERRORS not in logger.filters:
+        logger.addFilter(RECOVERED_ERRORS)
+
+
+def describe_error(error: BaseException) -> str:
+    """Why TensorFlow abandoned a session, in a few words and its own first line."""
+    text = str(getattr(error, "message", error)).strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip() and not line.startswith("From ")), "")
+    if REPEATED_REQUEST in text:
+        return ("a task refused a repeat of a RunGraph request id (TensorFlow's request ids repeat within long "
+                "runs: a known TensorFlow fault, docs/faults.md)")
+    if isinstance(error, tf.errors.UnavailableError):
+        return f"a task could not be reached (a parameter server lost or restarted): {first[:200]}"
+    return f"{type(error).__name__}: {first[:200]}"
+
+
+def exit_for_restart() -> None:
+    """Ends this task at once (SIGKILL: its stuck step holds TensorFlow's threads, so no clean
+    exit can finish); the supervisor or Kubernetes restarts it like a lost task."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def step_bound(recent_secs: Sequence[float], cap_secs: float) -> float:
@@ -99,6 +169,9 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
         self._warned = False
         self._what = "step"
         self._last_step: int | None = None
+        self._escaped = False
+        self.escape = exit_for_restart
+        """Called when a step outlives its cancel by a whole bound (TensorFlow cannot cancel it)."""
         self.stalls: list[dict] = []
         """One entry per recovered step: ``{"global_step", "bound_secs", "lost_secs", "cause"}``."""
 
@@ -115,8 +188,13 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
             return
         lost = time.monotonic() - started
         after = self._last_step if self._last_step is not None else step
-        cause = (f"it ran past its bound of {bound:g} s and TensorFlow cancelled it" if warned else
-                 f"TensorFlow aborted it after {lost:.1f} s (a parameter server was lost or restarted)")
+        error = RECOVERED_ERRORS.take()
+        if warned:
+            cause = f"it ran past its bound of {bound:g} s and TensorFlow cancelled it"
+        elif error is not None:
+            cause = f"TensorFlow aborted it after {lost:.1f} s: {describe_error(error)}"
+        else:
+            cause = f"TensorFlow aborted it after {lost:.1f} s (a parameter server was lost or restarted)"
         self.stalls.append({"global_step": after, "what": what, "bound_secs": bound, "lost_secs": round(lost, 1),
                             "cause": cause})
         log(f"airflow-tf stalled step recovered: the {what} after global step {after}: {cause}; "
@@ -127,7 +205,8 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
         fresh = self._fresh
         bound = self._cap if fresh else step_bound(self._recent, self._cap)
         with self._lock:
-            self._started, self._bound, self._warned, self._what = time.monotonic(), bound, False, "step"
+            self._started, self._bound, self._what = time.monotonic(), bound, "step"
+            self._warned = self._escaped = False
             self._bound_text = "" if not fresh else describe_bound((), self._cap)
         options = tf.compat.v1.RunOptions(timeout_in_ms=max(1, round(bound * 1000)))
         return tf.compat.v1.train.SessionRunArgs(self._global_step, options=options)
@@ -149,7 +228,8 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
         recent = tuple(self._recent_saves)
         bound = step_bound(recent, self._cap)
         with self._lock:
-            self._started, self._bound, self._warned, self._what = time.monotonic(), bound, False, "checkpoint save"
+            self._started, self._bound, self._what = time.monotonic(), bound, "checkpoint save"
+            self._warned = self._escaped = False
             self._bound_text = describe_bound(recent, self._cap).replace(" steps", " saves").replace(
                 "the first step of a session", "the first save")
         yield BoundedSession(session, bound)
@@ -161,13 +241,23 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
         while True:
             time.sleep(WATCH_INTERVAL_SECS)
             with self._lock:
-                if self._started is None or self._warned:
+                if self._started is None or self._escaped:
                     continue
                 ran = time.monotonic() - self._started
-                if ran < self._bound:
+                if ran < self._bound or (self._warned and ran < 2 * self._bound):
                     continue
+                escape = self._warned  # told to cancel a whole bound ago, and still running
+                self._escaped = escape
                 self._warned = True
                 how = self._bound_text or describe_bound(tuple(self._recent), self._cap)
-                what = self._what
+                what, bound = self._what, self._bound
+            if escape:
+                log(f"airflow-tf step not cancelled: the {what} after global step {self._last_step} is still running "
+                    f"{ran:.0f} s after it began, {ran - bound:.0f} s after TensorFlow was told to cancel it. "
+                    "TensorFlow cannot cancel a step whose RunGraph request this task refused as a repeat "
+                    f"('{REPEATED_REQUEST}' in this log): the ps waits for it for ever. The task exits now to "
+                    "be restarted (docs/faults.md)")
+                self.escape()
+                continue
             log(f"airflow-tf step stuck: the {what} after global step {self._last_step} has run {ran:.0f} s, "
                 f"past its bound of {how}; it is cancelled and the session recreated")

@@ -87,3 +87,89 @@ def test_a_step_past_its_bound_is_logged_then_its_recovery_counted(capsys, monke
     assert "recreated at global step 42" in out
     assert hook.stalls == [{"global_step": 41, "what": "step", "bound_secs": 0.3, "lost_secs": hook.stalls[0]["lost_secs"],
                             "cause": "it ran past its bound of 0.3 s and TensorFlow cancelled it"}]
+
+
+def bounded_session(hook, step_fn, *more_hooks):
+    """A real MonitoredSession (in-process TensorFlow) running ``step_fn`` in a py_function each
+    step, with ``hook`` first as in training. Use the session inside ``graph.as_default()``: a
+    recreated session builds its scaffold in the default graph."""
+    graph = tf.Graph()
+    with graph.as_default():
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        hook._global_step = global_step
+        step = tf.py_function(step_fn, [], tf.float32)
+        with tf.control_dependencies([step]):
+            train_op = tf.compat.v1.assign_add(global_step, 1)
+        return graph, tf.compat.v1.train.MonitoredSession(hooks=[hook, *more_hooks]), train_op
+
+
+class AbortsSecondStep(tf.compat.v1.train.SessionRunHook):
+    """Raises, inside the second step's run, the AbortedError TensorFlow reports for a refused
+    repeated request id (a real group cannot be made to repeat one on demand)."""
+
+    def __init__(self):
+        self.runs = 0
+
+    def before_run(self, run_context):
+        self.runs += 1
+        if self.runs == 2:
+            raise tf.errors.AbortedError(None, None, "From /job:worker/replica:0/task:1:\nThe same RunGraph (Worker) "
+                                         "request was received twice. step_id: 1234")
+
+
+def test_a_recovered_session_names_the_error_tensorflow_reported(capsys):
+    """MonitoredSession discards a session on an AbortedError, logging the error at INFO only;
+    the recovery line names it."""
+    step_bound.quiet_tensorflow_logs()
+    hook = step_bound.StepBoundHook(None, cap_secs=60)
+    graph, session, train_op = bounded_session(hook, lambda: 0.0, AbortsSecondStep())
+    with graph.as_default(), session:
+        for _ in range(3):
+            session.run(train_op)
+    out = capsys.readouterr()
+    (line,) = [ln for ln in out.out.splitlines() if "stalled step recovered" in ln]
+    assert "the step after global step 0: TensorFlow aborted it after" in line, line
+    assert "a task refused a repeat of a RunGraph request id" in line, line
+    assert hook.stalls[0]["global_step"] == 0 and "repeat of a RunGraph request id" in hook.stalls[0]["cause"]
+    assert "An error was raised" not in out.err, "TensorFlow's INFO lines stay out of the task log"
+
+
+def test_a_step_tensorflow_cannot_cancel_ends_the_task_one_bound_after_its_cancel(capsys, monkeypatch):
+    """A step whose work ignores cancellation (a sleeping py_function: TensorFlow's timeout fires,
+    yet the run waits for it) is logged as not cancelled at twice its bound, and the task is
+    ended (here the ending is recorded instead, and releases the step)."""
+    import threading
+
+    monkeypatch.setattr(step_bound, "WATCH_INTERVAL_SECS", 0.05)
+    release = threading.Event()
+    escaped: list[float] = []
+    hook = step_bound.StepBoundHook(None, cap_secs=1.0)
+    hook.escape = lambda: (escaped.append(time.monotonic()), release.set())
+    graph, session, train_op = bounded_session(hook, lambda: (release.wait(60), 0.0)[1])
+    start = time.monotonic()
+    with graph.as_default(), session:
+        try:
+            session.run(train_op)
+        except tf.errors.DeadlineExceededError:
+            pass  # the step's own timeout, reported once its work returned
+    assert escaped, "the uncancellable step never ended the task"
+    assert 2.0 <= escaped[0] - start < 10, f"ended {escaped[0] - start:.1f} s after the step began"
+    out = capsys.readouterr().out
+    assert "airflow-tf step stuck: the step after global step 0 has run 1 s, past its bound of 1 s" in out, out
+    (line,) = [ln for ln in out.splitlines() if "airflow-tf step not cancelled" in ln]
+    assert "after TensorFlow was told to cancel it" in line and "received twice" in line
+    assert "The task exits now to be restarted" in line
+
+
+def test_ending_the_task_kills_it_so_that_it_is_restarted_as_a_lost_task():
+    """SIGKILL, since the stuck step holds TensorFlow's threads: a negative exit code locally (137
+    in a container), which the ExitCode restart policy retries."""
+    import subprocess
+    import sys
+
+    from airflow_tf.cluster import is_retryable_exit
+
+    code = "from airflow_tf.runtime.step_bound import exit_for_restart; print('last words', flush=True); exit_for_restart()"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -9 and "last words" in done.stdout
+    assert is_retryable_exit("ExitCode", done.returncode) and is_retryable_exit("ExitCode", 128 + 9)
