@@ -253,10 +253,10 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
                 what, bound = self._what, self._bound
             if escape:
                 log(f"airflow-tf step not cancelled: the {what} after global step {self._last_step} is still running "
-                    f"{ran:.0f} s after it began, {ran - bound:.0f} s after TensorFlow was told to cancel it. "
-                    "TensorFlow cannot cancel a step whose RunGraph request this task refused as a repeat "
-                    f"('{REPEATED_REQUEST}' in this log): the ps waits for it for ever. The task exits now to "
-                    "be restarted (docs/faults.md)")
+                    f"{ran:.0f} s after it began, {ran - bound:.0f} s after TensorFlow was told to cancel it: "
+                    "TensorFlow cannot cancel it (the known cause: this task refused a repeated RunGraph request id "
+                    "before the step's request to the ps was sent, and the ps waits for ever; docs/faults.md). "
+                    "The task exits now to be restarted")
                 self.escape()
                 continue
             log(f"airflow-tf step stuck: the {what} after global step {self._last_step} has run {ran:.0f} s, "

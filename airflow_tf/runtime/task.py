@@ -15,13 +15,11 @@ from .errors import TaskConfigError
 TF_CONFIG = "TF_CONFIG"
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 GRPC_NO_RETRIES = "grpc.enable_retries=0"
-"""gRPC channel option for every channel TensorFlow opens (``TF_GRPC_DEFAULT_OPTIONS``). A
-RunGraph request that reaches a task twice is refused as a copy ("The same RunGraph (Worker)
-request was received twice") and the step then fails or waits for ever for the first one's
-reply (seen in long runs). gRPC's own retries can send such a copy; without them a broken call
-fails as UnavailableError, which the session recovers from. The hang still occurred once in 15
-stress runs without them (bench/README.md; a known issue in docs/reference/faults.md), so the
-operation timeout stays the safety net."""
+"""gRPC channel option for every channel TensorFlow opens (``TF_GRPC_DEFAULT_OPTIONS``): a
+broken call fails at once as UnavailableError, which the session recovers from. It was the first
+suspect of the long-run hang ("The same RunGraph (Worker) request was received twice"), whose
+cause turned out to be TensorFlow's repeating request ids (bench/README.md, .step_bound); it is
+kept, as nothing in TensorFlow's worker calls relies on gRPC retrying them."""
 
 
 def grpc_default_options(current: str | None) -> str:

@@ -157,7 +157,8 @@ def test_a_step_tensorflow_cannot_cancel_ends_the_task_one_bound_after_its_cance
     out = capsys.readouterr().out
     assert "airflow-tf step stuck: the step after global step 0 has run 1 s, past its bound of 1 s" in out, out
     (line,) = [ln for ln in out.splitlines() if "airflow-tf step not cancelled" in ln]
-    assert "after TensorFlow was told to cancel it" in line and "received twice" in line
+    assert "after TensorFlow was told to cancel it: TensorFlow cannot cancel it" in line
+    assert "refused a repeated RunGraph request id" in line
     assert "The task exits now to be restarted" in line
 
 
