@@ -55,6 +55,8 @@ class RecoveredErrors(logging.Filter):
     def __init__(self):
         super().__init__()
         self._last: BaseException | None = None
+        self.count = 0
+        """Sessions discarded so far: a change means the running step has returned (with an error)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.ERROR:
@@ -62,6 +64,7 @@ class RecoveredErrors(logging.Filter):
         if (isinstance(record.msg, str) and record.msg.startswith("An error was raised") and record.args
                 and isinstance(record.args, tuple) and isinstance(record.args[-1], BaseException)):
             self._last = record.args[-1]
+            self.count += 1
         return False
 
     def take(self) -> BaseException | None:
@@ -153,7 +156,8 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
     A thread logs ``airflow-tf step stuck ...`` when a step passes its bound (TensorFlow cancels
     it at that moment); when the recreated session is ready, ``airflow-tf stalled step
     recovered ...`` names the step, the cause and the time lost, and :attr:`stalls` records it
-    for the progress report."""
+    for the progress report. A step that has not returned a whole bound after its cancel is one
+    TensorFlow cannot cancel: ``airflow-tf step not cancelled ...``, then :attr:`escape`."""
 
     def __init__(self, global_step, cap_secs: float):
         self._global_step = global_step
@@ -170,6 +174,9 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
         self._what = "step"
         self._last_step: int | None = None
         self._escaped = False
+        self._errors_before = 0
+        """RECOVERED_ERRORS.count when the step began: once it moves, the step has returned and
+        MonitoredSession is recreating the session (which may wait for a ps), nothing to end."""
         self.escape = exit_for_restart
         """Called when a step outlives its cancel by a whole bound (TensorFlow cannot cancel it)."""
         self.stalls: list[dict] = []
@@ -207,6 +214,7 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
         with self._lock:
             self._started, self._bound, self._what = time.monotonic(), bound, "step"
             self._warned = self._escaped = False
+            self._errors_before = RECOVERED_ERRORS.count
             self._bound_text = "" if not fresh else describe_bound((), self._cap)
         options = tf.compat.v1.RunOptions(timeout_in_ms=max(1, round(bound * 1000)))
         return tf.compat.v1.train.SessionRunArgs(self._global_step, options=options)
@@ -230,6 +238,7 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
         with self._lock:
             self._started, self._bound, self._what = time.monotonic(), bound, "checkpoint save"
             self._warned = self._escaped = False
+            self._errors_before = RECOVERED_ERRORS.count
             self._bound_text = describe_bound(recent, self._cap).replace(" steps", " saves").replace(
                 "the first step of a session", "the first save")
         yield BoundedSession(session, bound)
@@ -246,7 +255,10 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
                 ran = time.monotonic() - self._started
                 if ran < self._bound or (self._warned and ran < 2 * self._bound):
                     continue
-                escape = self._warned  # told to cancel a whole bound ago, and still running
+                # Told to cancel a whole bound ago, and the step has not returned.
+                escape = self._warned and RECOVERED_ERRORS.count == self._errors_before
+                if self._warned and not escape:
+                    continue
                 self._escaped = escape
                 self._warned = True
                 how = self._bound_text or describe_bound(tuple(self._recent), self._cap)

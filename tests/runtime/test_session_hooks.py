@@ -89,7 +89,7 @@ def test_a_step_past_its_bound_is_logged_then_its_recovery_counted(capsys, monke
                             "cause": "it ran past its bound of 0.3 s and TensorFlow cancelled it"}]
 
 
-def bounded_session(hook, step_fn, *more_hooks):
+def bounded_session(hook, step_fn, *more_hooks, creator=None):
     """A real MonitoredSession (in-process TensorFlow) running ``step_fn`` in a py_function each
     step, with ``hook`` first as in training. Use the session inside ``graph.as_default()``: a
     recreated session builds its scaffold in the default graph."""
@@ -100,7 +100,7 @@ def bounded_session(hook, step_fn, *more_hooks):
         step = tf.py_function(step_fn, [], tf.float32)
         with tf.control_dependencies([step]):
             train_op = tf.compat.v1.assign_add(global_step, 1)
-        return graph, tf.compat.v1.train.MonitoredSession(hooks=[hook, *more_hooks]), train_op
+        return graph, tf.compat.v1.train.MonitoredSession(session_creator=creator, hooks=[hook, *more_hooks]), train_op
 
 
 class AbortsSecondStep(tf.compat.v1.train.SessionRunHook):
@@ -160,6 +160,49 @@ def test_a_step_tensorflow_cannot_cancel_ends_the_task_one_bound_after_its_cance
     assert "after TensorFlow was told to cancel it: TensorFlow cannot cancel it" in line
     assert "refused a repeated RunGraph request id" in line
     assert "The task exits now to be restarted" in line
+
+
+class SlowRecreation(tf.compat.v1.train.ChiefSessionCreator):
+    """A session creator whose second session takes ``secs`` (a ps that is still coming back)."""
+
+    def __init__(self, secs: float):
+        super().__init__()
+        self.secs, self.created = secs, 0
+
+    def create_session(self):
+        self.created += 1
+        if self.created == 2:
+            time.sleep(self.secs)
+        return super().create_session()
+
+
+def test_a_cancelled_step_whose_new_session_takes_long_does_not_end_the_task(capsys, monkeypatch):
+    """A step TensorFlow cancelled did return: the session's recreation may then wait (for a ps
+    coming back) well past twice the bound without the task being ended."""
+    import airflow_tf.runtime.training  # noqa: F401  (a cancelled step recovers like a lost ps)
+
+    monkeypatch.setattr(step_bound, "WATCH_INTERVAL_SECS", 0.05)
+    step_bound.quiet_tensorflow_logs()
+    escaped: list[float] = []
+    steps: list[int] = []
+    hook = step_bound.StepBoundHook(None, cap_secs=1.0)
+    hook.escape = lambda: escaped.append(time.monotonic())
+
+    def step():
+        steps.append(1)
+        if len(steps) == 2:
+            time.sleep(1.5)  # past the 1 s bound: TensorFlow cancels the step when this returns
+        return 0.0
+
+    graph, session, train_op = bounded_session(hook, step, creator=SlowRecreation(3.0))
+    with graph.as_default(), session:
+        for _ in range(3):
+            session.run(train_op)
+    out = capsys.readouterr().out
+    assert not escaped, "a step that returned ended the task while its session was recreated"
+    assert "step not cancelled" not in out
+    (line,) = [ln for ln in out.splitlines() if "stalled step recovered" in ln]
+    assert "it ran past its bound of 1 s and TensorFlow cancelled it" in line, line
 
 
 def test_ending_the_task_kills_it_so_that_it_is_restarted_as_a_lost_task():
