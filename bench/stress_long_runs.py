@@ -36,12 +36,13 @@ from pathlib import Path
 
 TF_WARNINGS = ("RunStep still blocked", "received twice", "No response from RunGraph", "DEADLINE", "Deadline",
                "deadline", "UnavailableError", "operation_timeout", "Timed out", "timed out", "recreated",
-               "status=failed", "Retrying call", "step stuck", "stalled step recovered")
+               "status=failed", "Retrying call", "step stuck", "stalled step recovered", "step not cancelled")
 """Log text kept from a run's tasks (literal: a task's log can hold millions of lines)."""
 RECOVERED = re.compile(r"stalled step recovered: the (?:step|checkpoint save) after global step (\d+): (.*?); the session "
                        r"was recreated at global step (\d+), ([\d.]+) s after")
 SUSPECTS = {"received_twice": "received twice", "grpc_retries": "Retrying call for",
-            "still_blocked": "RunStep still blocked"}
+            "still_blocked": "RunStep still blocked", "repeated_request_id": "repeat of a RunGraph request id",
+            "not_cancelled": "step not cancelled"}
 
 
 def matching_lines(text: str) -> list[str]:
