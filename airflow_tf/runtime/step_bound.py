@@ -90,7 +90,7 @@ def describe_error(error: BaseException) -> str:
     first = next((line.strip() for line in text.splitlines() if line.strip() and not line.startswith("From ")), "")
     if REPEATED_REQUEST in text:
         return ("a task refused a repeat of a RunGraph request id (TensorFlow's request ids repeat within long "
-                "runs: a known TensorFlow fault, docs/faults.md)")
+                "runs: a known TensorFlow fault, docs/reference/faults.md)")
     if isinstance(error, tf.errors.UnavailableError):
         return f"a task could not be reached (a parameter server lost or restarted): {first[:200]}"
     return f"{type(error).__name__}: {first[:200]}"
@@ -267,7 +267,7 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
                 log(f"airflow-tf step not cancelled: the {what} after global step {self._last_step} is still running "
                     f"{ran:.0f} s after it began, {ran - bound:.0f} s after TensorFlow was told to cancel it: "
                     "TensorFlow cannot cancel it (the known cause: this task refused a repeated RunGraph request id "
-                    "before the step's request to the ps was sent, and the ps waits for ever; docs/faults.md). "
+                    "before the step's request to the ps was sent, and the ps waits for ever; docs/reference/faults.md). "
                     "The task exits now to be restarted")
                 self.escape()
                 continue
