@@ -80,8 +80,10 @@ def quiet_tensorflow_logs() -> None:
     """TensorFlow's Python logger shows errors only, and feeds :data:`RECOVERED_ERRORS`."""
     logger = tf.get_logger()
     logger.setLevel(logging.INFO)
-    if RECOVERED_ERRORS not in logger.filters:
-        logger.addFilter(RECOVERED_ERRORS)
+    # On its handlers too: a child logger's records reach them without the logger's filters.
+    for filtered in (logger, *logger.handlers):
+        if RECOVERED_ERRORS not in filtered.filters:
+            filtered.addFilter(RECOVERED_ERRORS)
 
 
 def describe_error(error: BaseException) -> str:
