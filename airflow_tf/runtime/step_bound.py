@@ -54,7 +54,7 @@ class RecoveredErrors(logging.Filter):
 
     def __init__(self):
         super().__init__()
-        self._last: BaseException | None = None
+        self._first: BaseException | None = None
         self.count = 0
         """Sessions discarded so far: a change means the running step has returned (with an error)."""
 
@@ -63,14 +63,15 @@ class RecoveredErrors(logging.Filter):
             return True
         if (isinstance(record.msg, str) and record.msg.startswith("An error was raised") and record.args
                 and isinstance(record.args, tuple) and isinstance(record.args[-1], BaseException)):
-            self._last = record.args[-1]
+            if self._first is None:  # the error that discarded the session, not a later retry's
+                self._first = record.args[-1]
             self.count += 1
         return False
 
     def take(self) -> BaseException | None:
-        """The error behind the latest recreated session (once), or None."""
-        last, self._last = self._last, None
-        return last
+        """The error that discarded the session since the last call (once), or None."""
+        first, self._first = self._first, None
+        return first
 
 
 RECOVERED_ERRORS = RecoveredErrors()
@@ -192,12 +193,12 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
         with self._lock:
             started, warned, bound, what = self._started, self._warned, self._bound, self._what
             self._started, self._fresh = None, True
+        error = RECOVERED_ERRORS.take()
         if started is None:
             self._last_step = step
             return
         lost = time.monotonic() - started
         after = self._last_step if self._last_step is not None else step
-        error = RECOVERED_ERRORS.take()
         if warned:
             cause = f"it ran past its bound of {bound:g} s and TensorFlow cancelled it"
         elif error is not None:

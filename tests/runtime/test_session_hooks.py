@@ -117,10 +117,25 @@ class AbortsSecondStep(tf.compat.v1.train.SessionRunHook):
                                          "request was received twice. step_id: 1234")
 
 
+class FailsOnceMore(tf.compat.v1.train.ChiefSessionCreator):
+    """A session creator whose second session fails once (a ps still unreachable): MonitoredSession
+    logs that error too and tries again."""
+
+    def __init__(self):
+        super().__init__()
+        self.created = 0
+
+    def create_session(self):
+        self.created += 1
+        if self.created == 2:
+            raise tf.errors.UnavailableError(None, None, "Socket closed")
+        return super().create_session()
+
+
 def test_a_recovered_session_names_the_error_tensorflow_reported(capsys):
     """MonitoredSession discards a session on an AbortedError, logging the error at INFO only;
-    the recovery line names it. TensorFlow's own log (its logger's handlers, here one more)
-    still shows errors only."""
+    the recovery line names it (not a later failure to create the new session). TensorFlow's own
+    log (its logger's handlers, here one more) still shows errors only."""
     import logging
 
     shown: list[str] = []
@@ -132,7 +147,7 @@ def test_a_recovered_session_names_the_error_tensorflow_reported(capsys):
     logging.getLogger("tensorflow.child").info("a child logger's line")
     tf.get_logger().error("an error TensorFlow reports")
     hook = step_bound.StepBoundHook(None, cap_secs=60)
-    graph, session, train_op = bounded_session(hook, lambda: 0.0, AbortsSecondStep())
+    graph, session, train_op = bounded_session(hook, lambda: 0.0, AbortsSecondStep(), creator=FailsOnceMore())
     with graph.as_default(), session:
         for _ in range(3):
             session.run(train_op)
