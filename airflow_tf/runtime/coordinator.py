@@ -28,7 +28,7 @@ from airflow_tf.data import make_dataset
 from .embeddings import refuse_sharded_tables_in_coordinator_mode
 from .errors import ModelError, TaskConfigError
 from .logs import log
-from .loop import (KEEP_CHECKPOINTS, AfterStep, NanPolicy, Progress, Start, exit_summary, placement,
+from .loop import (KEEP_CHECKPOINTS, AfterStep, NanPolicy, Progress, Start, task_result, placement,
                    prepare_run_dir, restore_refused, run_after_step, starting_point, target_step)
 from .models import build_model, checkpoint_weights, compute_loss, latest_checkpoint, resolve_loss, weight_key
 from .optimizers import make_optimizer
@@ -168,7 +168,7 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:  # noqa: PLR0915
                         learning_rate=config.learning_rate)
     observers: list[AfterStep] = [nan_policy, progress]
     for observer in observers:
-        observer.start(step)
+        observer.session_ready(step)
     prefix = os.path.join(config.run_dir, "model.ckpt")
 
     def save(step: int) -> None:
@@ -198,9 +198,9 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:  # noqa: PLR0915
             saved_at = time.monotonic()
     save(step)  # the final checkpoint (none after on_nan=stop)
     for observer in observers:
-        observer.end(int(global_step.numpy()))
+        observer.done(int(global_step.numpy()))
     tf.compat.v1.summary.FileWriterCache.clear()
-    return exit_summary(task, step, nan_policy, progress, config.run_dir)
+    return task_result(task, step, nan_policy, progress, config.run_dir)
 
 
 def run_chief(config: TrainingConfig, task: Task, schema) -> dict:

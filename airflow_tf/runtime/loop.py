@@ -9,7 +9,7 @@ calls it directly).
   an :class:`AfterStep` protocol, which the NaN policy (:class:`NanPolicy`, ``on_nan``) and the
   chief's progress report with its TensorBoard summaries (:class:`Progress`) implement.
 - Whether a checkpoint may be written: :meth:`NanPolicy.may_save` (never NaN/inf variables).
-- The task's exit summary: :func:`exit_summary`."""
+- What the task's exit line reports: :func:`task_result`."""
 
 from __future__ import annotations
 
@@ -39,15 +39,16 @@ CORRUPT_SUFFIX = ".corrupt"
 
 class AfterStep(Protocol):
     """What runs on a training task around its steps. ``step`` is always the global step: where
-    a session (re)starts, after a step (``loss`` is that step's), at the end."""
+    a session is ready (again, after a recovery), after a step (``loss`` is that step's), at the
+    end of training."""
 
-    def start(self, step: int) -> None: ...
+    def session_ready(self, step: int) -> None: ...
 
     def after_step(self, step: int, loss: float) -> bool:
         """True when training must stop now."""
         ...
 
-    def end(self, step: int) -> None: ...
+    def done(self, step: int) -> None: ...
 
 
 def run_after_step(observers: Sequence[AfterStep], step: int, loss: float) -> bool:
@@ -180,7 +181,7 @@ class NanPolicy:
         self.stopped: str | None = None
         """Why the task stopped early (``on_nan="stop"``), or None."""
 
-    def start(self, step: int) -> None:
+    def session_ready(self, step: int) -> None:
         pass
 
     def after_step(self, step: int, loss: float) -> bool:
@@ -193,7 +194,7 @@ class NanPolicy:
         log(f"airflow-tf {reason}: stopping (on_nan=stop); the last finite checkpoint is kept")
         return True
 
-    def end(self, step: int) -> None:
+    def done(self, step: int) -> None:
         pass
 
     def may_save(self, step: int, all_finite: Callable[[], bool]) -> bool:
@@ -216,15 +217,15 @@ class Window:
     throughput over it."""
 
     def __init__(self, now: float, step: int):
-        self.start, self.step = now, step
+        self.since, self.step = now, step
         self.losses: list[float] = []
 
     def close(self, now: float, step: int, examples_per_step: int) -> tuple[float | None, float | None]:
         """(mean loss, examples/s) since the start; starts the next window at (now, step)."""
-        rate = (step - self.step) * examples_per_step / (now - self.start) if now > self.start and step > self.step \
+        rate = (step - self.step) * examples_per_step / (now - self.since) if now > self.since and step > self.step \
             else None
         loss = math.fsum(self.losses) / len(self.losses) if self.losses else None  # NaN shows a diverged run
-        self.start, self.step, self.losses = now, step, []
+        self.since, self.step, self.losses = now, step, []
         return loss, rate
 
 
@@ -252,7 +253,7 @@ class Progress:
         self._rate = 0.0
         self._first = True
 
-    def start(self, step: int) -> None:
+    def session_ready(self, step: int) -> None:
         if tf.executing_eagerly():
             # Events go through a TF1 FileWriter, which can only be created in graph mode; once
             # cached, it writes in eager mode too. (In graph mode it holds the training graph.)
@@ -263,8 +264,8 @@ class Progress:
         self._first = True
 
     def _windows(self) -> tuple[Window, Window]:
-        """The report's and the summary's windows, which :meth:`start` opens."""
-        assert self._report is not None and self._summary is not None, "start() runs first"
+        """The report's and the summary's windows, which :meth:`session_ready` opens."""
+        assert self._report is not None and self._summary is not None, "session_ready() runs first"
         return self._report, self._summary
 
     def after_step(self, step: int, loss: float) -> bool:
@@ -272,14 +273,14 @@ class Progress:
         report.losses.append(loss)
         summary.losses.append(loss)
         now = time.monotonic()
-        if self._first or now - report.start >= self._every_secs:
+        if self._first or now - report.since >= self._every_secs:
             self._first = False
             self.report(step, now)
         elif step // self._summary_every_steps > summary.step // self._summary_every_steps:
             self.summarize(step, now)
         return False
 
-    def end(self, step: int) -> None:
+    def done(self, step: int) -> None:
         """The final report; in between-graph training it runs after the checkpoint saver's
         end (hooks end in order), so the final checkpoint exists."""
         checkpoint = tf.train.latest_checkpoint(self._run_dir)
@@ -322,14 +323,14 @@ class Progress:
             writer.flush()
 
 
-def exit_summary(task: Task, step: int | None, nan_policy: NanPolicy, progress: Progress | None,
-                 run_dir: str) -> dict:
-    """The task's exit summary (its ``airflow-tf task exit`` line); the chief's names the final
-    loss and checkpoint."""
-    summary: dict = {"role": task.type, "index": task.index, "status": "succeeded", "global_step": step}
+def task_result(task: Task, step: int | None, nan_policy: NanPolicy, progress: Progress | None,
+                run_dir: str) -> dict:
+    """What the task's exit line reports (``airflow-tf task exit``, see :func:`.logs.log_exit`);
+    the chief's names the final loss and checkpoint."""
+    result: dict = {"role": task.type, "index": task.index, "status": "succeeded", "global_step": step}
     if nan_policy.stopped:
-        summary.update(status="stopped", reason=repr(f"{nan_policy.stopped} (on_nan=stop)"))
+        result.update(status="stopped", reason=repr(f"{nan_policy.stopped} (on_nan=stop)"))
     if progress is not None:
-        summary["loss"] = progress.last_loss
-        summary["checkpoint"] = latest_checkpoint(run_dir)
-    return summary
+        result["loss"] = progress.last_loss
+        result["checkpoint"] = latest_checkpoint(run_dir)
+    return result

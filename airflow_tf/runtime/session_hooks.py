@@ -53,7 +53,7 @@ class AfterStepHook(tf.compat.v1.train.SessionRunHook):
         self._observer = observer
 
     def after_create_session(self, session, coord):
-        self._observer.start(int(session.run(self._global_step)))
+        self._observer.session_ready(int(session.run(self._global_step)))
 
     def before_run(self, run_context):
         return tf.compat.v1.train.SessionRunArgs({"step": self._global_step, "loss": self._loss})
@@ -64,7 +64,7 @@ class AfterStepHook(tf.compat.v1.train.SessionRunHook):
             run_context.request_stop()
 
     def end(self, session):
-        self._observer.end(int(session.run(self._global_step)))
+        self._observer.done(int(session.run(self._global_step)))
 
 
 class FiniteSaver(tf.compat.v1.train.Saver):

@@ -22,7 +22,7 @@ from airflow_tf.data import make_dataset
 from .embeddings import ShardedTable, check_ps_memory, ps_table_budget, shard_embeddings, trainable_variables
 from .errors import TaskConfigError
 from .logs import log
-from .loop import (KEEP_CHECKPOINTS, NanPolicy, Progress, Start, exit_summary, placement, prepare_run_dir,
+from .loop import (KEEP_CHECKPOINTS, NanPolicy, Progress, Start, task_result, placement, prepare_run_dir,
                    restore_refused, starting_point, target_step)
 from .models import build_model, compute_loss, resolve_loss, weight_key
 from .optimizers import make_optimizer
@@ -169,7 +169,7 @@ def _hooks(config: TrainingConfig, task: Task, *, global_step, loss, saver: Fini
 # PLR0915: one graph is built in the order its session needs (ops, saver, hooks, session), each
 # step using the ones before; the self-contained parts are the helpers above.
 def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: PLR0915
-    """Train until the global step reaches the target; returns the task's exit summary."""
+    """Train until the global step reaches the target; returns the task's result (its exit line)."""
     trainers = len(task.trainers)
     aggregate = replicas_to_aggregate(config, trainers)
     examples_per_step = config.batch_size * aggregate
@@ -253,4 +253,4 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
                 session.run(train_op)
         tf.compat.v1.summary.FileWriterCache.clear()  # closes the event files
 
-    return exit_summary(task, stop.last_step, nan_policy, progress, config.run_dir)
+    return task_result(task, stop.last_step, nan_policy, progress, config.run_dir)

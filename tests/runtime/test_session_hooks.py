@@ -39,10 +39,10 @@ def test_a_summary_follows_every_multiple_the_global_step_crosses_even_in_a_jump
     with graph:
         progress = Progress(target=100, examples_per_step=32, run_dir=str(tmp_path), every_secs=3600,
                             summary_every_steps=EVERY, learning_rate=0.1)
-        progress.start(0)
+        progress.session_ready(0)
         for step in seen:
             progress.after_step(step, 0.5)
-        progress.end(100)
+        progress.done(100)
         tf.compat.v1.summary.FileWriterCache.clear()
 
     points = [step for step, _ in read_scalars(tmp_path)["loss"]]
