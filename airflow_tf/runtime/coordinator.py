@@ -5,7 +5,9 @@ the model and the optimizer under ``strategy.scope()`` (their variables land on 
 creates the input pipeline on every worker, and schedules training steps on whichever worker is
 free (``ClusterCoordinator.schedule``). Updates are asynchronous. The user contract is the
 between-graph mode's: the same model function and loss, checkpoints in the run directory in the
-same name-based format (evaluation and export read them unchanged), the same progress lines.
+same name-based format (evaluation and export read them unchanged), and the same loop core
+(:mod:`.loop`): restore or warm start, the NaN policy, progress lines and summaries, here fed each
+scheduled function's global step and mean loss.
 
 Faults: a worker that dies has its steps re-run on the others and rejoins when it is back
 (``ClusterCoordinator`` does both). A ps that dies takes the variables with it: the chief restarts
@@ -28,8 +30,8 @@ from airflow_tf.data import make_dataset
 from .embeddings import refuse_sharded_tables_in_coordinator_mode
 from .errors import ModelError, TaskConfigError
 from .logs import log
-from .loop import (KEEP_CHECKPOINTS, AfterStep, NanPolicy, Progress, Start, task_result, placement,
-                   prepare_run_dir, restore_refused, run_after_step, starting_point, target_step)
+from .loop import (KEEP_CHECKPOINTS, AfterStep, NanPolicy, Progress, Start, placement, prepare_run_dir,
+                   restore_refused, run_after_step, starting_point, target_step, task_result)
 from .models import build_model, checkpoint_weights, compute_loss, latest_checkpoint, resolve_loss, weight_key
 from .optimizers import make_optimizer
 from .task import Task

@@ -22,8 +22,8 @@ from airflow_tf.data import make_dataset
 from .embeddings import ShardedTable, check_ps_memory, ps_table_budget, shard_embeddings, trainable_variables
 from .errors import TaskConfigError
 from .logs import log
-from .loop import (KEEP_CHECKPOINTS, NanPolicy, Progress, Start, task_result, placement, prepare_run_dir,
-                   restore_refused, starting_point, target_step)
+from .loop import (KEEP_CHECKPOINTS, NanPolicy, Progress, Start, placement, prepare_run_dir, restore_refused,
+                   starting_point, target_step, task_result)
 from .models import build_model, compute_loss, resolve_loss, weight_key
 from .optimizers import make_optimizer
 from .session_hooks import AfterStepHook, FiniteSaver, StopAtTargetHook, SyncReplicasHook
