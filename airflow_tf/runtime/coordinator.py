@@ -5,7 +5,9 @@ the model and the optimizer under ``strategy.scope()`` (their variables land on 
 creates the input pipeline on every worker, and schedules training steps on whichever worker is
 free (``ClusterCoordinator.schedule``). Updates are asynchronous. The user contract is the
 between-graph mode's: the same model function and loss, checkpoints in the run directory in the
-same name-based format (evaluation and export read them unchanged), the same progress lines.
+same name-based format (evaluation and export read them unchanged), and the same loop core
+(:mod:`.loop`): restore or warm start, the NaN policy, progress lines and summaries, here fed each
+scheduled function's global step and mean loss.
 
 Faults: a worker that dies has its steps re-run on the others and rejoins when it is back
 (``ClusterCoordinator`` does both). A ps that dies takes the variables with it: the chief restarts
@@ -26,14 +28,13 @@ from airflow_tf.cluster.training import TrainingConfig
 from airflow_tf.data import make_dataset
 
 from .embeddings import refuse_sharded_tables_in_coordinator_mode
-from .errors import ModelError, NonFiniteError, TaskConfigError
+from .errors import ModelError, TaskConfigError
 from .logs import log
-from .models import (build_model, check_checkpoint, checkpoint_weights, compute_loss, latest_checkpoint,
-                     resolve_checkpoint, resolve_loss, weight_key)
-from .optimizers import make_keras_optimizer
-from .session_hooks import NonFiniteLossHook, ProgressHook
+from .loop import (KEEP_CHECKPOINTS, AfterStep, NanPolicy, Progress, Start, placement, prepare_run_dir,
+                   restore_refused, run_after_step, starting_point, target_step, task_result)
+from .models import build_model, checkpoint_weights, compute_loss, latest_checkpoint, resolve_loss, weight_key
+from .optimizers import make_optimizer
 from .task import Task
-from .training import KEEP_CHECKPOINTS, placement, recover_checkpoints, target_step
 
 STEPS_PER_CLOSURE = 10
 """Training steps one scheduled function runs on a worker: scheduling a function costs a round
@@ -62,63 +63,42 @@ def checkpoint_variables(model, optimizer, global_step) -> dict[str, tf.Variable
     return named
 
 
-class _EagerRun:
-    """Stands in for the session of session hooks, so the between-graph mode's progress report
-    and NaN check (:mod:`.hooks`) run unchanged on the chief: variables are read from the ps,
-    the loss is the one the step returned."""
-
-    LOSS = object()
-
-    def __init__(self, run_dir: str):
-        self.loss: float | None = None
-        # The hook writes events through a TF1 FileWriter, which is created only in graph mode;
-        # once cached, it writes in eager mode too.
-        with tf.Graph().as_default():
-            tf.compat.v1.summary.FileWriterCache.get(run_dir)
-
-    def run(self, fetches):
-        return tf.nest.map_structure(lambda x: self.loss if x is self.LOSS else x.numpy(), fetches)
-
-
-def _after_steps(hooks: list, eager: _EagerRun, losses: list[tuple[int, float]], step: int) -> bool:
-    """Feeds a chunk's ``(steps, mean loss)`` per scheduled function to the hooks as if each were
-    one session run; whether a hook asked to stop."""
-    before = step - sum(steps for steps, _ in losses)
-    for steps, loss in losses:
-        eager.loss = loss
-        before += steps
-        for hook in hooks:
-            context = tf.compat.v1.train.SessionRunContext(None, eager)
-            results = eager.run(hook.before_run(context).fetches)
-            if isinstance(results, dict) and "step" in results:
-                results["step"] = before - 1  # the hooks read the step as it was before the run
-            hook.after_run(context, tf.compat.v1.train.SessionRunValues(results, None, None))
-            if context.stop_requested:
-                return True
-    return False
-
-
 def _all_finite(variables: dict[str, tf.Variable]) -> bool:
     return all(np.isfinite(v.numpy()).all() for v in variables.values() if v.dtype.is_floating)
 
 
-def _restore(config: TrainingConfig, model, saver, resume_from: str | None) -> str:
-    """Restores the run's latest checkpoint, or else the weights to warm-start from; says which."""
-    if resume_from:
-        check_checkpoint(resume_from, model)
+def _restore(start: Start, model, saver) -> None:
+    """Restores every variable from the run's own checkpoint, or the model's weights from the
+    warm start's (:func:`.loop.starting_point` decided which, and checked it)."""
+    if start.resume_from:
         try:
-            saver.restore(None, resume_from)
+            saver.restore(None, start.resume_from)
         except tf.errors.NotFoundError as exc:
-            raise ModelError(
-                f"cannot restore {resume_from}: {exc.message.splitlines()[0]}. It was written by a run with "
-                "other options (mode, optimizer or model); train into a new run_dir, or use that run's options"
-            ) from None
-        return f"restoring {resume_from}"
-    if config.warm_start_from:
-        warm_from = resolve_checkpoint(config.warm_start_from)
-        model.set_weights(checkpoint_weights(warm_from, model))
-        return f"weights from {warm_from}"
-    return "new"
+            raise restore_refused(start.resume_from, exc) from None
+    elif start.warm_from:
+        model.set_weights(checkpoint_weights(start.warm_from, model))
+
+
+def _check_topology(config: TrainingConfig, workers: int) -> None:
+    if not workers:
+        raise ModelError("coordinator mode needs at least one worker task to run the steps on")
+    if config.devices_per_worker not in (None, 1):
+        raise TaskConfigError(
+            f"devices_per_worker={config.devices_per_worker}: in coordinator mode the strategy makes one tower "
+            "per GPU of each worker by itself; leave devices_per_worker unset, or use mode='between_graph'"
+        )
+
+
+def _after_closures(observers: list[AfterStep], losses: list[tuple[int, float]], step: int) -> bool:
+    """Feeds a chunk's ``(steps, mean loss)`` per scheduled function to the loop's observers, as
+    one step each reaching the global step where its function ended; whether one stopped training.
+    ``step`` is the global step after the chunk."""
+    reached = step - sum(steps for steps, _ in losses)
+    for steps, loss in losses:
+        reached += steps
+        if run_after_step(observers, reached, loss):
+            return True
+    return False
 
 
 # PLR0915: the strategy's closures (dataset_fn, worker_steps) and the scheduling loop share the
@@ -127,17 +107,9 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:  # noqa: PLR0915
     """The chief's loop: schedule steps until the global step reaches the target."""
     cluster = coordinator_cluster(task)
     workers = len(cluster.get("worker", []))
-    if not workers:
-        raise ModelError("coordinator mode needs at least one worker task to run the steps on")
-    if config.devices_per_worker not in (None, 1):
-        raise TaskConfigError(
-            f"devices_per_worker={config.devices_per_worker}: in coordinator mode the strategy makes one tower "
-            "per GPU of each worker by itself; leave devices_per_worker unset, or use mode='between_graph'"
-        )
+    _check_topology(config, workers)
     target = target_step(config, config.batch_size)
-    os.makedirs(config.run_dir, exist_ok=True)
-    recover_checkpoints(config.run_dir)
-    resume_from = latest_checkpoint(config.run_dir)
+    resume_from = prepare_run_dir(config.run_dir, is_chief=True)
 
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc"
@@ -148,14 +120,15 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:  # noqa: PLR0915
     with strategy.scope():
         model = build_model(config, schema)
         refuse_sharded_tables_in_coordinator_mode(model, config.min_shard_bytes)
-        optimizer = make_keras_optimizer(config)
+        optimizer = make_optimizer(config)
         optimizer.build(model.trainable_variables)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     loss_fn = resolve_loss(config, schema)
     variables = checkpoint_variables(model, optimizer, global_step)
     saver = tf.compat.v1.train.Saver(var_list=variables, max_to_keep=KEEP_CHECKPOINTS, save_relative_paths=True)
 
-    start = _restore(config, model, saver, resume_from)
+    start = starting_point(config, model, resume_from)
+    _restore(start, model, saver)
 
     def dataset_fn():
         # One shard of the training data per worker: each worker pulls from its own.
@@ -191,24 +164,21 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:  # noqa: PLR0915
         f"workers={workers} target_step={target} start={start}")
     log(f"airflow-tf session ready global_step={step} target_step={target}")
 
-    eager = _EagerRun(config.run_dir)
-    progress = ProgressHook(global_step, _EagerRun.LOSS, target=target, examples_per_step=config.batch_size,
-                            run_dir=config.run_dir, every_secs=config.log_every_secs,
-                            summary_every_steps=config.summary_every_steps, learning_rate=config.learning_rate)
-    progress.after_create_session(eager, None)
-    non_finite = NonFiniteLossHook(global_step, _EagerRun.LOSS, config.on_nan)
+    nan_policy = NanPolicy(config.on_nan)
+    progress = Progress(target=target, examples_per_step=config.batch_size, run_dir=config.run_dir,
+                        every_secs=config.log_every_secs, summary_every_steps=config.summary_every_steps,
+                        learning_rate=config.learning_rate)
+    observers: list[AfterStep] = [nan_policy, progress]
+    for observer in observers:
+        observer.session_ready(step)
     prefix = os.path.join(config.run_dir, "model.ckpt")
 
     def save(step: int) -> None:
-        # Like the other mode's FiniteSaver: never a checkpoint of NaN/inf variables.
-        if _all_finite(variables):
+        if latest_checkpoint(config.run_dir) != f"{prefix}-{step}" and \
+                nan_policy.may_save(step, lambda: _all_finite(variables)):
             saver.save(None, prefix, global_step=step)
-            return
-        reason = f"variables became NaN/inf at global step {step} (the loss diverged); not checkpointed"
-        if config.on_nan == "fail":
-            raise NonFiniteError(reason)
-        log(f"airflow-tf {reason} (on_nan=stop); the last finite checkpoint is kept")
 
+    save(step)  # as between-graph training does: a run has a checkpoint to fall back on from its start
     saved_at, chunk = time.monotonic(), 2  # the first chunk is small: the first report comes early
     while step < target:
         began = time.monotonic()
@@ -220,7 +190,7 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:  # noqa: PLR0915
             scheduled.append((steps, coordinator.schedule(worker_steps, args=(iterator, tf.constant(steps)))))
         coordinator.join()
         step = int(global_step.numpy())
-        if _after_steps([non_finite, progress], eager, [(k, float(r.fetch())) for k, r in scheduled], step):
+        if _after_closures(observers, [(k, float(r.fetch())) for k, r in scheduled], step):
             break
         # Aim a chunk at one log interval, so the report keeps its pace.
         per_closure = (time.monotonic() - began) / len(scheduled)
@@ -228,14 +198,11 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:  # noqa: PLR0915
         if time.monotonic() - saved_at >= config.checkpoint_every_secs:
             save(step)
             saved_at = time.monotonic()
-    if not non_finite.stopped and latest_checkpoint(config.run_dir) != f"{prefix}-{step}":
-        save(step)
-    progress.end(eager)
+    save(step)  # the final checkpoint (none after on_nan=stop)
+    for observer in observers:
+        observer.done(int(global_step.numpy()))
     tf.compat.v1.summary.FileWriterCache.clear()
-    summary = {"role": task.type, "index": task.index, "status": "succeeded", "global_step": step}
-    if non_finite.stopped:
-        summary.update(status="stopped", reason=repr(f"{non_finite.stopped} (on_nan=stop)"))
-    return {**summary, "loss": progress.last_loss, "checkpoint": latest_checkpoint(config.run_dir)}
+    return task_result(task, step, nan_policy, progress, config.run_dir)
 
 
 def run_chief(config: TrainingConfig, task: Task, schema) -> dict:

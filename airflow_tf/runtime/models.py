@@ -269,41 +269,61 @@ def feed_features(model: keras.Model, schema, reference: str = "model") -> keras
     if inputs is None:
         return _feed_undeclared(model, schema, reference, numeric=numeric)
     declared = {name: (tuple(t.shape[1:]), t.dtype) for name, t in inputs}
-    dict_inputs = isinstance(getattr(model, "_inputs_struct", None), dict)
     if all(name in specs for name, _ in inputs):  # inputs named after features
-        targets = {name: _target_shape(specs[name].shape, specs[name].dtype, *declared[name]) for name in declared}
-        misfits = [name for name, target in targets.items() if target is None]
-        if misfits:
-            raise _unfed(model, schema, reference, f"input(s) {', '.join(misfits)} named after features do not "
-                         "take their shape or dtype")
-        fitted = {name: target for name, target in targets.items() if target is not None}  # all, after misfits
-        if dict_inputs and set(declared) == set(names) and all(
-                declared[n] == (specs[n].shape, specs[n].dtype) for n in names):
-            return model  # takes the features dict as it is (the built-in models do)
-
-        def by_name(features):
-            values = {n: _convert(features[n], specs[n].shape, fitted[n], specs[n].dtype, declared[n][1])
-                      for n in declared}
-            if dict_inputs:
-                return values
-            return next(iter(values.values())) if len(values) == 1 else list(values.values())
-
-        return FeatureAdapter(model, by_name)
+        return _feed_by_name(model, schema, reference, declared)
     if len(inputs) == 1:
-        shape, dtype = next(iter(declared.values()))
-        if len(names) == 1:
-            spec = specs[names[0]]
-            reshaped = _target_shape(spec.shape, spec.dtype, shape, dtype)
-            if reshaped is not None:
-                return FeatureAdapter(model, lambda features: _convert(features[spec.name], spec.shape, reshaped,
-                                                                       spec.dtype, dtype))
-        elif numeric and keras.backend.is_float_dtype(dtype):
-            width = (sum(spec.size for spec in specs.values()),)
-            target = _target_shape(width, dtype, shape, dtype)
-            if target is not None:
-                return FeatureAdapter(model, lambda features: _convert(_matrix(features, schema, dtype), width,
-                                                                       target, dtype, dtype))
+        adapter = _feed_one_input(model, schema, *next(iter(declared.values())), numeric=numeric)
+        if adapter is not None:
+            return adapter
     raise _unfed(model, schema, reference, None)
+
+
+def _feed_by_name(model: keras.Model, schema, reference: str, declared: dict) -> keras.Model:
+    """:func:`feed_features` for a model whose inputs are all named after features: each input
+    gets its feature, reshaped and cast to what it declares (``declared``: name -> (shape, dtype))."""
+    names = schema.feature_names
+    specs = {name: schema[name] for name in names}
+    dict_inputs = isinstance(getattr(model, "_inputs_struct", None), dict)
+    targets = {name: _target_shape(specs[name].shape, specs[name].dtype, *declared[name]) for name in declared}
+    misfits = [name for name, target in targets.items() if target is None]
+    if misfits:
+        raise _unfed(model, schema, reference, f"input(s) {', '.join(misfits)} named after features do not "
+                     "take their shape or dtype")
+    fitted = {name: target for name, target in targets.items() if target is not None}  # all, after misfits
+    if dict_inputs and set(declared) == set(names) and all(
+            declared[n] == (specs[n].shape, specs[n].dtype) for n in names):
+        return model  # takes the features dict as it is (the built-in models do)
+
+    def by_name(features):
+        values = {n: _convert(features[n], specs[n].shape, fitted[n], specs[n].dtype, declared[n][1])
+                  for n in declared}
+        if dict_inputs:
+            return values
+        return next(iter(values.values())) if len(values) == 1 else list(values.values())
+
+    return FeatureAdapter(model, by_name)
+
+
+def _feed_one_input(model: keras.Model, schema, shape: tuple, dtype, *, numeric: bool) -> keras.Model | None:
+    """:func:`feed_features` for a model with one input of ``shape`` and ``dtype`` not named
+    after a feature: the dataset's one feature, or its numeric features as one matrix; None when
+    neither fits."""
+    names = schema.feature_names
+    if len(names) == 1:
+        spec = schema[names[0]]
+        reshaped = _target_shape(spec.shape, spec.dtype, shape, dtype)
+        if reshaped is None:
+            return None
+        return FeatureAdapter(model, lambda features: _convert(features[spec.name], spec.shape, reshaped,
+                                                               spec.dtype, dtype))
+    if not (numeric and keras.backend.is_float_dtype(dtype)):
+        return None
+    width = (sum(schema[name].size for name in names),)
+    target = _target_shape(width, dtype, shape, dtype)
+    if target is None:
+        return None
+    return FeatureAdapter(model, lambda features: _convert(_matrix(features, schema, dtype), width,
+                                                           target, dtype, dtype))
 
 
 def _feed_undeclared(model: keras.Model, schema, reference: str, *, numeric: bool) -> keras.Model:

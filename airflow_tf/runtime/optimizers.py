@@ -90,10 +90,8 @@ KERAS_OPTIMIZERS = {
 
 
 def make_optimizer(config: TrainingConfig):
-    """The between-graph optimizer of the run."""
+    """The run's optimizer, from its mode's table: TensorFlow's in between-graph training, Keras's
+    in coordinator mode (built under the strategy's scope)."""
+    if config.mode == "coordinator":
+        return KERAS_OPTIMIZERS[config.optimizer](learning_rate=config.learning_rate)
     return GRAPH_OPTIMIZERS[config.optimizer](config.learning_rate)
-
-
-def make_keras_optimizer(config: TrainingConfig):
-    """The coordinator-mode optimizer of the run."""
-    return KERAS_OPTIMIZERS[config.optimizer](learning_rate=config.learning_rate)

@@ -62,25 +62,11 @@ class Task:
 
 
 def task_from_env(environ: MutableMapping[str, str] | None = None) -> Task:
+    """This process's :class:`Task`, from ``TF_CONFIG`` (validated: each problem is named). A
+    ``TF_CONFIG`` without a task index takes the Indexed Job's ``JOB_COMPLETION_INDEX``."""
     env: MutableMapping[str, str] = os.environ if environ is None else environ
-    raw = env.get(TF_CONFIG)
-    if not raw:
-        raise TaskConfigError(
-            f"{TF_CONFIG} is not set: it tells this task its role and the cluster, e.g. "
-            '{"cluster": {"ps": ["host:2222"], "worker": ["host:2223"]}, "task": {"type": "worker", "index": 0}}'
-        )
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise TaskConfigError(f"{TF_CONFIG} is not valid JSON ({exc})") from None
-    cluster = data.get("cluster") if isinstance(data, dict) else None
-    task = data.get("task") if isinstance(data, dict) else None
-    if not isinstance(cluster, dict) or not all(
-        isinstance(v, list) and all(isinstance(a, str) for a in v) for v in cluster.values()
-    ):
-        raise TaskConfigError(f'{TF_CONFIG}: "cluster" must map each job to a list of "host:port" addresses')
-    if not isinstance(task, dict):
-        raise TaskConfigError(f'{TF_CONFIG}: "task" must be an object {{"type": ..., "index": ...}}')
+    data = _parse_tf_config(env.get(TF_CONFIG))
+    cluster, task = _cluster_and_task(data)
     kind, index = task.get("type"), task.get("index")
     if index is None:
         # A pod of an Indexed Job (Kubernetes backend): one TF_CONFIG for the whole Job,
@@ -94,11 +80,44 @@ def task_from_env(environ: MutableMapping[str, str] | None = None) -> Task:
         raise TaskConfigError(f"{TF_CONFIG}: task index must be a whole number >= 0, got {index!r}")
     result = Task(kind, index, {job: list(addresses) for job, addresses in cluster.items()})
     if kind != "evaluator":
-        if index >= len(cluster.get(kind, [])):
-            raise TaskConfigError(f"{TF_CONFIG}: task {kind}:{index} is not in the cluster ({json.dumps(cluster)})")
-        if not result.ps_count:
-            raise TaskConfigError(f'{TF_CONFIG}: the cluster has no "ps" job; parameter-server training needs one')
+        _check_place_in_cluster(result)
     return result
+
+
+def _parse_tf_config(raw: str | None):
+    """The decoded ``TF_CONFIG``; refuses an unset or malformed one."""
+    if not raw:
+        raise TaskConfigError(
+            f"{TF_CONFIG} is not set: it tells this task its role and the cluster, e.g. "
+            '{"cluster": {"ps": ["host:2222"], "worker": ["host:2223"]}, "task": {"type": "worker", "index": 0}}'
+        )
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise TaskConfigError(f"{TF_CONFIG} is not valid JSON ({exc})") from None
+
+
+def _cluster_and_task(data) -> tuple[dict[str, list[str]], dict]:
+    """``TF_CONFIG``'s "cluster" (each job a list of addresses) and "task" (an object)."""
+    cluster = data.get("cluster") if isinstance(data, dict) else None
+    task = data.get("task") if isinstance(data, dict) else None
+    if not isinstance(cluster, dict) or not all(
+        isinstance(v, list) and all(isinstance(a, str) for a in v) for v in cluster.values()
+    ):
+        raise TaskConfigError(f'{TF_CONFIG}: "cluster" must map each job to a list of "host:port" addresses')
+    if not isinstance(task, dict):
+        raise TaskConfigError(f'{TF_CONFIG}: "task" must be an object {{"type": ..., "index": ...}}')
+    return cluster, task
+
+
+def _check_place_in_cluster(task: Task) -> None:
+    """A ps, worker or chief is one of its job's addresses, in a cluster with a ps job (the
+    evaluator stands outside the cluster)."""
+    if task.index >= len(task.cluster.get(task.type, [])):
+        raise TaskConfigError(f"{TF_CONFIG}: task {task.type}:{task.index} is not in the cluster "
+                              f"({json.dumps(task.cluster)})")
+    if not task.ps_count:
+        raise TaskConfigError(f'{TF_CONFIG}: the cluster has no "ps" job; parameter-server training needs one')
 
 
 def session_config(task: Task, config: TrainingConfig):

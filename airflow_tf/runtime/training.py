@@ -10,9 +10,6 @@ cancelled and the session recreated, as after a lost ps."""
 
 from __future__ import annotations
 
-import math
-import os
-from collections import defaultdict
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -20,15 +17,16 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 from tensorflow.python.training import monitored_session
 
 from airflow_tf.cluster.training import TrainingConfig
-from airflow_tf.data import count_examples, make_dataset
+from airflow_tf.data import make_dataset
 
-from .errors import ModelError, TaskConfigError
-from .logs import log
 from .embeddings import ShardedTable, check_ps_memory, ps_table_budget, shard_embeddings, trainable_variables
-from .models import (build_model, check_checkpoint, compute_loss, latest_checkpoint, resolve_checkpoint,
-                     resolve_loss, weight_key)
+from .errors import TaskConfigError
+from .logs import log
+from .loop import (KEEP_CHECKPOINTS, NanPolicy, Progress, Start, placement, prepare_run_dir, restore_refused,
+                   starting_point, target_step, task_result)
+from .models import build_model, compute_loss, resolve_loss, weight_key
 from .optimizers import make_optimizer
-from .session_hooks import FiniteSaver, NonFiniteLossHook, ProgressHook, StopAtTargetHook, SyncReplicasHook
+from .session_hooks import AfterStepHook, FiniteSaver, StopAtTargetHook, SyncReplicasHook
 from .step_bound import StepBoundHook
 from .task import Task, session_config
 from .towers import tower_devices, towers_train_op
@@ -40,8 +38,6 @@ WORKER_POLL_SECS = 0.2
 """How often a worker checks whether the chief has initialised the variables (TensorFlow's
 default, 30 s, makes a worker that starts before the chief idle half a minute)."""
 WORKER_MAX_WAIT_SECS = 30 * 60
-KEEP_CHECKPOINTS = 5
-CORRUPT_SUFFIX = ".corrupt"
 
 # MonitoredSession recreates its session (the chief restoring the newest checkpoint) when a ps
 # is lost (Aborted/Unavailable). A step that ran past operation_timeout_secs is the same fault:
@@ -63,17 +59,6 @@ def replicas_to_aggregate(config: TrainingConfig, trainers: int) -> int:
             "a synchronous step would never complete; lower it or add workers"
         )
     return count
-
-
-def target_step(config: TrainingConfig, examples_per_step: int) -> int:
-    """``steps``, or ``epochs`` passes over the training split (counted in ``_SUCCESS``)."""
-    if config.steps is not None:
-        return int(config.steps)
-    assert config.epochs is not None, "TrainingConfig refuses a config with neither steps nor epochs"
-    examples = count_examples(config.dataset, "train")
-    if examples <= 0:
-        raise TaskConfigError(f"dataset {config.dataset} has no training examples; epochs cannot be counted")
-    return max(1, math.ceil(config.epochs * examples / examples_per_step))
 
 
 STATE_UPDATES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
@@ -107,62 +92,6 @@ def checkpoint_variables(model, tables: Sequence[ShardedTable] = ()) -> dict[str
         else:
             named[variable.op.name] = variable
     return named
-
-
-def placement(variables: dict[str, tf.Variable | list[tf.Variable]]) -> str:
-    """``/job:ps/task:0=global_step,model/001_bias /job:ps/task:1=model/000_kernel``; a sharded
-    variable appears on each ps that holds a shard of it."""
-    by_device: dict[str, list[str]] = defaultdict(list)
-    for name, value in sorted(variables.items()):
-        for variable in value if isinstance(value, list) else [value]:
-            device = tf.DeviceSpec.from_string(variable.device)
-            by_device[f"/job:{device.job}/task:{device.task}"].append(name)
-    return " ".join(f"{device}={','.join(dict.fromkeys(names))}" for device, names in sorted(by_device.items()))
-
-
-def checkpoint_is_intact(prefix: str) -> str | None:
-    """None when every tensor of the checkpoint reads back (index and data, checksums included),
-    else what is wrong with it."""
-    try:
-        reader = tf.train.load_checkpoint(prefix)
-        for name in reader.get_variable_to_shape_map():
-            reader.get_tensor(name)
-    except (tf.errors.OpError, IndexError, ValueError, RuntimeError) as exc:
-        # The checkpoint reader raises plain IndexError/ValueError/RuntimeError for C++ statuses
-        # (a truncated data file: "Read less bytes than requested").
-        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
-    return None
-
-
-def recover_checkpoints(run_dir: str) -> None:
-    """Make the newest intact checkpoint the run's latest: newer ones that do not read back (a
-    data file truncated by a full disk or a killed copy) get their files renamed with a
-    ``.corrupt`` suffix (kept, for inspection) and are logged. Refuses a run directory whose
-    checkpoints are all unreadable rather than silently starting over."""
-    state = tf.train.get_checkpoint_state(run_dir)
-    if state is None:
-        return
-    prefixes = list(dict.fromkeys([*state.all_model_checkpoint_paths, state.model_checkpoint_path]))
-    prefixes = [p if os.path.isabs(p) else os.path.join(run_dir, p) for p in prefixes]
-    skipped = []
-    while prefixes:
-        problem = checkpoint_is_intact(prefixes[-1])
-        if problem is None:
-            break
-        prefix = prefixes.pop()
-        for path in tf.io.gfile.glob(prefix + ".*"):
-            if not path.endswith(CORRUPT_SUFFIX):
-                os.replace(path, path + CORRUPT_SUFFIX)
-        skipped.append(prefix)
-        log(f"airflow-tf checkpoint {prefix} is unreadable ({problem}); skipped, its files renamed *{CORRUPT_SUFFIX}")
-    if not skipped:
-        return
-    if not prefixes:
-        raise ModelError(f"no checkpoint in {run_dir} reads back (skipped {', '.join(skipped)}); restore the run "
-                         "directory from a backup, or train into a new run_dir")
-    names = [os.path.basename(p) for p in prefixes]  # relative, as the Saver writes them: the run dir can move
-    tf.compat.v1.train.update_checkpoint_state(run_dir, names[-1], all_model_checkpoint_paths=names)
-    log(f"airflow-tf resuming from the newest intact checkpoint {prefixes[-1]}")
 
 
 class WorkerSessionCreator(tf.compat.v1.train.SessionCreator):
@@ -202,20 +131,14 @@ def _loss_and_train_op(model, features, labels, *, loss_fn, optimizer, global_st
     return loss, tf.group(optimizer.minimize(loss, global_step=global_step, var_list=var_list), *state_updates)
 
 
-def _initial_state(config: TrainingConfig, task: Task, model, variables: dict, resume_from: str | None):
-    """The scaffold's ``init_fn`` (None, or the warm start's restore of the model's weights) and
-    the log's word for where training starts. Only the chief checks and restores."""
-    init_fn, start = None, f"restoring {resume_from}" if resume_from else "new"
-    if task.is_chief and resume_from:
-        check_checkpoint(resume_from, model)
-    if task.is_chief and not resume_from and config.warm_start_from:
-        warm_from = resolve_checkpoint(config.warm_start_from)
-        check_checkpoint(warm_from, model)
-        weights = {key: v for key, v in variables.items() if key.startswith("model/")}
-        warm_saver = tf.compat.v1.train.Saver(var_list=weights)
-        init_fn = lambda scaffold, session: warm_saver.restore(session, warm_from)
-        start = f"weights from {warm_from}"
-    return init_fn, start
+def _warm_start(start: Start, variables: dict):
+    """The scaffold's ``init_fn``: None, or the warm start's restore of the model's weights (the
+    other variables start new)."""
+    if not start.warm_from:
+        return None
+    weights = {key: v for key, v in variables.items() if key.startswith("model/")}
+    warm_saver = tf.compat.v1.train.Saver(var_list=weights)
+    return lambda scaffold, session: warm_saver.restore(session, start.warm_from)
 
 
 def _no_constant_folding(tf_config) -> None:
@@ -228,19 +151,30 @@ def _no_constant_folding(tf_config) -> None:
     tf_config.graph_options.optimizer_options.do_common_subexpression_elimination = True
 
 
+def _hooks(config: TrainingConfig, task: Task, *, global_step, loss, saver: FiniteSaver, nan_policy: NanPolicy,
+           progress: Progress | None, bound: StepBoundHook, stop: StopAtTargetHook, sync_optimizer) -> list:
+    """The session's hooks, in the order they run around each step."""
+    hooks = [bound, stop]  # the bound first: its clock spans the whole step
+    if sync_optimizer is not None:
+        hooks.append(SyncReplicasHook(sync_optimizer, task.is_chief))
+    hooks.append(AfterStepHook(global_step, loss, nan_policy))  # before the saver: a NaN step is never saved
+    if progress is not None:
+        hooks += [
+            tf.compat.v1.train.CheckpointSaverHook(config.run_dir, save_secs=config.checkpoint_every_secs, saver=saver),
+            AfterStepHook(global_step, loss, progress),  # after the saver: its end reports the final checkpoint
+        ]
+    return hooks
+
+
 # PLR0915: one graph is built in the order its session needs (ops, saver, hooks, session), each
 # step using the ones before; the self-contained parts are the helpers above.
 def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: PLR0915
-    """Train until the global step reaches the target; returns the task's exit summary."""
+    """Train until the global step reaches the target; returns the task's result (its exit line)."""
     trainers = len(task.trainers)
     aggregate = replicas_to_aggregate(config, trainers)
     examples_per_step = config.batch_size * aggregate
     target = target_step(config, examples_per_step)
-    if task.is_chief:
-        os.makedirs(config.run_dir, exist_ok=True)
-        recover_checkpoints(config.run_dir)
-    # Decided once, before the session restores anything: only the chief writes checkpoints.
-    resume_from = latest_checkpoint(config.run_dir) if os.path.isdir(config.run_dir) else None
+    resume_from = prepare_run_dir(config.run_dir, task.is_chief)
 
     devices = tower_devices(task.device, config.devices_per_worker)
     graph = tf.Graph()
@@ -261,20 +195,23 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
             tables = shard_embeddings(model, keys, task.ps_count, config.min_shard_bytes)
             check_ps_memory(tables, config.optimizer, task.ps_count, ps_table_budget(config.ps_memory_limit, task.ps_count))
             optimizer = make_optimizer(config)
+            sync_optimizer = None
             if config.sync:
-                optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
+                optimizer = sync_optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
                     optimizer, replicas_to_aggregate=aggregate, total_num_replicas=trainers
                 )
             loss, train_op = _loss_and_train_op(
                 model, features, labels, loss_fn=resolve_loss(config, schema), optimizer=optimizer,
                 global_step=global_step, var_list=trainable_variables(model, tables), task=task, devices=devices)
+        nan_policy = NanPolicy(config.on_nan)
         # Saving and restoring run on this task, so only the chief needs the run directory.
         with tf.device(task.device):
             variables = checkpoint_variables(model, tables)
-            saver = FiniteSaver(
-                variables, config.on_nan, max_to_keep=KEEP_CHECKPOINTS, save_relative_paths=True, sharded=True
-            )
-            init_fn, start = _initial_state(config, task, model, variables, resume_from)
+            saver = FiniteSaver(variables, nan_policy, max_to_keep=KEEP_CHECKPOINTS, save_relative_paths=True,
+                                sharded=True)
+            # Only the chief checks and restores; the session restores the run's own checkpoint.
+            start = starting_point(config, model, resume_from) if task.is_chief else None
+            init_fn = _warm_start(start, variables) if start else None
         scaffold = tf.compat.v1.train.Scaffold(saver=saver, init_fn=init_fn)
 
         if task.is_chief:
@@ -282,36 +219,26 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
         log(f"airflow-tf train role={task.type} index={task.index} chief={task.is_chief} "
             f"mode={'sync' if config.sync else 'async'} replicas_to_aggregate={aggregate} "
             f"trainers={trainers} shard={task.trainer_index}/{trainers} towers={len(devices)} target_step={target} "
-            f"start={start if task.is_chief else 'from the chief'}")
+            f"start={start or 'from the chief'}")
 
         stop = StopAtTargetHook(global_step, target)
-        non_finite = NonFiniteLossHook(global_step, loss, config.on_nan, saver)
         bound = StepBoundHook(global_step, config.operation_timeout_secs)
         saver.step_bound = bound
-        hooks = [bound, stop]  # the bound first: its clock spans the whole step
-        if config.sync:
-            hooks.append(SyncReplicasHook(optimizer, task.is_chief))
-        hooks.append(non_finite)  # before the saver: a step with a NaN loss is never checkpointed
-        progress: ProgressHook | None = None
+        progress: Progress | None = None
         tf_config = session_config(task, config)
         if tables:
             _no_constant_folding(tf_config)
         if task.is_chief:
-            progress = ProgressHook(global_step, loss, target=target, examples_per_step=examples_per_step,
-                                    run_dir=config.run_dir, every_secs=config.log_every_secs,
-                                    summary_every_steps=config.summary_every_steps,
-                                    learning_rate=config.learning_rate, step_bound=bound)
-            hooks += [
-                tf.compat.v1.train.CheckpointSaverHook(
-                    config.run_dir, save_secs=config.checkpoint_every_secs, saver=saver
-                ),
-                progress,  # after the saver: its end() reports the final checkpoint
-            ]
+            progress = Progress(target=target, examples_per_step=examples_per_step, run_dir=config.run_dir,
+                                every_secs=config.log_every_secs, summary_every_steps=config.summary_every_steps,
+                                learning_rate=config.learning_rate, stalls=lambda: bound.stalls)
             creator = tf.compat.v1.train.ChiefSessionCreator(
                 scaffold=scaffold, master=server.target, config=tf_config, checkpoint_dir=config.run_dir
             )
         else:
             creator = WorkerSessionCreator(scaffold, server.target, tf_config, WORKER_POLL_SECS, WORKER_MAX_WAIT_SECS)
+        hooks = _hooks(config, task, global_step=global_step, loss=loss, saver=saver, nan_policy=nan_policy,
+                       progress=progress, bound=bound, stop=stop, sync_optimizer=sync_optimizer)
 
         try:
             session = tf.compat.v1.train.MonitoredSession(
@@ -320,19 +247,10 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
         except tf.errors.NotFoundError as exc:
             if not (task.is_chief and resume_from):
                 raise
-            raise ModelError(
-                f"cannot restore {resume_from}: {exc.message.splitlines()[0]}. It was written by a run with "
-                "other options (optimizer or model); train into a new run_dir, or use that run's options"
-            ) from None
+            raise restore_refused(resume_from, exc) from None
         with session:
             while not session.should_stop():
                 session.run(train_op)
         tf.compat.v1.summary.FileWriterCache.clear()  # closes the event files
 
-    summary = {"role": task.type, "index": task.index, "status": "succeeded", "global_step": stop.last_step}
-    if non_finite.stopped:
-        summary.update(status="stopped", reason=repr(f"{non_finite.stopped} (on_nan=stop)"))
-    if progress is not None:
-        summary["loss"] = progress.last_loss
-        summary["checkpoint"] = latest_checkpoint(config.run_dir)
-    return summary
+    return task_result(task, stop.last_step, nan_policy, progress, config.run_dir)

@@ -50,28 +50,41 @@ def assert_every_checkpoint_finite(run_dir: Path) -> None:
                 assert np.isfinite(value).all(), f"{prefix} holds a non-finite {name}: {value}"
 
 
-def test_a_diverging_run_fails_naming_the_step_and_never_checkpoints_nan(linear_dataset, tmp_path):
-    run = train_group("fault-diverge", linear_dataset, tmp_path / "run", tmp_path / "state", workers=1,
-                      **DIVERGING)
+MODES = ["between_graph", "coordinator"]
+"""Both training modes apply the NaN policy through the loop's core: the same lines, the same exits."""
+
+
+def trainer(mode: str) -> str:
+    """The task that trains and reports: the first worker, or the coordinator's chief."""
+    return "chief-0" if mode == "coordinator" else "worker-0"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_diverging_run_fails_naming_the_step_and_never_checkpoints_nan(linear_dataset, tmp_path, mode):
+    run = train_group(f"fault-diverge-{mode[:5]}", linear_dataset, tmp_path / "run", tmp_path / "state", workers=1,
+                      mode=mode, **DIVERGING)
     assert not run.succeeded, "a run whose loss became NaN reported success"
     reason = run.report.splitlines()[0]
     assert NON_FINITE.search(reason), reason
     assert 'File "' not in reason and "Traceback" not in reason
-    (exit_line,) = run.lines("worker-0", "airflow-tf task exit")
+    (exit_line,) = run.lines(trainer(mode), "airflow-tf task exit")
     assert "status=failed" in exit_line and NON_FINITE.search(exit_line)
-    assert run.logs["worker-0"].rstrip().splitlines()[-1] == exit_line, "the cause is the log's last line"
+    assert run.logs[trainer(mode)].rstrip().splitlines()[-1] == exit_line, "the cause is the log's last line"
     assert_every_checkpoint_finite(run.run_dir)
     assert step_of(models.latest_checkpoint(run.run_dir)) < DIVERGING["steps"]
 
 
-def test_on_nan_stop_ends_the_run_at_once_and_keeps_the_last_finite_checkpoint(linear_dataset, tmp_path):
-    run = train_group("fault-nanstop", linear_dataset, tmp_path / "run", tmp_path / "state", workers=2,
-                      on_nan="stop", **DIVERGING)
+@pytest.mark.parametrize("mode", MODES)
+def test_on_nan_stop_ends_the_run_at_once_and_keeps_the_last_finite_checkpoint(linear_dataset, tmp_path, mode):
+    run = train_group(f"fault-nanstop-{mode[:5]}", linear_dataset, tmp_path / "run", tmp_path / "state", workers=2,
+                      on_nan="stop", mode=mode, **DIVERGING)
     assert run.succeeded, run.report
-    (stopping,) = run.lines("worker-0", "stopping (on_nan=stop)")
+    (stopping,) = run.lines(trainer(mode), "stopping (on_nan=stop)")
+    assert re.search(r"airflow-tf loss became (NaN|inf) at global step \d+: stopping \(on_nan=stop\); "
+                     r"the last finite checkpoint is kept$", stopping), stopping
     nan_step = int(NON_FINITE.search(stopping).group(3))
     assert nan_step < DIVERGING["steps"]
-    (exit_line,) = run.lines("worker-0", "airflow-tf task exit")
+    (exit_line,) = run.lines(trainer(mode), "airflow-tf task exit")
     assert "status=stopped" in exit_line and "on_nan=stop" in exit_line
     assert_every_checkpoint_finite(run.run_dir)
     latest = models.latest_checkpoint(run.run_dir)

@@ -21,6 +21,7 @@ from airflow_tf.cluster.progress import parse_progress
 pytestmark = pytest.mark.slow
 
 SESSION_READY = re.compile(r"airflow-tf session ready global_step=(\d+)")
+SUMMARY_EVERY_STEPS = 20
 
 
 def coordinator_group(name, dataset, run_dir, steps, **training) -> GroupSpec:
@@ -45,7 +46,8 @@ def test_run_mode_coordinator_trains_the_seed_line_and_the_checkpoint_evaluates(
     cli = subprocess.run(
         [sys.executable, "-m", "airflow_tf.cli", "run", "--mode", "coordinator", "--dataset", linear_dataset,
          "--ps", "1", "--workers", "2", "--steps", "400", "--learning-rate", "0.05", "--batch-size", "32",
-         "--log-every-secs", "0.5", "--run-dir", str(run_dir), "--name", "coord-cli"],
+         "--log-every-secs", "0.5", "--summary-every-steps", str(SUMMARY_EVERY_STEPS), "--run-dir", str(run_dir),
+         "--name", "coord-cli"],
         capture_output=True, text=True, timeout=600,
     )
     assert cli.returncode == 0, cli.stderr[-3000:]
@@ -57,6 +59,17 @@ def test_run_mode_coordinator_trains_the_seed_line_and_the_checkpoint_evaluates(
     progress = parse_progress(chief_log)
     assert progress["global_step"] >= 400 and progress["target_step"] == 400 and progress["examples_per_sec"] > 0
     assert "airflow-tf variables /job:ps/task:0=" in chief_log
+
+    # The curve follows between-graph training's rule (the loop's core draws both): a point at the
+    # chief's first report at or after each multiple of summary_every_steps, which here is at most
+    # one scheduled function's steps later, and one at the final step.
+    from airflow_tf.runtime.coordinator import STEPS_PER_CLOSURE
+    from airflow_tf.serving.curves import read_scalars
+
+    loss_steps = [step for step, _ in read_scalars(run_dir)["loss"]]
+    assert loss_steps == sorted(set(loss_steps)) and loss_steps[-1] == summary["global_step"], loss_steps
+    for multiple in range(SUMMARY_EVERY_STEPS, 401, SUMMARY_EVERY_STEPS):
+        assert any(multiple <= step < multiple + STEPS_PER_CLOSURE for step in loss_steps), (multiple, loss_steps)
 
     result = evaluate_checkpoint(run_dir, linear_dataset, {"dataset": linear_dataset, "run_dir": str(run_dir),
                                                            "steps": 400}, plot=False)

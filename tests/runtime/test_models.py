@@ -12,7 +12,7 @@ import tensorflow as tf
 from airflow_tf.cluster import TrainingConfig
 from airflow_tf.data import count_examples
 from airflow_tf.data.schema import FeatureSpec, Schema
-from airflow_tf.runtime import models, training
+from airflow_tf.runtime import loop, models, training
 from airflow_tf.runtime.errors import TaskConfigError
 
 MIXED = Schema((FeatureSpec("x", "float32"), FeatureSpec("v", "float32", (3,)), FeatureSpec("k", "int64"),
@@ -101,12 +101,12 @@ def test_unknown_loss_and_missing_checkpoints_are_clear_errors(tmp_path):
 def test_epochs_become_a_target_step_over_the_training_split(linear_dataset):
     examples = count_examples(linear_dataset, "train")
     asynchronous = TrainingConfig(dataset=linear_dataset, run_dir="/r", epochs=2.5, batch_size=32)
-    assert training.target_step(asynchronous, 32) == math.ceil(2.5 * examples / 32)
+    assert loop.target_step(asynchronous, 32) == math.ceil(2.5 * examples / 32)
     # A sync step aggregates one batch from each of two workers.
     synchronous = TrainingConfig(dataset=linear_dataset, run_dir="/r", epochs=2.5, batch_size=32, sync=True)
     per_step = 32 * training.replicas_to_aggregate(synchronous, trainers=2)
-    assert training.target_step(synchronous, per_step) == math.ceil(2.5 * examples / 64)
-    assert training.target_step(TrainingConfig(dataset=linear_dataset, run_dir="/r", steps=7), 64) == 7
+    assert loop.target_step(synchronous, per_step) == math.ceil(2.5 * examples / 64)
+    assert loop.target_step(TrainingConfig(dataset=linear_dataset, run_dir="/r", steps=7), 64) == 7
 
 
 def test_sync_cannot_aggregate_more_gradients_than_there_are_trainers():

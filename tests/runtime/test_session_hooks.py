@@ -1,16 +1,19 @@
 """The chief's report and the step bound, driven step by step. A real group cannot choose which
-global steps its chief sees, so these feed the hooks a scripted sequence through a stand-in
-session (``session.run`` returns the global step); the event files and logs are real."""
+global steps its chief sees, so these feed a scripted sequence: the report (the loop's core,
+:mod:`airflow_tf.runtime.loop`) takes plain values, and the step bound's hook a stand-in session
+(``session.run`` returns the global step); the event files and logs are real."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
+import pytest
 import tensorflow as tf
 
 from airflow_tf.runtime import step_bound
-from airflow_tf.runtime.session_hooks import ProgressHook
+from airflow_tf.runtime.loop import Progress
 from airflow_tf.serving.curves import read_scalars
 
 EVERY = 20
@@ -26,25 +29,20 @@ class GlobalStep:
         return self.value
 
 
-def drive(hook, seen: list[int], session: GlobalStep) -> None:
-    """The chief runs one step for each value in ``seen``: the global step its run fetched."""
-    context = tf.compat.v1.train.SessionRunContext(None, session)
-    for before in seen:
-        session.value = before + 1
-        hook.after_run(context, tf.compat.v1.train.SessionRunValues({"step": before, "loss": 0.5}, None, None))
-
-
-def test_a_summary_follows_every_multiple_the_global_step_crosses_even_in_a_jump(tmp_path):
+@pytest.mark.parametrize("mode", ["between_graph", "coordinator"])
+def test_a_summary_follows_every_multiple_the_global_step_crosses_even_in_a_jump(tmp_path, mode):
     # The chief's view of an async run: the other worker's steps make the global step jump
-    # (here 21 -> 68 across 40 and 60).
-    seen = list(range(0, 21)) + [67] + list(range(68, 100))
-    session = GlobalStep(0)
-    with tf.Graph().as_default():  # the chief's hooks run in graph mode
-        hook = ProgressHook(None, None, target=100, examples_per_step=32, run_dir=str(tmp_path), every_secs=3600,
+    # (here 21 -> 68 across 40 and 60). Between-graph training reports from its session hooks,
+    # in the training graph; coordinator mode from its eager Python loop: the same points.
+    seen = list(range(1, 22)) + [68] + list(range(69, 101))  # the global step after each of the chief's steps
+    graph = tf.Graph().as_default() if mode == "between_graph" else contextlib.nullcontext()
+    with graph:
+        progress = Progress(target=100, examples_per_step=32, run_dir=str(tmp_path), every_secs=3600,
                             summary_every_steps=EVERY, learning_rate=0.1)
-        hook.after_create_session(session, None)
-        drive(hook, seen, session)
-        hook.end(session)
+        progress.session_ready(0)
+        for step in seen:
+            progress.after_step(step, 0.5)
+        progress.done(100)
         tf.compat.v1.summary.FileWriterCache.clear()
 
     points = [step for step, _ in read_scalars(tmp_path)["loss"]]
