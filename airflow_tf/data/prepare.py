@@ -127,13 +127,14 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
 
 
 def file_key(path: str | os.PathLike, seed: int) -> int:
-    """A 64-bit number naming an input file (its absolute path) under ``seed``."""
-    text = f"{int(seed)}\0{os.path.abspath(os.fspath(path))}".encode()
+    """A 64-bit number naming an input file under ``seed``: of its name, not of where it lives, so
+    the same file splits the same way in another directory, on another mount or in object storage."""
+    text = f"{int(seed)}\0{os.path.basename(os.fspath(path).rstrip('/'))}".encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big")
 
 
 def row_fractions(key: int, start: int, rows: int) -> np.ndarray:
-    """A number in [0, 1) per row from a hash of (file, row number, seed) (``key`` from
+    """A number in [0, 1) per row from a hash of (file name, row number, seed) (``key`` from
     :func:`file_key`): the same row always gets the same number, however the input is read."""
     with np.errstate(over="ignore"):
         mixed = _splitmix64(np.arange(start, start + rows, dtype=np.uint64) ^ np.uint64(key))
@@ -537,7 +538,7 @@ def prepare_dataset(  # noqa: PLR0912, PLR0915, PLR0917  the public signature of
 
     Rows are read, checked, split, encoded and written a block at a time: memory follows
     ``buffer_mib`` (default 512 MiB), not the size of the input. A row goes to eval when a
-    hash of (input file, row number, seed), or of its ``split_key`` value, falls below
+    hash of (input file name, row number, seed), or of its ``split_key`` value, falls below
     ``eval_fraction``: the split is deterministic and the eval share is ``eval_fraction`` of
     the rows up to sampling noise. Without ``version`` the dataset becomes the next integer
     version, decided when it is committed, so concurrent runs of one dataset each commit a

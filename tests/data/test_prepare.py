@@ -99,6 +99,12 @@ def test_split_is_deterministic_and_a_split_key_keeps_each_key_in_one_split(tmp_
     assert first != other
     # A row's split does not depend on how the input is read: a tiny read buffer agrees.
     assert eval_ids("s4", seed=3, buffer_mib=1) == first
+    # Nor on where the file lives: the same file moved to another directory splits the same.
+    moved = tmp_path / "elsewhere" / "in.csv"
+    moved.parent.mkdir()
+    moved.write_bytes(src.read_bytes())
+    summary = prepare_dataset(moved, tmp_path / "out", "s5", label="label", seed=3)
+    assert set(read_split(summary["dataset_uri"], "eval")["id"].tolist()) == first
 
     # Keyed by "b" (= -id): growing the input must not move any existing key to the other split.
     keyed = eval_ids("k1", split_key="b", eval_fraction=0.3)
