@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import shutil
+import tempfile
 import time
 import uuid
 import zlib
@@ -33,9 +34,11 @@ import numpy as np
 
 from ..cluster.names import path_component
 from ..files import strip_file_scheme, write_json
+from . import object_store
 from .encode import encode_examples, record_lengths
 from .errors import DataError, DatasetExistsError, InputDataError, SchemaError
 from .inputs import Block, Inputs, open_inputs, resolve_inputs
+from .object_store import InputPath, StorageOptions, identity, is_remote, open_binary
 from .schema import FORMAT_VERSION, SCHEMA_FILE, SUCCESS_FILE, Schema
 from .vocabulary import VocabularyCounter, vocabulary_sizes
 
@@ -126,9 +129,9 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def file_key(path: str | os.PathLike, seed: int) -> int:
-    """A 64-bit number naming an input file (its absolute path) under ``seed``."""
-    text = f"{int(seed)}\0{os.path.abspath(os.fspath(path))}".encode()
+def file_key(path: InputPath | str, seed: int) -> int:
+    """A 64-bit number naming an input file (its absolute path, or its URI) under ``seed``."""
+    text = f"{int(seed)}\0{identity(path)}".encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big")
 
 
@@ -326,15 +329,18 @@ class ShardWriter:
 
 
 # -- versions and commit -------------------------------------------------------------------
-def existing_versions(root: Path) -> list[int]:
-    """Committed integer versions under ``<output>/<name>``."""
+def existing_versions(root: Path | str, storage_options: StorageOptions | None = None) -> list[int]:
+    """Integer versions under ``<output>/<name>`` (a directory, or an object-storage prefix)."""
+    if isinstance(root, str):
+        return sorted(int(n) for n in object_store.child_directories(root, storage_options) if n.isdigit())
     if not root.is_dir():
         return []
     return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and p.is_dir())
 
 
-def _version_name(version: int | str | None, root: Path) -> str:
+def _version_name(version: int | str | None, root: Path | None) -> str:
     if version is None:
+        assert root is not None, "the next version is counted under a root"
         versions = existing_versions(root)
         return str(versions[-1] + 1 if versions else 1)
     text = str(version)
@@ -509,7 +515,7 @@ def _write_stream(inputs: Inputs, directory: Path, *, eval_fraction: float, seed
     return splits, written
 
 
-def prepare_dataset(  # noqa: PLR0912, PLR0915, PLR0917  the public signature of 0.1.0 (positional calls keep working); one prepare's steps in order
+def prepare_dataset(  # noqa: PLR0915, PLR0917  the public signature of 0.1.0 (positional calls keep working); one prepare's steps in order
     input: str | os.PathLike | Sequence[str | os.PathLike],
     output: str | os.PathLike,
     name: str,
@@ -532,6 +538,7 @@ def prepare_dataset(  # noqa: PLR0912, PLR0915, PLR0917  the public signature of
     cache: bool = False,
     partition_key: str | None = None,
     vocabularies: Mapping[str, int] | Sequence[str] | str | None = None,
+    storage_options: StorageOptions | None = None,
 ) -> dict[str, Any]:
     """Convert CSV/Parquet/.npz files into a sharded TFRecord dataset version, streaming.
 
@@ -559,19 +566,40 @@ def prepare_dataset(  # noqa: PLR0912, PLR0915, PLR0917  the public signature of
 
     ``vocabularies`` (``{"user": 100000}``, or column names for the default size) counts those
     columns' values over the training rows and keeps each one's top K in the version, for the
-    model to read as ``schema.vocabulary("user")`` (see :mod:`airflow_tf.data.vocabulary`)."""
+    model to read as ``schema.vocabulary("user")`` (see :mod:`airflow_tf.data.vocabulary`).
+
+    ``input`` and ``output`` may be ``s3://`` or ``gs://`` URIs (``storage_options``: per
+    scheme, pyarrow's file system options, e.g. credentials; see
+    :mod:`airflow_tf.data.object_store`). Inputs are streamed from the store; a version in
+    object storage is written in a local staging directory and then uploaded, ``_SUCCESS`` last."""
     started = time.monotonic()
     compression = _check_options(eval_fraction, shards, target_shard_mb, compression, workers)
-    if not float(buffer_mib) >= 1:
-        raise DataError(f"buffer_mib must be at least 1 (MiB of buffered rows), got {buffer_mib}")
-    if not name or not str(name).strip():
-        raise DataError("a dataset name is required")
+    _check_budget_and_name(buffer_mib, name)
     declared = Schema.coerce(schema) if schema is not None else None
-    root = Path(strip_file_scheme(output)) / path_component(str(name))
     if partition_key is not None:
         partition_key = str(partition_key)
-        if version is None:
-            version = path_component(partition_key)
+        version = path_component(partition_key) if version is None else version
+    fingerprint = None
+    if cache and version is None:
+        fingerprint = input_fingerprint(input, {
+            "label": label, "eval_fraction": float(eval_fraction), "shards": shards,
+            "target_shard_mb": target_shard_mb, "compression": compression,
+            "schema": declared.to_dict() if declared else None, "string_columns": sorted(string_columns or ()),
+            "seed": int(seed), "split_key": split_key, "allow_nan": bool(allow_nan),
+            "vocabularies": vocabularies,
+        }, storage_options)
+    if is_remote(output):
+        object_store.check_location(output, "output")
+        stage = functools.partial(
+            prepare_dataset, input, label=label, eval_fraction=eval_fraction, shards=shards,
+            target_shard_mb=target_shard_mb, compression=compression, schema=declared, string_columns=string_columns,
+            seed=seed, split_key=split_key, allow_nan=allow_nan, workers=workers, progress=progress,
+            progress_every=progress_every, buffer_mib=buffer_mib, partition_key=partition_key,
+            vocabularies=vocabularies, storage_options=storage_options)
+        return _prepare_into_object_storage(os.fspath(output), str(name), version, overwrite=overwrite,
+                                            fingerprint=fingerprint, storage_options=storage_options,
+                                            stage=stage, started=started)
+    root = Path(strip_file_scheme(output)) / path_component(str(name))
     version_name = _version_name(version, root)
     final = root / version_name
     if version is not None and final.exists() and not overwrite:
@@ -581,23 +609,14 @@ def prepare_dataset(  # noqa: PLR0912, PLR0915, PLR0917  the public signature of
         )
     reporter = _Reporter(progress, progress_every)
     block_bytes, in_flight = buffer_plan(buffer_mib)
-
-    fingerprint = None
-    if cache and version is None:
-        fingerprint = input_fingerprint(input, {
-            "label": label, "eval_fraction": float(eval_fraction), "shards": shards,
-            "target_shard_mb": target_shard_mb, "compression": compression,
-            "schema": declared.to_dict() if declared else None, "string_columns": sorted(string_columns or ()),
-            "seed": int(seed), "split_key": split_key, "allow_nan": bool(allow_nan),
-            "vocabularies": vocabularies,
-        })
-        reused = _reuse_cached(root, str(name), fingerprint, started)
-        if reused is not None:
-            return reused
+    reused = _reuse_cached(root, str(name), fingerprint, started) if fingerprint else None
+    if reused is not None:
+        return reused
 
     reporter.begin("read")
     inputs = open_inputs(input, declared, allow_nan, string_columns or (), block_bytes=block_bytes,
-                         on_file=lambda done, total: reporter("read", done, total, 0, done == total))
+                         on_file=lambda done, total: reporter("read", done, total, 0, done == total),
+                         storage_options=storage_options)
     inputs.schema = _with_label(inputs.schema, label)
     _check_split_key(inputs.schema, split_key)
     counter = VocabularyCounter(vocabulary_sizes(vocabularies, inputs.schema))
@@ -667,14 +686,62 @@ def prepare_dataset(  # noqa: PLR0912, PLR0915, PLR0917  the public signature of
     }
 
 
-def _reuse_cached(root: Path, name: str, fingerprint: str, started: float) -> dict[str, Any] | None:
+def _check_budget_and_name(buffer_mib: float, name: str) -> None:
+    if not float(buffer_mib) >= 1:
+        raise DataError(f"buffer_mib must be at least 1 (MiB of buffered rows), got {buffer_mib}")
+    if not name or not str(name).strip():
+        raise DataError("a dataset name is required")
+
+
+def _reuse_cached(root: Path | str, name: str, fingerprint: str, started: float,
+                  storage_options: StorageOptions | None = None) -> dict[str, Any] | None:
     """The summary of the committed version with this fingerprint (logged as reused), or None."""
-    cached = find_cached(root, fingerprint)
+    cached = find_cached(root, fingerprint, storage_options)
     if cached is None:
         return None
     log.info("Input of dataset %r unchanged (fingerprint %s): reusing version %s, nothing encoded",
              name, fingerprint, cached["version"])
-    return _cached_summary(root, cached, started)
+    return _cached_summary(root, cached, started, storage_options)
+
+
+def _prepare_into_object_storage(output: str, name: str, version: int | str | None, *, overwrite: bool,
+                                 fingerprint: str | None, storage_options: StorageOptions | None,
+                                 stage: Callable[..., dict[str, Any]], started: float) -> dict[str, Any]:
+    """A version in ``s3://``/``gs://``: prepared by ``stage`` (:func:`prepare_dataset` with the
+    other options) into a local staging directory, then uploaded with ``_SUCCESS`` last. A
+    store has no rename: the marker is the commit, and readers refuse a version without it."""
+    root = object_store.join(output, path_component(name))
+    if fingerprint:
+        reused = _reuse_cached(root, name, fingerprint, started, storage_options)
+        if reused is not None:
+            return reused
+    versions = existing_versions(root, storage_options)
+    version_name = str(versions[-1] + 1 if versions else 1) if version is None else _version_name(version, None)
+    final = object_store.join(root, version_name)
+    if object_store.exists(final, storage_options) and not overwrite:
+        raise DatasetExistsError(
+            f"dataset version {final} already exists; choose another version, leave the version "
+            "out to get the next one, or ask to overwrite it"
+        )
+    staging = Path(tempfile.mkdtemp(prefix="airflow-tf-stage-"))
+    try:
+        summary = stage(staging, name, version=version_name)
+        local = Path(summary["dataset_uri"])
+        if fingerprint:  # the staged run had nothing to compare with: the manifest records it here
+            manifest = json.loads((local / SUCCESS_FILE).read_text(encoding="utf-8"))
+            write_json(local / SUCCESS_FILE, {**manifest, "fingerprint": fingerprint})
+        if overwrite:
+            object_store.delete(final, storage_options)
+        size = sum(p.stat().st_size for p in local.rglob("*") if p.is_file())
+        log.info("Uploading dataset version %s (%.1f MB) to %s", version_name, size / 1e6, final)
+        uploaded = sum(1 for _ in object_store.upload_tree(local, final, storage_options, last=SUCCESS_FILE))
+        log.info("Uploaded %d files; %s is committed", uploaded, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    seconds = time.monotonic() - started
+    return {**summary, "dataset_uri": final, "seconds": round(seconds, 3),
+            "rows_per_sec": round(summary["rows"] / seconds, 1) if seconds > 0 else None,
+            **({"fingerprint": fingerprint} if fingerprint else {})}
 
 
 def _with_vocabularies(schema: Schema, counter: VocabularyCounter, directory: Path) -> Schema:
@@ -688,24 +755,32 @@ def _with_vocabularies(schema: Schema, counter: VocabularyCounter, directory: Pa
     return dataclasses.replace(schema, vocabularies=kept)
 
 
-def input_fingerprint(inputs: Any, options: dict[str, Any]) -> str:
+def input_fingerprint(inputs: Any, options: dict[str, Any], storage_options: StorageOptions | None = None) -> str:
     """A hash of the input files' names and contents (read in chunks) and of the options that
     shape the output: equal fingerprints give equal datasets."""
     digest = hashlib.blake2b(digest_size=16)
     digest.update(json.dumps({"format_version": FORMAT_VERSION, **options}, sort_keys=True, default=str).encode())
-    for path in resolve_inputs(inputs):
-        digest.update(f"\0{os.path.abspath(path)}\0{path.stat().st_size}\0".encode())
-        with open(path, "rb") as handle:
+    for path in resolve_inputs(inputs, storage_options):
+        digest.update(f"\0{identity(path)}\0{path.stat().st_size}\0".encode())
+        with open_binary(path) as handle:
             while chunk := handle.read(_HASH_CHUNK):
                 digest.update(chunk)
     return digest.hexdigest()
 
 
-def find_cached(root: Path, fingerprint: str) -> dict[str, Any] | None:
+def _read_text(root: Path | str, *parts: str, storage_options: StorageOptions | None = None) -> str:
+    """A file of a dataset's directory, local or in object storage."""
+    if isinstance(root, str):
+        return object_store.read_text(object_store.join(root, *parts), storage_options)
+    return root.joinpath(*parts).read_text(encoding="utf-8")
+
+
+def find_cached(root: Path | str, fingerprint: str,
+                storage_options: StorageOptions | None = None) -> dict[str, Any] | None:
     """The newest committed version of the dataset made from the same input and options."""
-    for version in reversed(existing_versions(root)):
+    for version in reversed(existing_versions(root, storage_options)):
         try:
-            manifest = json.loads((root / str(version) / SUCCESS_FILE).read_text(encoding="utf-8"))
+            manifest = json.loads(_read_text(root, str(version), SUCCESS_FILE, storage_options=storage_options))
         except (OSError, ValueError):
             continue
         if isinstance(manifest, dict) and manifest.get("fingerprint") == fingerprint:
@@ -713,15 +788,17 @@ def find_cached(root: Path, fingerprint: str) -> dict[str, Any] | None:
     return None
 
 
-def _cached_summary(root: Path, manifest: dict[str, Any], started: float) -> dict[str, Any]:
-    final = root / str(manifest["version"])
+def _cached_summary(root: Path | str, manifest: dict[str, Any], started: float,
+                    storage_options: StorageOptions | None = None) -> dict[str, Any]:
+    version = str(manifest["version"])
+    final = object_store.join(root, version) if isinstance(root, str) else str((root / version).resolve())
     splits = manifest["splits"]
     return {
-        "dataset_uri": str(final.resolve()), "name": manifest["name"], "version": str(manifest["version"]),
+        "dataset_uri": final, "name": manifest["name"], "version": version,
         "counts": {split: info["examples"] for split, info in splits.items()},
         "shards": {split: len(info["shards"]) for split, info in splits.items()},
         "compression": manifest.get("compression"),
-        "schema": json.loads((final / SCHEMA_FILE).read_text(encoding="utf-8")),
+        "schema": json.loads(_read_text(root, version, SCHEMA_FILE, storage_options=storage_options)),
         "rows": manifest["source"]["rows"], "seconds": round(time.monotonic() - started, 3), "rows_per_sec": None,
         "cached": True, "fingerprint": manifest["fingerprint"],
     }
