@@ -5,7 +5,8 @@ Credentials: ``storage_options`` maps a scheme to the keyword arguments of pyarr
 ``S3FileSystem`` or ``GcsFileSystem`` (the prepare operator builds them from an Airflow
 connection); without them pyarrow finds its own (``AWS_*`` variables, an instance or pod
 role, ``GOOGLE_APPLICATION_CREDENTIALS``, workload identity), and the endpoint of a
-compatible server from ``AWS_ENDPOINT_URL`` or ``CLOUD_STORAGE_EMULATOR_ENDPOINT``.
+compatible server from ``AWS_ENDPOINT_URL`` or ``CLOUD_STORAGE_EMULATOR_ENDPOINT`` (a GCS
+emulator, used without credentials).
 The options hold secrets: they never appear in an error message, a manifest or a log line."""
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def filesystem(uri: str, options: StorageOptions | None = None) -> tuple[Any, st
             try:
                 if given:
                     cached = (pafs.S3FileSystem if scheme == "s3" else pafs.GcsFileSystem)(**given)
+                elif scheme == "gs" and os.environ.get("CLOUD_STORAGE_EMULATOR_ENDPOINT"):
+                    cached = pafs.GcsFileSystem(anonymous=True)  # an emulator takes no credentials
                 else:
                     cached = pafs.FileSystem.from_uri(f"{scheme}://{bucket}")[0]
             except (OSError, TypeError, ValueError) as exc:
@@ -215,7 +218,7 @@ def read_text(uri: str, options: StorageOptions | None = None) -> str:
     if _info(fs, path, uri).type != pafs.FileType.File:
         raise FileNotFoundError(uri)
     try:
-        with fs.open_input_stream(path) as stream:
+        with fs.open_input_stream(path, compression=None) as stream:
             return stream.read().decode("utf-8")
     except OSError as exc:
         raise DataError(f"cannot read {uri}: {_reason(exc)}") from None
@@ -273,3 +276,75 @@ def upload_tree(directory: Path, uri: str, options: StorageOptions | None = None
         except OSError as exc:
             raise DataError(f"uploading {source.name} to {join(uri, relative)} failed: {_reason(exc)}") from None
         yield join(uri, relative)
+
+
+# -- options from a connection's fields ------------------------------------------------------
+def _endpoint(url: str, what: str) -> dict[str, str]:
+    """``http://host:port`` -> pyarrow's ``scheme`` and ``endpoint_override``."""
+    scheme, _, host = str(url).partition("://")
+    if not host or scheme not in ("http", "https") or "/" in host.rstrip("/"):
+        raise DataError(f"{what} {url!r} is not an endpoint URL; use http(s)://host[:port]")
+    return {"scheme": scheme, "endpoint_override": host.rstrip("/")}
+
+
+def s3_options(login: str | None, password: str | None, extra: Mapping[str, Any], conn_id: str) -> dict[str, Any]:
+    """pyarrow ``S3FileSystem`` options from an AWS connection as Airflow's Amazon provider
+    keeps it: access key id (login), secret key (password); extra ``region_name``,
+    ``aws_session_token``, ``endpoint_url`` (an S3-compatible server; also read from
+    ``service_config.s3.endpoint_url``)."""
+    options: dict[str, Any] = {}
+    if login or password:
+        if not (login and password):
+            raise DataError(f"connection {conn_id!r}: give both the access key id (login) and the secret key "
+                            "(password), or neither to use the environment's credentials")
+        options.update(access_key=login, secret_key=password)
+        if extra.get("aws_session_token"):
+            options["session_token"] = extra["aws_session_token"]
+    if extra.get("region_name"):
+        options["region"] = str(extra["region_name"])
+    endpoint = extra.get("endpoint_url") or ((extra.get("service_config") or {}).get("s3") or {}).get("endpoint_url")
+    if endpoint:
+        options.update(_endpoint(endpoint, f"connection {conn_id!r}: endpoint_url"))
+    return options
+
+
+def gcs_options(extra: Mapping[str, Any], conn_id: str) -> dict[str, Any]:
+    """pyarrow ``GcsFileSystem`` options from a Google Cloud connection: extra ``key_path`` or
+    ``keyfile_dict`` (a service-account key: needs the ``google-auth`` package, which the
+    Google provider installs, to turn it into an access token), ``project``, and
+    ``endpoint_url`` (a GCS-compatible server; without a key it is used anonymously)."""
+    def get(name: str) -> Any:  # the provider's newer bare keys, or its older prefixed ones
+        return extra.get(name) or extra.get(f"extra__google_cloud_platform__{name}")
+
+    options: dict[str, Any] = {}
+    if get("project"):
+        options["project_id"] = str(get("project"))
+    key = get("keyfile_dict") or get("key_path")
+    if key:
+        options.update(_access_token(key, conn_id))
+    if get("endpoint_url"):
+        options.update(_endpoint(get("endpoint_url"), f"connection {conn_id!r}: endpoint_url"))
+        options.setdefault("anonymous", not key)
+    return options
+
+
+def _access_token(key: Any, conn_id: str) -> dict[str, Any]:
+    """An access token minted from a service-account key (a file path or the key's JSON)."""
+    try:
+        from google.auth.transport.requests import Request
+        from google.oauth2 import service_account
+    except ImportError:
+        raise DataError(f"connection {conn_id!r} holds a service-account key, which needs the google-auth "
+                        "package (installed with apache-airflow-providers-google); install it, or leave "
+                        "gcp_conn_id out to use the environment's credentials (GOOGLE_APPLICATION_CREDENTIALS, "
+                        "workload identity)") from None
+    scopes = ["https://www.googleapis.com/auth/devstorage.read_write"]
+    try:
+        info = key if isinstance(key, Mapping) else json.loads(key) if str(key).lstrip().startswith("{") else None
+        credentials = (service_account.Credentials.from_service_account_info(info, scopes=scopes) if info
+                       else service_account.Credentials.from_service_account_file(str(key), scopes=scopes))
+        credentials.refresh(Request())
+    except Exception as exc:  # google-auth's errors vary; the key itself never reaches the message
+        raise DataError(f"connection {conn_id!r}: its service-account key gave no access token "
+                        f"({type(exc).__name__}); check the key") from None
+    return {"access_token": credentials.token, "credential_token_expiration": credentials.expiry}
