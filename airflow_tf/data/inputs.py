@@ -262,6 +262,50 @@ def _csv_text_block(path: InputPath, name: str, index: int, block_bytes: int) ->
     raise InputDataError(f"{path} changed while it was read; prepare it again")
 
 
+def _check_unique_names(path: InputPath, names: Sequence[str]) -> None:
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise InputDataError(f"{path}: column names {duplicates} appear more than once in the header")
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+
+
+def _open_parquet(path: InputPath) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(path.open_random() if isinstance(path, RemoteFile) else path)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputDataError(f"cannot read Parquet file {path}: {exc}") from None
+
+
+def _parquet_dtype(path: InputPath, field: pa.Field) -> str:
+    """The dtype of a Parquet column (of a list column: of its values); other types are refused."""
+    dtype = _arrow_dtype(field.type.value_type if _is_list(field.type) else field.type)
+    if dtype is None:
+        raise InputDataError(
+            f"{path}, column {field.name!r}: Arrow type {field.type} is not supported; "
+            "use integers, floats, strings, or fixed-length lists of numbers"
+        )
+    return dtype
+
+
+def _check_list_lengths(path: InputPath, name: str, column: pa.Array, start: int,
+                        shapes: dict[str, tuple[int, ...]]) -> None:
+    """Every row of a list column holds as many values as the file's row 0 (whose length the
+    first batch records in ``shapes``)."""
+    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+    if start == 0 and len(lengths):
+        shapes[name] = (int(lengths[0]),)
+    want = shapes[name][0] if shapes[name] else 1
+    if len(lengths) and (lengths != want).any():
+        bad = int(np.argmax(lengths != want))
+        raise InputDataError(
+            f"{path} row {start + bad}, column {name!r}: list of {lengths[bad]} values where "
+            f"row 0 has {want}; every row of a feature needs the same number of values"
+        )
+
+
 class _FileReader:
     """One input file read block by block: its columns' inferred dtypes and shapes (from the
     first block, or the file's metadata) and then its blocks as :class:`_Raw`."""
@@ -305,60 +349,54 @@ class _FileReader:
         return _raw_bytes(self._first) if self._first is not None else 0
 
     # -- CSV -------------------------------------------------------------------------------
+    def _csv_column_types(self) -> dict[str, pa.DataType]:
+        """The types the reader is told (declared, or text for ``string_columns``); the rest are inferred."""
+        if self.declared is not None:
+            return {f.name: _ARROW_FOR[f.dtype] for f in self.declared.features}
+        return {name: pa.string() for name in self.string_columns}
+
+    def _csv_column(self, name: str, column: pa.Array, *, dtype: str, inferred: bool, index: int,
+                    start: int) -> pa.Array:
+        """A column of block ``index`` as handed on: types pyarrow has no dtype for (dates, times)
+        become text; an inferred type must be honest (no number among text, no integer beyond int64)."""
+        if _arrow_dtype(column.type) is None:
+            return pc.cast(column, pa.string())
+        if not inferred:
+            return column
+        if dtype == "string":
+            _check_text_column(self.path, name, column, start)
+        elif index == 0 and dtype == "float32" and pa.types.is_floating(column.type):
+            _check_int64_overflow(self.path, name, column,
+                                  functools.partial(_csv_text_block, self.path, name, 0, self.block_bytes))
+        return column
+
     def _csv(self) -> Iterator[_Raw]:
         path = self.path
-        column_types = {name: pa.string() for name in self.string_columns}
-        if self.declared is not None:
-            column_types = {f.name: _ARROW_FOR[f.dtype] for f in self.declared.features}
+        column_types = self._csv_column_types()
         schema, batches = _csv_batches(path, column_types, self.block_bytes)
         names = schema.names
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise InputDataError(f"{path}: column names {duplicates} appear more than once in the header")
+        _check_unique_names(path, names)
         dtypes = {f.name: _arrow_dtype(f.type) or "string" for f in schema}  # dates, times...: text
-        self._empty = _Raw(path, "csv", {n: pa.array([], pa.string()) for n in names}, dtypes,
-                           {n: () for n in names}, 0)
+        shapes: dict[str, tuple[int, ...]] = {n: () for n in names}
+        self._empty = _Raw(path, "csv", {n: pa.array([], pa.string()) for n in names}, dtypes, shapes, 0)
         size = path.stat().st_size * (4 if path.name.lower().endswith((".gz", ".bz2")) else 1)
         start = 0
         for index, batch in enumerate(batches):
-            columns = {}
-            for name, read in zip(names, batch.columns, strict=True):
-                column = read
-                if _arrow_dtype(column.type) is None:
-                    column = pc.cast(column, pa.string())
-                elif name not in column_types:  # inferred: the type pyarrow chose must be honest
-                    if dtypes[name] == "string":
-                        _check_text_column(path, name, column, start)
-                    elif index == 0 and dtypes[name] == "float32" and pa.types.is_floating(column.type):
-                        _check_int64_overflow(path, name, column,
-                                              functools.partial(_csv_text_block, path, name, 0, self.block_bytes))
-                columns[name] = column
+            columns = {name: self._csv_column(name, column, dtype=dtypes[name], inferred=name not in column_types,
+                                              index=index, start=start)
+                       for name, column in zip(names, batch.columns, strict=True)}
             if index == 0:  # the first block is block_bytes of text, or the whole file
                 self.estimated_rows = max(batch.num_rows, round(batch.num_rows * size / self.block_bytes))
-            yield _Raw(path, "csv", columns, dtypes, {n: () for n in names}, batch.num_rows, start)
+            yield _Raw(path, "csv", columns, dtypes, dict(shapes), batch.num_rows, start)
             start += batch.num_rows
 
     # -- Parquet ---------------------------------------------------------------------------
     def _parquet(self) -> Iterator[_Raw]:
         path = self.path
-        try:
-            handle = pq.ParquetFile(path.open_random() if isinstance(path, RemoteFile) else path)
-        except (pa.ArrowException, OSError) as exc:
-            raise InputDataError(f"cannot read Parquet file {path}: {exc}") from None
+        handle = _open_parquet(path)
         schema = handle.schema_arrow
         self.estimated_rows = handle.metadata.num_rows
-        dtypes: dict[str, str] = {}
-        for f in schema:
-            t = f.type
-            if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-                t = t.value_type
-            dtype = _arrow_dtype(t)
-            if dtype is None:
-                raise InputDataError(
-                    f"{path}, column {f.name!r}: Arrow type {f.type} is not supported; "
-                    "use integers, floats, strings, or fixed-length lists of numbers"
-                )
-            dtypes[f.name] = dtype
+        dtypes = {f.name: _parquet_dtype(path, f) for f in schema}
         shapes: dict[str, tuple[int, ...]] = {f.name: () for f in schema}
         self._empty = _Raw(path, "parquet", {f.name: pa.array([], f.type) for f in schema}, dtypes, shapes, 0)
         row_bytes = max(1, sum(handle.metadata.row_group(i).total_byte_size
@@ -369,21 +407,9 @@ class _FileReader:
             for batch in handle.iter_batches(batch_size=batch_rows):
                 columns = {}
                 for f, read in zip(schema, batch.columns, strict=True):
-                    column = read
-                    if pa.types.is_dictionary(column.type):
-                        column = column.dictionary_decode()
-                    t = column.type
-                    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-                        lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
-                        if start == 0 and len(lengths):
-                            shapes[f.name] = (int(lengths[0]),)
-                        want = shapes[f.name][0] if shapes[f.name] else 1
-                        if len(lengths) and (lengths != want).any():
-                            bad = int(np.argmax(lengths != want))
-                            raise InputDataError(
-                                f"{path} row {start + bad}, column {f.name!r}: list of {lengths[bad]} values where "
-                                f"row 0 has {want}; every row of a feature needs the same number of values"
-                            )
+                    column = read.dictionary_decode() if pa.types.is_dictionary(read.type) else read
+                    if _is_list(column.type):
+                        _check_list_lengths(path, f.name, column, start, shapes)
                     columns[f.name] = column
                 yield _Raw(path, "parquet", columns, dtypes, dict(shapes), batch.num_rows, start)
                 start += batch.num_rows

@@ -46,7 +46,7 @@ DEFAULT_EVAL_FRACTION = 0.2
 DEFAULT_TARGET_SHARD_MB = 128.0
 MIN_ROWS_PER_SHARD = 100  # fewer rows per file only add per-file overhead for every reader
 MAX_SHARDS = 10_000
-COMPRESSIONS = ("gzip",)
+COMPRESSIONS = ("gzip", "zlib")
 DEFAULT_BUFFER_MIB = 512.0
 _CHUNK_BYTES = 4 << 20  # encoded bytes per task: large enough for NumPy, small enough to stream
 _MIN_GROUP_ROWS = 64  # rows encoded at once at least: fewer cost more in NumPy call overhead
@@ -216,12 +216,46 @@ def shard_counts(rows: dict[str, int], record_bytes: float, shards: int | None,
 
 
 def shard_name(index: int, count: int, compression: str | None) -> str:
-    return f"part-{index:05d}-of-{count:05d}.tfrecord" + (".gz" if compression == "gzip" else "")
+    suffix = {"gzip": ".gz", "zlib": ".zlib"}.get(compression or "", "")
+    return f"part-{index:05d}-of-{count:05d}.tfrecord{suffix}"
 
 
 # -- writing -------------------------------------------------------------------------------
-def _encode_group(schema: Schema, block: Block, rows: np.ndarray, compression: str | None) -> bytes | np.ndarray:
-    """The framed records of ``rows`` of a block (bytes-like), one gzip member if asked."""
+# A ZLIB file is one zlib stream: TensorFlow's reader stops at the end of the first (it reads
+# concatenated gzip members, not concatenated zlib streams: the rest of the file would be lost
+# without an error). So each group is compressed on its own into deflate blocks that end on a
+# byte boundary with no back-references across groups (a full flush), and the shard's file
+# gets the zlib header on its first write and, once complete, an empty final block and the
+# Adler-32 of everything, combined from the groups' checksums.
+_ZLIB_HEADER = b"\x78\x9c"  # deflate, 32 KiB window, default level
+_ZLIB_END = b"\x03\x00"  # an empty final block (fixed Huffman codes)
+_ADLER_BASE = 65521
+
+
+@dataclass(frozen=True)
+class _DeflatePiece:
+    """One group's records as raw deflate blocks, with the Adler-32 and length of the records."""
+
+    data: bytes
+    adler: int
+    size: int
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def adler32_combine(first: int, second: int, second_size: int) -> int:
+    """The Adler-32 of two byte strings joined, from each one's checksum (zlib's adler32_combine)."""
+    rem = second_size % _ADLER_BASE
+    low = ((first & 0xFFFF) + (second & 0xFFFF) + _ADLER_BASE - 1) % _ADLER_BASE
+    high = (rem * (first & 0xFFFF) + (first >> 16) + (second >> 16) + _ADLER_BASE - rem) % _ADLER_BASE
+    return low | (high << 16)
+
+
+def _encode_group(schema: Schema, block: Block, rows: np.ndarray,
+                  compression: str | None) -> bytes | np.ndarray | _DeflatePiece:
+    """The framed records of ``rows`` of a block (bytes-like): one gzip member, or one
+    :class:`_DeflatePiece` of a zlib stream, if asked."""
     columns = [block.columns[f.name][rows] for f in schema.features]
     # Rows come in a seeded random order. Inside this group, rows with the same byte layout
     # are written together (each group keeping that order): it saves a copy of every byte,
@@ -231,6 +265,10 @@ def _encode_group(schema: Schema, block: Block, rows: np.ndarray, compression: s
         # Each group is a complete gzip member; a file of concatenated members is valid gzip.
         packer = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, 31)
         return packer.compress(np.ascontiguousarray(data).data) + packer.flush()
+    if compression == "zlib":
+        raw = np.ascontiguousarray(data).data
+        packer = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, -15)
+        return _DeflatePiece(packer.compress(raw) + packer.flush(zlib.Z_FULL_FLUSH), zlib.adler32(raw), raw.nbytes)
     return data
 
 
@@ -271,6 +309,7 @@ class ShardWriter:
         self.bytes = {split: [0] * n for split, n in counts.items()}
         self._next = dict.fromkeys(counts, 0)
         self._open: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        self._adler: dict[tuple[str, int], int] = {}  # zlib: the Adler-32 of each shard's records so far
         for split in counts:
             directory.joinpath(split).mkdir()
 
@@ -287,7 +326,7 @@ class ShardWriter:
     def _path(self, split: str, shard: int) -> Path:
         return self.directory / split / shard_name(shard, self.counts[split], self.compression)
 
-    def write(self, split: str, shard: int, rows: int, data: bytes | np.ndarray) -> None:
+    def write(self, split: str, shard: int, rows: int, data: bytes | np.ndarray | _DeflatePiece) -> None:
         handle = self._open.pop((split, shard), None)
         if handle is None:
             if len(self._open) >= _OPEN_FILES:
@@ -295,9 +334,25 @@ class ShardWriter:
             # Kept open across blocks (at most _OPEN_FILES at once); close() and finish() close them.
             handle = open(self._path(split, shard), "ab")  # noqa: SIM115
         self._open[(split, shard)] = handle
-        handle.write(data)
+        if isinstance(data, _DeflatePiece):
+            if (split, shard) not in self._adler:
+                self._adler[(split, shard)] = 1  # the Adler-32 of nothing
+                self._append(handle, split, shard, _ZLIB_HEADER)
+            self._adler[(split, shard)] = adler32_combine(self._adler[(split, shard)], data.adler, data.size)
+            data = data.data
+        self._append(handle, split, shard, data)
         self.examples[split][shard] += rows
+
+    def _append(self, handle: Any, split: str, shard: int, data: bytes | np.ndarray) -> None:
+        handle.write(data)
         self.bytes[split][shard] += len(data)
+
+    def _end_zlib_streams(self) -> None:
+        """Close each zlib shard's stream: the final block and the records' Adler-32."""
+        for (split, shard), adler in self._adler.items():
+            with open(self._path(split, shard), "ab") as handle:
+                self._append(handle, split, shard, _ZLIB_END + adler.to_bytes(4, "big"))
+        self._adler.clear()
 
     def close(self) -> None:
         for handle in self._open.values():
@@ -308,6 +363,7 @@ class ShardWriter:
         """Close, drop files that got no rows, name the rest ``part-i-of-n``, fsync; returns the
         manifest's ``splits``."""
         self.close()
+        self._end_zlib_streams()
         manifest: dict[str, Any] = {}
         for split, count in self.counts.items():
             kept = [i for i in range(count) if self.examples[split][i]]
@@ -427,7 +483,7 @@ def _check_options(eval_fraction: float, shards: int | None, target_shard_mb: fl
     if compression in (None, "", "none", "NONE"):
         return None
     if str(compression).lower() not in COMPRESSIONS:
-        raise DataError(f"compression {compression!r} is not supported; use 'gzip' or none")
+        raise DataError(f"compression {compression!r} is not supported; use 'gzip', 'zlib' or none")
     return str(compression).lower()
 
 

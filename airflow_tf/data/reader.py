@@ -63,7 +63,7 @@ def make_dataset(  # noqa: PLR0917  public signature: callers pass these positio
     schema = load_schema(dataset_uri)
     files = split_files(dataset_uri, split)
     info = split_info(dataset_uri, split)
-    compression = "GZIP" if compression_of(dataset_uri) == "gzip" else ""
+    compression = {"gzip": "GZIP", "zlib": "ZLIB"}.get(compression_of(dataset_uri) or "", "")
     by_file = len(files) >= num_shards
     if by_file:
         files = files[shard_index::num_shards]

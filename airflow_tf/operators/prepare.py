@@ -83,7 +83,7 @@ class PrepareTFRecordsOperator(BaseOperator):
     :param split_key: split by a hash of this column, so a key always lands in the same split.
     :param shards: number of train files.
     :param target_shard_mb: instead of ``shards``, a size per train file in MB.
-    :param compression: ``"gzip"`` or None.
+    :param compression: ``"gzip"``, ``"zlib"`` or None (TFRecord's GZIP and ZLIB).
     :param schema: declared schema: a path to schema.json, or its dict.
     :param string_columns: CSV columns to read as text (a list, or names separated by commas);
         without it an inferred column holding a value that is not a number fails the task.
