@@ -209,3 +209,20 @@ def test_tensorflow_file_systems_are_what_the_training_side_assumes():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     schemes = json.loads(out.stdout.strip().splitlines()[-1])
     assert "gs" in schemes and "s3" not in schemes, schemes
+
+
+@pytest.mark.slow
+def test_a_local_group_reaches_object_storage_only_when_isolation_is_turned_off(gcs, tmp_path, monkeypatch):
+    from airflow_tf.backends import BackendError
+    from airflow_tf.backends.local import _check_inputs
+    from airflow_tf.cluster import GroupSpec, TrainingConfig
+
+    fs, options, endpoint = gcs
+    monkeypatch.setenv("CLOUD_STORAGE_EMULATOR_ENDPOINT", endpoint)
+    source = _upload(fs, write_linear_regression_csv(tmp_path / "a.csv", rows=1000, seed=6), "local/a.csv")
+    uri = prepare_dataset(source, f"gs://{BUCKET}/datasets", "for_local", label="y",
+                          storage_options=options)["dataset_uri"]
+    config = TrainingConfig(dataset=uri, run_dir=str(tmp_path / "run"), steps=10)
+    with pytest.raises(BackendError, match=r"dataset 'gs://.*' is on remote storage, .* set isolate_network=False"):
+        _check_inputs(GroupSpec.for_training("isolated", config))
+    _check_inputs(GroupSpec.for_training("open", config, isolate_network=False))  # reads its _SUCCESS and schema
