@@ -174,6 +174,16 @@ def test_prepare_operator_takes_credentials_from_an_airflow_connection(gcs, tmp_
     assert summary["rows"] == 1000 and fs.get_file_info(f"{BUCKET}/datasets/from_connection/1/_SUCCESS").size
 
 
+def test_versions_committed_by_rename_refuse_an_object_storage_output():
+    from airflow_tf.data.partitioned import plan_parts
+    from airflow_tf.data.window import make_window
+
+    with pytest.raises(DataError, match=r"output 'gs://b/datasets': parallel parts write into a directory they share"):
+        plan_parts("/nowhere/*.csv", "gs://b/datasets", "clicks", 2)
+    with pytest.raises(DataError, match=r"output 's3://b/datasets': a window version is committed beside its partitions"):
+        make_window("s3://b/datasets", "clicks", last=7)
+
+
 def test_connection_fields_become_file_system_options_and_mistakes_are_named():
     assert s3_options(None, None, {}, "aws_default") == {}
     assert s3_options("id", "key", {"aws_session_token": "t", "service_config": {"s3": {
