@@ -571,7 +571,7 @@ def _write_stream(inputs: Inputs, directory: Path, *, eval_fraction: float, seed
     return splits, written
 
 
-def prepare_dataset(  # noqa: PLR0915, PLR0917  the public signature of 0.1.0 (positional calls keep working); one prepare's steps in order
+def prepare_dataset(  # noqa: PLR0917  the public signature of 0.1.0 (positional calls keep working)
     input: str | os.PathLike | Sequence[str | os.PathLike],
     output: str | os.PathLike,
     name: str,
@@ -637,13 +637,10 @@ def prepare_dataset(  # noqa: PLR0915, PLR0917  the public signature of 0.1.0 (p
         version = path_component(partition_key) if version is None else version
     fingerprint = None
     if cache and version is None:
-        fingerprint = input_fingerprint(input, {
-            "label": label, "eval_fraction": float(eval_fraction), "shards": shards,
-            "target_shard_mb": target_shard_mb, "compression": compression,
-            "schema": declared.to_dict() if declared else None, "string_columns": sorted(string_columns or ()),
-            "seed": int(seed), "split_key": split_key, "allow_nan": bool(allow_nan),
-            "vocabularies": vocabularies,
-        }, storage_options)
+        fingerprint = input_fingerprint(input, _fingerprint_options(
+            label=label, eval_fraction=eval_fraction, shards=shards, target_shard_mb=target_shard_mb,
+            compression=compression, declared=declared, string_columns=string_columns, seed=seed,
+            split_key=split_key, allow_nan=allow_nan, vocabularies=vocabularies), storage_options)
     if is_remote(output):
         object_store.check_location(output, "output")
         stage = functools.partial(
@@ -658,11 +655,7 @@ def prepare_dataset(  # noqa: PLR0915, PLR0917  the public signature of 0.1.0 (p
     root = Path(strip_file_scheme(output)) / path_component(str(name))
     version_name = _version_name(version, root)
     final = root / version_name
-    if version is not None and final.exists() and not overwrite:
-        raise DatasetExistsError(
-            f"dataset version {final} already exists; choose another version, leave the version "
-            "out to get the next one, or ask to overwrite it"
-        )
+    _refuse_existing(final, version, overwrite)
     reporter = _Reporter(progress, progress_every)
     block_bytes, in_flight = buffer_plan(buffer_mib)
     reused = _reuse_cached(root, str(name), fingerprint, started) if fingerprint else None
@@ -702,23 +695,11 @@ def prepare_dataset(  # noqa: PLR0915, PLR0917  the public signature of 0.1.0 (p
             "splits": manifest_splits,
             "split": {"eval_fraction": float(eval_fraction), "seed": int(seed), "split_key": split_key},
             "source": {"files": [str(p) for p in inputs.paths], "rows": total},
+            **_optional_entries(fingerprint, partition_key),
         }
-        if fingerprint:
-            manifest["fingerprint"] = fingerprint
-        if partition_key is not None:
-            manifest["partition"] = partition_key
-
-        def write_marker(committed_as: str) -> None:  # last: marks the dataset complete
-            manifest["version"] = committed_as
-            write_json(temporary / SUCCESS_FILE, manifest)
-            _fsync_dir(temporary)
-
-        if version is None:
-            version_name = _commit_next(temporary, root, int(version_name), write_marker)
-            final = root / version_name
-        else:
-            write_marker(version_name)
-            _commit(temporary, final, overwrite)
+        version_name = _commit_version(temporary, root, version_name, manifest, explicit=version is not None,
+                                       overwrite=overwrite)
+        final = root / version_name
     except OSError as exc:
         raise DataError(f"writing dataset {final} failed: {exc}") from None
     finally:
@@ -735,11 +716,58 @@ def prepare_dataset(  # noqa: PLR0915, PLR0917  the public signature of 0.1.0 (p
         "schema": inputs.schema.to_dict(),
         "rows": total,
         "seconds": round(seconds, 3),
-        "rows_per_sec": round(total / seconds, 1) if seconds > 0 else None,
+        "rows_per_sec": _rate(total, seconds),
         "cached": False,
-        **({"fingerprint": fingerprint} if fingerprint else {}),
-        **({"partition": partition_key} if partition_key is not None else {}),
+        **_optional_entries(fingerprint, partition_key),
     }
+
+
+def _fingerprint_options(*, label: str | None, eval_fraction: float, shards: int | None,
+                         target_shard_mb: float | None, compression: str | None, declared: Schema | None,
+                         string_columns: str | Sequence[str] | None, seed: int, split_key: str | None,
+                         allow_nan: bool, vocabularies: Any) -> dict[str, Any]:
+    """The options that shape a version's content, as the fingerprint records them."""
+    return {
+        "label": label, "eval_fraction": float(eval_fraction), "shards": shards,
+        "target_shard_mb": target_shard_mb, "compression": compression,
+        "schema": declared.to_dict() if declared else None, "string_columns": sorted(string_columns or ()),
+        "seed": int(seed), "split_key": split_key, "allow_nan": bool(allow_nan),
+        "vocabularies": vocabularies,
+    }
+
+
+def _refuse_existing(final: Path, version: int | str | None, overwrite: bool) -> None:
+    if version is not None and final.exists() and not overwrite:
+        raise DatasetExistsError(
+            f"dataset version {final} already exists; choose another version, leave the version "
+            "out to get the next one, or ask to overwrite it"
+        )
+
+
+def _optional_entries(fingerprint: str | None, partition_key: str | None) -> dict[str, Any]:
+    """The manifest's and summary's entries that only some versions have."""
+    return {**({"fingerprint": fingerprint} if fingerprint else {}),
+            **({"partition": partition_key} if partition_key is not None else {})}
+
+
+def _rate(rows: int, seconds: float) -> float | None:
+    return round(rows / seconds, 1) if seconds > 0 else None
+
+
+def _commit_version(temporary: Path, root: Path, version_name: str, manifest: dict[str, Any], *,
+                    explicit: bool, overwrite: bool) -> str:
+    """Write ``_SUCCESS`` last and rename the finished directory into place: as the asked
+    version, or as the next free integer one. Returns the version committed."""
+    def write_marker(committed_as: str) -> None:  # last: marks the dataset complete
+        manifest["version"] = committed_as
+        write_json(temporary / SUCCESS_FILE, manifest)
+        _fsync_dir(temporary)
+
+    if not explicit:
+        return _commit_next(temporary, root, int(version_name), write_marker)
+    write_marker(version_name)
+    _commit(temporary, root / version_name, overwrite)
+    return version_name
 
 
 def _check_budget_and_name(buffer_mib: float, name: str) -> None:
@@ -795,8 +823,7 @@ def _prepare_into_object_storage(output: str, name: str, version: int | str | No
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     seconds = time.monotonic() - started
-    return {**summary, "dataset_uri": final, "seconds": round(seconds, 3),
-            "rows_per_sec": round(summary["rows"] / seconds, 1) if seconds > 0 else None,
+    return {**summary, "dataset_uri": final, "seconds": round(seconds, 3), "rows_per_sec": _rate(summary["rows"], seconds),
             **({"fingerprint": fingerprint} if fingerprint else {})}
 
 
