@@ -41,7 +41,7 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     size.add_argument("--shards", type=int, help="number of train files (eval gets a proportional number; "
                       "at least 100 rows per file and 10,000 files at most)")
     size.add_argument("--target-shard-mb", type=float, help="target size of each file in MB (default 128)")
-    p.add_argument("--compression", choices=["gzip", "none"], default="none", help="compress the files (default none)")
+    p.add_argument("--compression", choices=["gzip", "zlib", "none"], default="none", help="compress the files (default none)")
     p.add_argument("--schema", help="declared schema.json (features with name, dtype, shape; optional label)")
     p.add_argument("--string-columns", action="append", metavar="COL[,COL...]",
                    help="CSV columns to read as text (an inferred column must otherwise be all numbers "

@@ -28,6 +28,34 @@ def is_local(uri: str | os.PathLike[str]) -> bool:
     return text.startswith(FILE_SCHEME) or "://" not in text
 
 
+# The object stores the training tasks reach through TensorFlow's own file systems (tf.io.gfile in
+# TensorFlow 2.19-2.21 has file and gs built in). Its s3 moved to tensorflow-io, whose last release
+# (0.37.1) is built for TensorFlow 2.16: its file system plugin does not load on these versions.
+TENSORFLOW_SCHEMES = ("gs",)
+_MOUNT_HINT = ("mount the bucket (Cloud Storage FUSE, Mountpoint for Amazon S3, a CSI driver, or a "
+               "shared volume) and pass its local path")
+
+
+def training_location_problem(uri: str, what: str) -> str | None:
+    """Why the training tasks cannot use ``uri`` as their ``dataset`` or ``run_dir`` (``what``),
+    or None when they can: a dataset may be local or in a store TensorFlow reads; a run
+    directory, where the tasks also write files of their own (progress, logs, the model's
+    code), must be a local or mounted path."""
+    if is_local(uri):
+        return None
+    scheme = uri.split("://", 1)[0].lower()
+    if what == "dataset" and scheme in TENSORFLOW_SCHEMES:
+        return None
+    if what == "dataset" and scheme == "s3":
+        return (f"dataset {uri!r}: the training tasks read the dataset through TensorFlow, which has no s3:// "
+                "file system (TensorFlow 2.19-2.21; tensorflow-io's does not load on them); prepare it into "
+                f"gs:// or a shared directory instead, or {_MOUNT_HINT}")
+    if what == "dataset":
+        return f"dataset {uri!r}: {scheme}:// is not supported; use a local path or gs://, or {_MOUNT_HINT}"
+    return (f"{what} {uri!r}: the tasks write progress, logs and the model's code into it as files, so it must "
+            f"be a local or mounted path; {_MOUNT_HINT}")
+
+
 def local_path(uri: str | os.PathLike[str], what: str = "path") -> Path:
     """A local path from a path or ``file://`` URI; any other scheme is refused, naming ``what``."""
     if not is_local(uri):

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_tf.files import strip_file_scheme
+from airflow_tf.files import strip_file_scheme, training_location_problem
 
 from .memory import memory_bytes
 
@@ -93,6 +93,9 @@ class TrainingConfig:
             errors.append("dataset: a dataset directory is required")
         if not self.run_dir:
             errors.append("run_dir: a run directory is required")
+        errors += [f"{what}: {problem}" for what, problem in (
+            ("dataset", self.dataset and training_location_problem(self.dataset, "dataset")),
+            ("run_dir", self.run_dir and training_location_problem(self.run_dir, "run_dir"))) if problem]
         if self.steps is None and self.epochs is None:
             errors.append("steps/epochs: set a target global step (steps) or a number of epochs")
         # Every number is checked for type, finiteness and range: a NaN learning rate would

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from airflow_tf.files import strip_file_scheme
 
 from .errors import InputDataError, SchemaError
+from .object_store import InputPath, RemoteFile, StorageOptions, check_location, is_remote, open_text, resolve_remote
 from .schema import FeatureSpec, Schema
 
 CSV_SUFFIXES = (".csv", ".csv.gz", ".csv.bz2", ".tsv")
@@ -42,7 +43,7 @@ _INTEGER = r"^\s*[+-]?\d+\s*$"
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
-def _kind(path: Path) -> str:
+def _kind(path: InputPath) -> str:
     name = path.name.lower()
     if name.endswith(CSV_SUFFIXES):
         return "csv"
@@ -55,15 +56,21 @@ def _kind(path: Path) -> str:
     )
 
 
-def resolve_inputs(inputs: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
-    """Input files from a path, a directory, a glob, or a list of those (sorted, deduplicated)."""
+def resolve_inputs(inputs: str | os.PathLike | Sequence[str | os.PathLike],
+                   storage_options: StorageOptions | None = None) -> list[InputPath]:
+    """Input files from a path, a directory, a glob, or a list of those (sorted, deduplicated);
+    ``s3://`` and ``gs://`` URIs are listed through ``pyarrow.fs`` (``storage_options``: see
+    :mod:`airflow_tf.data.object_store`)."""
     items = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     if not items:
         raise InputDataError("no input given; pass a file, a directory or a glob such as 'data/*.csv'")
-    files: list[Path] = []
+    files: list[InputPath] = []
     for item in items:
         text = strip_file_scheme(item)
-        if any(ch in text for ch in "*?["):
+        check_location(text, "input")
+        if is_remote(text):
+            files += resolve_remote(text, storage_options, SUPPORTED)
+        elif any(ch in text for ch in "*?["):
             matches = sorted(globlib.glob(text, recursive=True))
             matched = [Path(m) for m in matches if Path(m).is_file()]
             if not matched:
@@ -90,7 +97,7 @@ def resolve_inputs(inputs: str | os.PathLike | Sequence[str | os.PathLike]) -> l
 class Source:
     """Where a run of rows came from, for error messages."""
 
-    path: Path
+    path: InputPath
     kind: str
     start: int
     rows: int
@@ -108,7 +115,7 @@ class _Raw:
     """A block of one file's columns before conversion: NumPy arrays or (for CSV/Parquet)
     Arrow arrays; ``start`` is the file row of its first row."""
 
-    path: Path
+    path: InputPath
     kind: str
     columns: dict[str, Any]
     dtypes: dict[str, str]  # inferred dtype per column (the file's, from its first block)
@@ -136,11 +143,11 @@ def _arrow_dtype(t: pa.DataType) -> str | None:
 _ARROW_FOR = {"int64": pa.int64(), "float32": pa.float64(), "string": pa.string()}
 
 
-def _delimiter(path: Path) -> str:
+def _delimiter(path: InputPath) -> str:
     return "\t" if path.name.lower().endswith(".tsv") else ","
 
 
-def _csv_options(path: Path, column_types: dict[str, pa.DataType], include_columns: Sequence[str],
+def _csv_options(path: InputPath, column_types: dict[str, pa.DataType], include_columns: Sequence[str],
                  block_bytes: int) -> dict[str, Any]:
     return dict(
         read_options=pacsv.ReadOptions(block_size=block_bytes),
@@ -154,7 +161,7 @@ def _csv_options(path: Path, column_types: dict[str, pa.DataType], include_colum
     )
 
 
-def _csv_line(path: Path, row: int) -> int:
+def _csv_line(path: InputPath, row: int) -> int:
     """The line (as an editor numbers it) where data row ``row`` starts. pyarrow skips blank
     lines and a quoted value may span lines, so the lines are counted (error messages only)."""
     with _open_text(path) as handle:
@@ -170,7 +177,7 @@ def _csv_line(path: Path, row: int) -> int:
     return row + 2
 
 
-def _check_text_column(path: Path, name: str, column: pa.Array, start: int) -> None:
+def _check_text_column(path: InputPath, name: str, column: pa.Array, start: int) -> None:
     """A column pyarrow inferred as text must hold no numbers: it takes a whole block's column
     for text for one value that does not parse. ``start``: file row of the block's first row."""
     numeric = pc.match_substring_regex(column, _NUMBER)
@@ -197,7 +204,7 @@ def _check_text_column(path: Path, name: str, column: pa.Array, start: int) -> N
     )
 
 
-def _check_int64_overflow(path: Path, name: str, column: pa.Array, as_text: Callable[[], pa.Array]) -> None:
+def _check_int64_overflow(path: InputPath, name: str, column: pa.Array, as_text: Callable[[], pa.Array]) -> None:
     """pyarrow reads an integer beyond int64 as a float, which turns an integer column into
     float32. Only a first block with a value that large is read again, as text, to tell."""
     bounds = pc.min_max(column)
@@ -219,12 +226,13 @@ def _check_int64_overflow(path: Path, name: str, column: pa.Array, as_text: Call
 
 
 
-def _csv_batches(path: Path, column_types: dict[str, pa.DataType], block_bytes: int,
+def _csv_batches(path: InputPath, column_types: dict[str, pa.DataType], block_bytes: int,
                  include_columns: Sequence[str] = ()) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     """pyarrow's streaming CSV reader: the column types (inferred from the first block unless
     given) and the batches, one per ``block_bytes`` of text."""
     try:
-        reader = pacsv.open_csv(path, **_csv_options(path, column_types, include_columns, block_bytes))
+        source = path.open_stream() if isinstance(path, RemoteFile) else path
+        reader = pacsv.open_csv(source, **_csv_options(path, column_types, include_columns, block_bytes))
     except pa.ArrowInvalid as exc:
         raise InputDataError(_diagnose_csv(path, column_types) or f"cannot read CSV file {path}: {exc}") from None
 
@@ -245,7 +253,7 @@ def _csv_batches(path: Path, column_types: dict[str, pa.DataType], block_bytes: 
     return reader.schema, batches()
 
 
-def _csv_text_block(path: Path, name: str, index: int, block_bytes: int) -> pa.Array:
+def _csv_text_block(path: InputPath, name: str, index: int, block_bytes: int) -> pa.Array:
     """Column ``name`` of block ``index`` read again as text (blocks split at the same bytes)."""
     _, batches = _csv_batches(path, {name: pa.string()}, block_bytes, [name])
     for i, batch in enumerate(batches):
@@ -254,11 +262,55 @@ def _csv_text_block(path: Path, name: str, index: int, block_bytes: int) -> pa.A
     raise InputDataError(f"{path} changed while it was read; prepare it again")
 
 
+def _check_unique_names(path: InputPath, names: Sequence[str]) -> None:
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise InputDataError(f"{path}: column names {duplicates} appear more than once in the header")
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+
+
+def _open_parquet(path: InputPath) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(path.open_random() if isinstance(path, RemoteFile) else path)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputDataError(f"cannot read Parquet file {path}: {exc}") from None
+
+
+def _parquet_dtype(path: InputPath, field: pa.Field) -> str:
+    """The dtype of a Parquet column (of a list column: of its values); other types are refused."""
+    dtype = _arrow_dtype(field.type.value_type if _is_list(field.type) else field.type)
+    if dtype is None:
+        raise InputDataError(
+            f"{path}, column {field.name!r}: Arrow type {field.type} is not supported; "
+            "use integers, floats, strings, or fixed-length lists of numbers"
+        )
+    return dtype
+
+
+def _check_list_lengths(path: InputPath, name: str, column: pa.Array, start: int,
+                        shapes: dict[str, tuple[int, ...]]) -> None:
+    """Every row of a list column holds as many values as the file's row 0 (whose length the
+    first batch records in ``shapes``)."""
+    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+    if start == 0 and len(lengths):
+        shapes[name] = (int(lengths[0]),)
+    want = shapes[name][0] if shapes[name] else 1
+    if len(lengths) and (lengths != want).any():
+        bad = int(np.argmax(lengths != want))
+        raise InputDataError(
+            f"{path} row {start + bad}, column {name!r}: list of {lengths[bad]} values where "
+            f"row 0 has {want}; every row of a feature needs the same number of values"
+        )
+
+
 class _FileReader:
     """One input file read block by block: its columns' inferred dtypes and shapes (from the
     first block, or the file's metadata) and then its blocks as :class:`_Raw`."""
 
-    def __init__(self, path: Path, declared: Schema | None, string_columns: Sequence[str], block_bytes: int):
+    def __init__(self, path: InputPath, declared: Schema | None, string_columns: Sequence[str], block_bytes: int):
         self.path, self.kind, self.block_bytes = path, _kind(path), block_bytes
         self.declared, self.string_columns = declared, string_columns
         self._first: _Raw | None = None
@@ -297,60 +349,54 @@ class _FileReader:
         return _raw_bytes(self._first) if self._first is not None else 0
 
     # -- CSV -------------------------------------------------------------------------------
+    def _csv_column_types(self) -> dict[str, pa.DataType]:
+        """The types the reader is told (declared, or text for ``string_columns``); the rest are inferred."""
+        if self.declared is not None:
+            return {f.name: _ARROW_FOR[f.dtype] for f in self.declared.features}
+        return {name: pa.string() for name in self.string_columns}
+
+    def _csv_column(self, name: str, column: pa.Array, *, dtype: str, inferred: bool, index: int,
+                    start: int) -> pa.Array:
+        """A column of block ``index`` as handed on: types pyarrow has no dtype for (dates, times)
+        become text; an inferred type must be honest (no number among text, no integer beyond int64)."""
+        if _arrow_dtype(column.type) is None:
+            return pc.cast(column, pa.string())
+        if not inferred:
+            return column
+        if dtype == "string":
+            _check_text_column(self.path, name, column, start)
+        elif index == 0 and dtype == "float32" and pa.types.is_floating(column.type):
+            _check_int64_overflow(self.path, name, column,
+                                  functools.partial(_csv_text_block, self.path, name, 0, self.block_bytes))
+        return column
+
     def _csv(self) -> Iterator[_Raw]:
         path = self.path
-        column_types = {name: pa.string() for name in self.string_columns}
-        if self.declared is not None:
-            column_types = {f.name: _ARROW_FOR[f.dtype] for f in self.declared.features}
+        column_types = self._csv_column_types()
         schema, batches = _csv_batches(path, column_types, self.block_bytes)
         names = schema.names
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise InputDataError(f"{path}: column names {duplicates} appear more than once in the header")
+        _check_unique_names(path, names)
         dtypes = {f.name: _arrow_dtype(f.type) or "string" for f in schema}  # dates, times...: text
-        self._empty = _Raw(path, "csv", {n: pa.array([], pa.string()) for n in names}, dtypes,
-                           {n: () for n in names}, 0)
+        shapes: dict[str, tuple[int, ...]] = {n: () for n in names}
+        self._empty = _Raw(path, "csv", {n: pa.array([], pa.string()) for n in names}, dtypes, shapes, 0)
         size = path.stat().st_size * (4 if path.name.lower().endswith((".gz", ".bz2")) else 1)
         start = 0
         for index, batch in enumerate(batches):
-            columns = {}
-            for name, read in zip(names, batch.columns, strict=True):
-                column = read
-                if _arrow_dtype(column.type) is None:
-                    column = pc.cast(column, pa.string())
-                elif name not in column_types:  # inferred: the type pyarrow chose must be honest
-                    if dtypes[name] == "string":
-                        _check_text_column(path, name, column, start)
-                    elif index == 0 and dtypes[name] == "float32" and pa.types.is_floating(column.type):
-                        _check_int64_overflow(path, name, column,
-                                              functools.partial(_csv_text_block, path, name, 0, self.block_bytes))
-                columns[name] = column
+            columns = {name: self._csv_column(name, column, dtype=dtypes[name], inferred=name not in column_types,
+                                              index=index, start=start)
+                       for name, column in zip(names, batch.columns, strict=True)}
             if index == 0:  # the first block is block_bytes of text, or the whole file
                 self.estimated_rows = max(batch.num_rows, round(batch.num_rows * size / self.block_bytes))
-            yield _Raw(path, "csv", columns, dtypes, {n: () for n in names}, batch.num_rows, start)
+            yield _Raw(path, "csv", columns, dtypes, dict(shapes), batch.num_rows, start)
             start += batch.num_rows
 
     # -- Parquet ---------------------------------------------------------------------------
     def _parquet(self) -> Iterator[_Raw]:
         path = self.path
-        try:
-            handle = pq.ParquetFile(path)
-        except (pa.ArrowException, OSError) as exc:
-            raise InputDataError(f"cannot read Parquet file {path}: {exc}") from None
+        handle = _open_parquet(path)
         schema = handle.schema_arrow
         self.estimated_rows = handle.metadata.num_rows
-        dtypes: dict[str, str] = {}
-        for f in schema:
-            t = f.type
-            if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-                t = t.value_type
-            dtype = _arrow_dtype(t)
-            if dtype is None:
-                raise InputDataError(
-                    f"{path}, column {f.name!r}: Arrow type {f.type} is not supported; "
-                    "use integers, floats, strings, or fixed-length lists of numbers"
-                )
-            dtypes[f.name] = dtype
+        dtypes = {f.name: _parquet_dtype(path, f) for f in schema}
         shapes: dict[str, tuple[int, ...]] = {f.name: () for f in schema}
         self._empty = _Raw(path, "parquet", {f.name: pa.array([], f.type) for f in schema}, dtypes, shapes, 0)
         row_bytes = max(1, sum(handle.metadata.row_group(i).total_byte_size
@@ -361,21 +407,9 @@ class _FileReader:
             for batch in handle.iter_batches(batch_size=batch_rows):
                 columns = {}
                 for f, read in zip(schema, batch.columns, strict=True):
-                    column = read
-                    if pa.types.is_dictionary(column.type):
-                        column = column.dictionary_decode()
-                    t = column.type
-                    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-                        lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
-                        if start == 0 and len(lengths):
-                            shapes[f.name] = (int(lengths[0]),)
-                        want = shapes[f.name][0] if shapes[f.name] else 1
-                        if len(lengths) and (lengths != want).any():
-                            bad = int(np.argmax(lengths != want))
-                            raise InputDataError(
-                                f"{path} row {start + bad}, column {f.name!r}: list of {lengths[bad]} values where "
-                                f"row 0 has {want}; every row of a feature needs the same number of values"
-                            )
+                    column = read.dictionary_decode() if pa.types.is_dictionary(read.type) else read
+                    if _is_list(column.type):
+                        _check_list_lengths(path, f.name, column, start, shapes)
                     columns[f.name] = column
                 yield _Raw(path, "parquet", columns, dtypes, dict(shapes), batch.num_rows, start)
                 start += batch.num_rows
@@ -386,7 +420,7 @@ class _FileReader:
     def _npz(self) -> Iterator[_Raw]:
         path = self.path
         try:
-            archive = zipfile.ZipFile(path)
+            archive = zipfile.ZipFile(path.open_random() if isinstance(path, RemoteFile) else path)
         except (OSError, zipfile.BadZipFile) as exc:
             raise InputDataError(f"cannot read NumPy file {path}: {exc}") from None
         with archive:
@@ -433,7 +467,7 @@ class _FileReader:
                 yield _Raw(path, "npz", columns, dtypes, shapes, n, start)
 
 
-def _npy_header(path: Path, name: str, stream: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
+def _npy_header(path: InputPath, name: str, stream: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     """(shape, Fortran order, dtype) of one .npy member of a .npz file, read from its header;
     object arrays and scalars are refused."""
     try:
@@ -463,7 +497,7 @@ def _parse_number(text: str, dtype: str) -> Any:
     return float(text)
 
 
-def _diagnose_csv(path: Path, column_types: dict[str, pa.DataType]) -> str | None:
+def _diagnose_csv(path: InputPath, column_types: dict[str, pa.DataType]) -> str | None:
     """Why pyarrow refused a CSV file, found again with Python's csv module (slow, error path
     only) to name the line and column; None when no problem is found."""
     wanted = {n: "int64" if pa.types.is_integer(t) else "float32"
@@ -502,7 +536,9 @@ def _widen(a: str, b: str) -> str:
     return "float32" if {a, b} == {"int64", "float32"} else "string"
 
 
-def _open_text(path: Path):
+def _open_text(path: InputPath) -> Any:
+    if isinstance(path, RemoteFile):
+        return open_text(path)
     name = path.name.lower()
     if name.endswith(".gz"):
         import gzip
@@ -668,7 +704,7 @@ def column_names(value: str | Sequence[str] | None) -> list[str]:
 class Block:
     """Consecutive rows of one input file, converted to the schema's dtypes."""
 
-    path: Path
+    path: InputPath
     start: int  # index of the block's first row in its file (from 0)
     columns: dict[str, np.ndarray]  # one array per feature, schema order
 
@@ -681,7 +717,7 @@ class Inputs:
     """The input files, opened: :attr:`schema` is known (declared, or inferred from the first
     block of every file) before any row is converted; :meth:`blocks` then streams them."""
 
-    def __init__(self, paths: list[Path], readers: list[_FileReader], schema: Schema) -> None:
+    def __init__(self, paths: list[InputPath], readers: list[_FileReader], schema: Schema) -> None:
         self.paths, self._readers, self.schema = paths, readers, schema
 
     @property
@@ -703,6 +739,7 @@ def open_inputs(  # noqa: PLR0917  public signature: callers pass these position
     block_bytes: int = 16 << 20,
     keep_bytes: int | None = None,
     on_file: Callable[[int, int], None] | None = None,
+    storage_options: StorageOptions | None = None,
 ) -> Inputs:
     """Open and check every input file; the columns follow the declared schema or are inferred.
 
@@ -711,14 +748,15 @@ def open_inputs(  # noqa: PLR0917  public signature: callers pass these position
     its file, line and column. ``string_columns`` names the columns to read as text instead (CSV
     values kept verbatim, e.g. zip codes with leading zeros). The first block of each file is
     kept for the stream while they fit in ``keep_bytes`` (default ``4 * block_bytes``), and read
-    again otherwise. ``on_file(files_done, files_total)`` is called after each file is opened."""
+    again otherwise. ``on_file(files_done, files_total)`` is called after each file is opened.
+    ``storage_options``: credentials and endpoints for ``s3://``/``gs://`` inputs, per scheme."""
     string_columns = column_names(string_columns)
     if declared is not None and string_columns:
         raise SchemaError(
             f"string_columns {string_columns} and a declared schema were both given; "
             "with a schema, declare those columns' dtype as string there"
         )
-    paths = resolve_inputs(inputs)
+    paths = resolve_inputs(inputs, storage_options)
     keep = 4 * block_bytes if keep_bytes is None else keep_bytes
     readers: list[_FileReader] = []
     kept = 0

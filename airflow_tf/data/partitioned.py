@@ -26,6 +26,7 @@ from ..cluster.names import path_component
 from ..files import read_json, strip_file_scheme, write_json
 from .errors import DataError, DatasetExistsError
 from .inputs import open_inputs, resolve_inputs
+from .object_store import InputPath, StorageOptions, is_remote
 from .prepare import (
     DEFAULT_BUFFER_MIB, DEFAULT_EVAL_FRACTION, Progress, _check_options, _chunk_bytes, _check_split_key, _commit, _commit_next,
     _fsync_dir, _make_root, _remove_stale_temporaries, _Reporter, _version_name, _with_label, _write_stream,
@@ -37,7 +38,7 @@ PLAN_FILE = "plan.json"
 PART_MARKER = "_PART"
 
 
-def _balanced(paths: list[Path], parts: int) -> list[list[str]]:
+def _balanced(paths: list[InputPath], parts: int) -> list[list[str]]:
     """Files into ``parts`` lists of about equal bytes (largest first into the lightest)."""
     loads = [0] * parts
     shares: list[list[str]] = [[] for _ in range(parts)]
@@ -66,14 +67,20 @@ def plan_parts(  # noqa: PLR0917  public signature: callers pass these positiona
     overwrite: bool = False,
     allow_nan: bool = False,
     buffer_mib: float = DEFAULT_BUFFER_MIB,
+    storage_options: StorageOptions | None = None,
 ) -> dict[str, Any]:
     """Check the options and the input, decide the schema and each part's files; write the
     plan under ``<output>/<name>/.parts-<id>/`` and return it (``plan["parts"]`` lists each
     part's files; ``plan["directory"]`` is where the parts write).
 
     The input is split by files: ``partitions`` larger than the number of input files gives
-    one part per file."""
+    one part per file. Inputs may be in ``s3://``/``gs://`` (``storage_options`` here and
+    to :func:`prepare_part`); the output is a directory every part and the commit share."""
     compression = _check_options(eval_fraction, shards, target_shard_mb, compression, None)
+    if is_remote(output):
+        raise DataError(f"output {os.fspath(output)!r}: parallel parts write into a directory they share, and "
+                        "object storage has none; give a shared volume (or a mount of the bucket), or prepare "
+                        "the version in one task (PrepareTFRecordsOperator) to write it to object storage")
     if int(partitions) < 1:
         raise DataError(f"partitions must be at least 1, got {partitions}")
     if not name or not str(name).strip():
@@ -87,10 +94,11 @@ def plan_parts(  # noqa: PLR0917  public signature: callers pass these positiona
         )
     declared = Schema.coerce(schema) if schema is not None else None
     block_bytes, _ = buffer_plan(buffer_mib)
-    inputs = open_inputs(input, declared, allow_nan, string_columns or (), block_bytes=block_bytes, keep_bytes=0)
+    inputs = open_inputs(input, declared, allow_nan, string_columns or (), block_bytes=block_bytes, keep_bytes=0,
+                         storage_options=storage_options)
     decided = _with_label(inputs.schema, label)
     _check_split_key(decided, split_key)
-    paths = resolve_inputs(input)
+    paths = resolve_inputs(input, storage_options)
     _make_root(root)
     _remove_stale_temporaries(root)
     directory = root / f".parts-{uuid.uuid4().hex[:12]}"
@@ -130,7 +138,8 @@ def _load_plan(plan: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
 
 
 def prepare_part(plan: dict[str, Any] | str | os.PathLike, index: int, workers: int | None = None,
-                 progress: Callable[[Progress], None] | None = None, progress_every: float = 5.0) -> dict[str, Any]:
+                 progress: Callable[[Progress], None] | None = None, progress_every: float = 5.0, *,
+                 storage_options: StorageOptions | None = None) -> dict[str, Any]:
     """Stream part ``index``'s files into ``<plan directory>/part-<index>``; the part's
     ``_PART`` marker (its counts and files) is written last. Running a part again replaces it."""
     plan = _load_plan(plan)
@@ -143,7 +152,7 @@ def prepare_part(plan: dict[str, Any] | str | os.PathLike, index: int, workers: 
     files = shares[int(index)]
     block_bytes, in_flight = buffer_plan(options["buffer_mib"])
     reporter = _Reporter(progress, progress_every)
-    inputs = open_inputs(files, schema, block_bytes=block_bytes)
+    inputs = open_inputs(files, schema, block_bytes=block_bytes, storage_options=storage_options)
     inputs.schema = schema
     shards = options["shards"]
     if shards is not None:  # the plan's file count, shared in proportion to the part's rows

@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import shutil
+import tempfile
 import time
 import uuid
 import zlib
@@ -33,9 +34,11 @@ import numpy as np
 
 from ..cluster.names import path_component
 from ..files import strip_file_scheme, write_json
+from . import object_store
 from .encode import encode_examples, record_lengths
 from .errors import DataError, DatasetExistsError, InputDataError, SchemaError
 from .inputs import Block, Inputs, open_inputs, resolve_inputs
+from .object_store import InputPath, StorageOptions, identity, is_remote, open_binary
 from .schema import FORMAT_VERSION, SCHEMA_FILE, SUCCESS_FILE, Schema
 from .vocabulary import VocabularyCounter, vocabulary_sizes
 
@@ -43,7 +46,7 @@ DEFAULT_EVAL_FRACTION = 0.2
 DEFAULT_TARGET_SHARD_MB = 128.0
 MIN_ROWS_PER_SHARD = 100  # fewer rows per file only add per-file overhead for every reader
 MAX_SHARDS = 10_000
-COMPRESSIONS = ("gzip",)
+COMPRESSIONS = ("gzip", "zlib")
 DEFAULT_BUFFER_MIB = 512.0
 _CHUNK_BYTES = 4 << 20  # encoded bytes per task: large enough for NumPy, small enough to stream
 _MIN_GROUP_ROWS = 64  # rows encoded at once at least: fewer cost more in NumPy call overhead
@@ -126,10 +129,11 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def file_key(path: str | os.PathLike, seed: int) -> int:
+def file_key(path: InputPath | str, seed: int) -> int:
     """A 64-bit number naming an input file under ``seed``: of its name, not of where it lives, so
     the same file splits the same way in another directory, on another mount or in object storage."""
-    text = f"{int(seed)}\0{os.path.basename(os.fspath(path).rstrip('/'))}".encode()
+    name = identity(path).rstrip("/").rsplit("/", 1)[-1]
+    text = f"{int(seed)}\0{name}".encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big")
 
 
@@ -214,12 +218,46 @@ def shard_counts(rows: dict[str, int], record_bytes: float, shards: int | None,
 
 
 def shard_name(index: int, count: int, compression: str | None) -> str:
-    return f"part-{index:05d}-of-{count:05d}.tfrecord" + (".gz" if compression == "gzip" else "")
+    suffix = {"gzip": ".gz", "zlib": ".zlib"}.get(compression or "", "")
+    return f"part-{index:05d}-of-{count:05d}.tfrecord{suffix}"
 
 
 # -- writing -------------------------------------------------------------------------------
-def _encode_group(schema: Schema, block: Block, rows: np.ndarray, compression: str | None) -> bytes | np.ndarray:
-    """The framed records of ``rows`` of a block (bytes-like), one gzip member if asked."""
+# A ZLIB file is one zlib stream: TensorFlow's reader stops at the end of the first (it reads
+# concatenated gzip members, not concatenated zlib streams: the rest of the file would be lost
+# without an error). So each group is compressed on its own into deflate blocks that end on a
+# byte boundary with no back-references across groups (a full flush), and the shard's file
+# gets the zlib header on its first write and, once complete, an empty final block and the
+# Adler-32 of everything, combined from the groups' checksums.
+_ZLIB_HEADER = b"\x78\x9c"  # deflate, 32 KiB window, default level
+_ZLIB_END = b"\x03\x00"  # an empty final block (fixed Huffman codes)
+_ADLER_BASE = 65521
+
+
+@dataclass(frozen=True)
+class _DeflatePiece:
+    """One group's records as raw deflate blocks, with the Adler-32 and length of the records."""
+
+    data: bytes
+    adler: int
+    size: int
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def adler32_combine(first: int, second: int, second_size: int) -> int:
+    """The Adler-32 of two byte strings joined, from each one's checksum (zlib's adler32_combine)."""
+    rem = second_size % _ADLER_BASE
+    low = ((first & 0xFFFF) + (second & 0xFFFF) + _ADLER_BASE - 1) % _ADLER_BASE
+    high = (rem * (first & 0xFFFF) + (first >> 16) + (second >> 16) + _ADLER_BASE - rem) % _ADLER_BASE
+    return low | (high << 16)
+
+
+def _encode_group(schema: Schema, block: Block, rows: np.ndarray,
+                  compression: str | None) -> bytes | np.ndarray | _DeflatePiece:
+    """The framed records of ``rows`` of a block (bytes-like): one gzip member, or one
+    :class:`_DeflatePiece` of a zlib stream, if asked."""
     columns = [block.columns[f.name][rows] for f in schema.features]
     # Rows come in a seeded random order. Inside this group, rows with the same byte layout
     # are written together (each group keeping that order): it saves a copy of every byte,
@@ -229,6 +267,10 @@ def _encode_group(schema: Schema, block: Block, rows: np.ndarray, compression: s
         # Each group is a complete gzip member; a file of concatenated members is valid gzip.
         packer = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, 31)
         return packer.compress(np.ascontiguousarray(data).data) + packer.flush()
+    if compression == "zlib":
+        raw = np.ascontiguousarray(data).data
+        packer = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, -15)
+        return _DeflatePiece(packer.compress(raw) + packer.flush(zlib.Z_FULL_FLUSH), zlib.adler32(raw), raw.nbytes)
     return data
 
 
@@ -269,6 +311,7 @@ class ShardWriter:
         self.bytes = {split: [0] * n for split, n in counts.items()}
         self._next = dict.fromkeys(counts, 0)
         self._open: OrderedDict[tuple[str, int], Any] = OrderedDict()
+        self._adler: dict[tuple[str, int], int] = {}  # zlib: the Adler-32 of each shard's records so far
         for split in counts:
             directory.joinpath(split).mkdir()
 
@@ -285,7 +328,7 @@ class ShardWriter:
     def _path(self, split: str, shard: int) -> Path:
         return self.directory / split / shard_name(shard, self.counts[split], self.compression)
 
-    def write(self, split: str, shard: int, rows: int, data: bytes | np.ndarray) -> None:
+    def write(self, split: str, shard: int, rows: int, data: bytes | np.ndarray | _DeflatePiece) -> None:
         handle = self._open.pop((split, shard), None)
         if handle is None:
             if len(self._open) >= _OPEN_FILES:
@@ -293,9 +336,25 @@ class ShardWriter:
             # Kept open across blocks (at most _OPEN_FILES at once); close() and finish() close them.
             handle = open(self._path(split, shard), "ab")  # noqa: SIM115
         self._open[(split, shard)] = handle
-        handle.write(data)
+        if isinstance(data, _DeflatePiece):
+            if (split, shard) not in self._adler:
+                self._adler[(split, shard)] = 1  # the Adler-32 of nothing
+                self._append(handle, split, shard, _ZLIB_HEADER)
+            self._adler[(split, shard)] = adler32_combine(self._adler[(split, shard)], data.adler, data.size)
+            data = data.data
+        self._append(handle, split, shard, data)
         self.examples[split][shard] += rows
+
+    def _append(self, handle: Any, split: str, shard: int, data: bytes | np.ndarray) -> None:
+        handle.write(data)
         self.bytes[split][shard] += len(data)
+
+    def _end_zlib_streams(self) -> None:
+        """Close each zlib shard's stream: the final block and the records' Adler-32."""
+        for (split, shard), adler in self._adler.items():
+            with open(self._path(split, shard), "ab") as handle:
+                self._append(handle, split, shard, _ZLIB_END + adler.to_bytes(4, "big"))
+        self._adler.clear()
 
     def close(self) -> None:
         for handle in self._open.values():
@@ -306,6 +365,7 @@ class ShardWriter:
         """Close, drop files that got no rows, name the rest ``part-i-of-n``, fsync; returns the
         manifest's ``splits``."""
         self.close()
+        self._end_zlib_streams()
         manifest: dict[str, Any] = {}
         for split, count in self.counts.items():
             kept = [i for i in range(count) if self.examples[split][i]]
@@ -327,15 +387,18 @@ class ShardWriter:
 
 
 # -- versions and commit -------------------------------------------------------------------
-def existing_versions(root: Path) -> list[int]:
-    """Committed integer versions under ``<output>/<name>``."""
+def existing_versions(root: Path | str, storage_options: StorageOptions | None = None) -> list[int]:
+    """Integer versions under ``<output>/<name>`` (a directory, or an object-storage prefix)."""
+    if isinstance(root, str):
+        return sorted(int(n) for n in object_store.child_directories(root, storage_options) if n.isdigit())
     if not root.is_dir():
         return []
     return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and p.is_dir())
 
 
-def _version_name(version: int | str | None, root: Path) -> str:
+def _version_name(version: int | str | None, root: Path | None) -> str:
     if version is None:
+        assert root is not None, "the next version is counted under a root"
         versions = existing_versions(root)
         return str(versions[-1] + 1 if versions else 1)
     text = str(version)
@@ -422,7 +485,7 @@ def _check_options(eval_fraction: float, shards: int | None, target_shard_mb: fl
     if compression in (None, "", "none", "NONE"):
         return None
     if str(compression).lower() not in COMPRESSIONS:
-        raise DataError(f"compression {compression!r} is not supported; use 'gzip' or none")
+        raise DataError(f"compression {compression!r} is not supported; use 'gzip', 'zlib' or none")
     return str(compression).lower()
 
 
@@ -510,7 +573,7 @@ def _write_stream(inputs: Inputs, directory: Path, *, eval_fraction: float, seed
     return splits, written
 
 
-def prepare_dataset(  # noqa: PLR0912, PLR0915, PLR0917  the public signature of 0.1.0 (positional calls keep working); one prepare's steps in order
+def prepare_dataset(  # noqa: PLR0917  the public signature of 0.1.0 (positional calls keep working)
     input: str | os.PathLike | Sequence[str | os.PathLike],
     output: str | os.PathLike,
     name: str,
@@ -533,6 +596,7 @@ def prepare_dataset(  # noqa: PLR0912, PLR0915, PLR0917  the public signature of
     cache: bool = False,
     partition_key: str | None = None,
     vocabularies: Mapping[str, int] | Sequence[str] | str | None = None,
+    storage_options: StorageOptions | None = None,
 ) -> dict[str, Any]:
     """Convert CSV/Parquet/.npz files into a sharded TFRecord dataset version, streaming.
 
@@ -560,45 +624,50 @@ def prepare_dataset(  # noqa: PLR0912, PLR0915, PLR0917  the public signature of
 
     ``vocabularies`` (``{"user": 100000}``, or column names for the default size) counts those
     columns' values over the training rows and keeps each one's top K in the version, for the
-    model to read as ``schema.vocabulary("user")`` (see :mod:`airflow_tf.data.vocabulary`)."""
+    model to read as ``schema.vocabulary("user")`` (see :mod:`airflow_tf.data.vocabulary`).
+
+    ``input`` and ``output`` may be ``s3://`` or ``gs://`` URIs (``storage_options``: per
+    scheme, pyarrow's file system options, e.g. credentials; see
+    :mod:`airflow_tf.data.object_store`). Inputs are streamed from the store; a version in
+    object storage is written in a local staging directory and then uploaded, ``_SUCCESS`` last."""
     started = time.monotonic()
     compression = _check_options(eval_fraction, shards, target_shard_mb, compression, workers)
-    if not float(buffer_mib) >= 1:
-        raise DataError(f"buffer_mib must be at least 1 (MiB of buffered rows), got {buffer_mib}")
-    if not name or not str(name).strip():
-        raise DataError("a dataset name is required")
+    _check_budget_and_name(buffer_mib, name)
     declared = Schema.coerce(schema) if schema is not None else None
-    root = Path(strip_file_scheme(output)) / path_component(str(name))
     if partition_key is not None:
         partition_key = str(partition_key)
-        if version is None:
-            version = path_component(partition_key)
-    version_name = _version_name(version, root)
-    final = root / version_name
-    if version is not None and final.exists() and not overwrite:
-        raise DatasetExistsError(
-            f"dataset version {final} already exists; choose another version, leave the version "
-            "out to get the next one, or ask to overwrite it"
-        )
-    reporter = _Reporter(progress, progress_every)
-    block_bytes, in_flight = buffer_plan(buffer_mib)
-
+        version = path_component(partition_key) if version is None else version
     fingerprint = None
     if cache and version is None:
-        fingerprint = input_fingerprint(input, {
-            "label": label, "eval_fraction": float(eval_fraction), "shards": shards,
-            "target_shard_mb": target_shard_mb, "compression": compression,
-            "schema": declared.to_dict() if declared else None, "string_columns": sorted(string_columns or ()),
-            "seed": int(seed), "split_key": split_key, "allow_nan": bool(allow_nan),
-            "vocabularies": vocabularies,
-        })
-        reused = _reuse_cached(root, str(name), fingerprint, started)
-        if reused is not None:
-            return reused
+        fingerprint = input_fingerprint(input, _fingerprint_options(
+            label=label, eval_fraction=eval_fraction, shards=shards, target_shard_mb=target_shard_mb,
+            compression=compression, declared=declared, string_columns=string_columns, seed=seed,
+            split_key=split_key, allow_nan=allow_nan, vocabularies=vocabularies), storage_options)
+    if is_remote(output):
+        object_store.check_location(output, "output")
+        stage = functools.partial(
+            prepare_dataset, input, label=label, eval_fraction=eval_fraction, shards=shards,
+            target_shard_mb=target_shard_mb, compression=compression, schema=declared, string_columns=string_columns,
+            seed=seed, split_key=split_key, allow_nan=allow_nan, workers=workers, progress=progress,
+            progress_every=progress_every, buffer_mib=buffer_mib, partition_key=partition_key,
+            vocabularies=vocabularies, storage_options=storage_options)
+        return _prepare_into_object_storage(os.fspath(output), str(name), version, overwrite=overwrite,
+                                            fingerprint=fingerprint, storage_options=storage_options,
+                                            stage=stage, started=started)
+    root = Path(strip_file_scheme(output)) / path_component(str(name))
+    version_name = _version_name(version, root)
+    final = root / version_name
+    _refuse_existing(final, version, overwrite)
+    reporter = _Reporter(progress, progress_every)
+    block_bytes, in_flight = buffer_plan(buffer_mib)
+    reused = _reuse_cached(root, str(name), fingerprint, started) if fingerprint else None
+    if reused is not None:
+        return reused
 
     reporter.begin("read")
     inputs = open_inputs(input, declared, allow_nan, string_columns or (), block_bytes=block_bytes,
-                         on_file=lambda done, total: reporter("read", done, total, 0, done == total))
+                         on_file=lambda done, total: reporter("read", done, total, 0, done == total),
+                         storage_options=storage_options)
     inputs.schema = _with_label(inputs.schema, label)
     _check_split_key(inputs.schema, split_key)
     counter = VocabularyCounter(vocabulary_sizes(vocabularies, inputs.schema))
@@ -628,23 +697,11 @@ def prepare_dataset(  # noqa: PLR0912, PLR0915, PLR0917  the public signature of
             "splits": manifest_splits,
             "split": {"eval_fraction": float(eval_fraction), "seed": int(seed), "split_key": split_key},
             "source": {"files": [str(p) for p in inputs.paths], "rows": total},
+            **_optional_entries(fingerprint, partition_key),
         }
-        if fingerprint:
-            manifest["fingerprint"] = fingerprint
-        if partition_key is not None:
-            manifest["partition"] = partition_key
-
-        def write_marker(committed_as: str) -> None:  # last: marks the dataset complete
-            manifest["version"] = committed_as
-            write_json(temporary / SUCCESS_FILE, manifest)
-            _fsync_dir(temporary)
-
-        if version is None:
-            version_name = _commit_next(temporary, root, int(version_name), write_marker)
-            final = root / version_name
-        else:
-            write_marker(version_name)
-            _commit(temporary, final, overwrite)
+        version_name = _commit_version(temporary, root, version_name, manifest, explicit=version is not None,
+                                       overwrite=overwrite)
+        final = root / version_name
     except OSError as exc:
         raise DataError(f"writing dataset {final} failed: {exc}") from None
     finally:
@@ -661,21 +718,115 @@ def prepare_dataset(  # noqa: PLR0912, PLR0915, PLR0917  the public signature of
         "schema": inputs.schema.to_dict(),
         "rows": total,
         "seconds": round(seconds, 3),
-        "rows_per_sec": round(total / seconds, 1) if seconds > 0 else None,
+        "rows_per_sec": _rate(total, seconds),
         "cached": False,
-        **({"fingerprint": fingerprint} if fingerprint else {}),
-        **({"partition": partition_key} if partition_key is not None else {}),
+        **_optional_entries(fingerprint, partition_key),
     }
 
 
-def _reuse_cached(root: Path, name: str, fingerprint: str, started: float) -> dict[str, Any] | None:
+def _fingerprint_options(*, label: str | None, eval_fraction: float, shards: int | None,
+                         target_shard_mb: float | None, compression: str | None, declared: Schema | None,
+                         string_columns: str | Sequence[str] | None, seed: int, split_key: str | None,
+                         allow_nan: bool, vocabularies: Any) -> dict[str, Any]:
+    """The options that shape a version's content, as the fingerprint records them."""
+    return {
+        "label": label, "eval_fraction": float(eval_fraction), "shards": shards,
+        "target_shard_mb": target_shard_mb, "compression": compression,
+        "schema": declared.to_dict() if declared else None, "string_columns": sorted(string_columns or ()),
+        "seed": int(seed), "split_key": split_key, "allow_nan": bool(allow_nan),
+        "vocabularies": vocabularies,
+    }
+
+
+def _refuse_existing(final: Path, version: int | str | None, overwrite: bool) -> None:
+    if version is not None and final.exists() and not overwrite:
+        raise DatasetExistsError(
+            f"dataset version {final} already exists; choose another version, leave the version "
+            "out to get the next one, or ask to overwrite it"
+        )
+
+
+def _optional_entries(fingerprint: str | None, partition_key: str | None) -> dict[str, Any]:
+    """The manifest's and summary's entries that only some versions have."""
+    return {**({"fingerprint": fingerprint} if fingerprint else {}),
+            **({"partition": partition_key} if partition_key is not None else {})}
+
+
+def _rate(rows: int, seconds: float) -> float | None:
+    return round(rows / seconds, 1) if seconds > 0 else None
+
+
+def _commit_version(temporary: Path, root: Path, version_name: str, manifest: dict[str, Any], *,
+                    explicit: bool, overwrite: bool) -> str:
+    """Write ``_SUCCESS`` last and rename the finished directory into place: as the asked
+    version, or as the next free integer one. Returns the version committed."""
+    def write_marker(committed_as: str) -> None:  # last: marks the dataset complete
+        manifest["version"] = committed_as
+        write_json(temporary / SUCCESS_FILE, manifest)
+        _fsync_dir(temporary)
+
+    if not explicit:
+        return _commit_next(temporary, root, int(version_name), write_marker)
+    write_marker(version_name)
+    _commit(temporary, root / version_name, overwrite)
+    return version_name
+
+
+def _check_budget_and_name(buffer_mib: float, name: str) -> None:
+    if not float(buffer_mib) >= 1:
+        raise DataError(f"buffer_mib must be at least 1 (MiB of buffered rows), got {buffer_mib}")
+    if not name or not str(name).strip():
+        raise DataError("a dataset name is required")
+
+
+def _reuse_cached(root: Path | str, name: str, fingerprint: str, started: float,
+                  storage_options: StorageOptions | None = None) -> dict[str, Any] | None:
     """The summary of the committed version with this fingerprint (logged as reused), or None."""
-    cached = find_cached(root, fingerprint)
+    cached = find_cached(root, fingerprint, storage_options)
     if cached is None:
         return None
     log.info("Input of dataset %r unchanged (fingerprint %s): reusing version %s, nothing encoded",
              name, fingerprint, cached["version"])
-    return _cached_summary(root, cached, started)
+    return _cached_summary(root, cached, started, storage_options)
+
+
+def _prepare_into_object_storage(output: str, name: str, version: int | str | None, *, overwrite: bool,
+                                 fingerprint: str | None, storage_options: StorageOptions | None,
+                                 stage: Callable[..., dict[str, Any]], started: float) -> dict[str, Any]:
+    """A version in ``s3://``/``gs://``: prepared by ``stage`` (:func:`prepare_dataset` with the
+    other options) into a local staging directory, then uploaded with ``_SUCCESS`` last. A
+    store has no rename: the marker is the commit, and readers refuse a version without it."""
+    root = object_store.join(output, path_component(name))
+    if fingerprint:
+        reused = _reuse_cached(root, name, fingerprint, started, storage_options)
+        if reused is not None:
+            return reused
+    versions = existing_versions(root, storage_options)
+    version_name = str(versions[-1] + 1 if versions else 1) if version is None else _version_name(version, None)
+    final = object_store.join(root, version_name)
+    if object_store.exists(final, storage_options) and not overwrite:
+        raise DatasetExistsError(
+            f"dataset version {final} already exists; choose another version, leave the version "
+            "out to get the next one, or ask to overwrite it"
+        )
+    staging = Path(tempfile.mkdtemp(prefix="airflow-tf-stage-"))
+    try:
+        summary = stage(staging, name, version=version_name)
+        local = Path(summary["dataset_uri"])
+        if fingerprint:  # the staged run had nothing to compare with: the manifest records it here
+            manifest = json.loads((local / SUCCESS_FILE).read_text(encoding="utf-8"))
+            write_json(local / SUCCESS_FILE, {**manifest, "fingerprint": fingerprint})
+        if overwrite:
+            object_store.delete(final, storage_options)
+        size = sum(p.stat().st_size for p in local.rglob("*") if p.is_file())
+        log.info("Uploading dataset version %s (%.1f MB) to %s", version_name, size / 1e6, final)
+        uploaded = sum(1 for _ in object_store.upload_tree(local, final, storage_options, last=SUCCESS_FILE))
+        log.info("Uploaded %d files; %s is committed", uploaded, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    seconds = time.monotonic() - started
+    return {**summary, "dataset_uri": final, "seconds": round(seconds, 3), "rows_per_sec": _rate(summary["rows"], seconds),
+            **({"fingerprint": fingerprint} if fingerprint else {})}
 
 
 def _with_vocabularies(schema: Schema, counter: VocabularyCounter, directory: Path) -> Schema:
@@ -689,24 +840,32 @@ def _with_vocabularies(schema: Schema, counter: VocabularyCounter, directory: Pa
     return dataclasses.replace(schema, vocabularies=kept)
 
 
-def input_fingerprint(inputs: Any, options: dict[str, Any]) -> str:
+def input_fingerprint(inputs: Any, options: dict[str, Any], storage_options: StorageOptions | None = None) -> str:
     """A hash of the input files' names and contents (read in chunks) and of the options that
     shape the output: equal fingerprints give equal datasets."""
     digest = hashlib.blake2b(digest_size=16)
     digest.update(json.dumps({"format_version": FORMAT_VERSION, **options}, sort_keys=True, default=str).encode())
-    for path in resolve_inputs(inputs):
-        digest.update(f"\0{os.path.abspath(path)}\0{path.stat().st_size}\0".encode())
-        with open(path, "rb") as handle:
+    for path in resolve_inputs(inputs, storage_options):
+        digest.update(f"\0{identity(path)}\0{path.stat().st_size}\0".encode())
+        with open_binary(path) as handle:
             while chunk := handle.read(_HASH_CHUNK):
                 digest.update(chunk)
     return digest.hexdigest()
 
 
-def find_cached(root: Path, fingerprint: str) -> dict[str, Any] | None:
+def _read_text(root: Path | str, *parts: str, storage_options: StorageOptions | None = None) -> str:
+    """A file of a dataset's directory, local or in object storage."""
+    if isinstance(root, str):
+        return object_store.read_text(object_store.join(root, *parts), storage_options)
+    return root.joinpath(*parts).read_text(encoding="utf-8")
+
+
+def find_cached(root: Path | str, fingerprint: str,
+                storage_options: StorageOptions | None = None) -> dict[str, Any] | None:
     """The newest committed version of the dataset made from the same input and options."""
-    for version in reversed(existing_versions(root)):
+    for version in reversed(existing_versions(root, storage_options)):
         try:
-            manifest = json.loads((root / str(version) / SUCCESS_FILE).read_text(encoding="utf-8"))
+            manifest = json.loads(_read_text(root, str(version), SUCCESS_FILE, storage_options=storage_options))
         except (OSError, ValueError):
             continue
         if isinstance(manifest, dict) and manifest.get("fingerprint") == fingerprint:
@@ -714,15 +873,17 @@ def find_cached(root: Path, fingerprint: str) -> dict[str, Any] | None:
     return None
 
 
-def _cached_summary(root: Path, manifest: dict[str, Any], started: float) -> dict[str, Any]:
-    final = root / str(manifest["version"])
+def _cached_summary(root: Path | str, manifest: dict[str, Any], started: float,
+                    storage_options: StorageOptions | None = None) -> dict[str, Any]:
+    version = str(manifest["version"])
+    final = object_store.join(root, version) if isinstance(root, str) else str((root / version).resolve())
     splits = manifest["splits"]
     return {
-        "dataset_uri": str(final.resolve()), "name": manifest["name"], "version": str(manifest["version"]),
+        "dataset_uri": final, "name": manifest["name"], "version": version,
         "counts": {split: info["examples"] for split, info in splits.items()},
         "shards": {split: len(info["shards"]) for split, info in splits.items()},
         "compression": manifest.get("compression"),
-        "schema": json.loads((final / SCHEMA_FILE).read_text(encoding="utf-8")),
+        "schema": json.loads(_read_text(root, version, SCHEMA_FILE, storage_options=storage_options)),
         "rows": manifest["source"]["rows"], "seconds": round(time.monotonic() - started, 3), "rows_per_sec": None,
         "cached": True, "fingerprint": manifest["fingerprint"],
     }

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from airflow_tf.files import training_location_problem
+
 from .errors import DataError
 from .schema import Schema, compression_of, load_schema, split_files, split_info
 
@@ -55,10 +57,13 @@ def make_dataset(  # noqa: PLR0917  public signature: callers pass these positio
         )
     if epochs is not None and int(epochs) < 1:
         raise DataError(f"epochs must be at least 1 (or None to repeat forever), got {epochs}")
+    problem = training_location_problem(os.fspath(dataset_uri), "dataset")
+    if problem:  # before TensorFlow's own, less helpful "scheme not implemented"
+        raise DataError(problem)
     schema = load_schema(dataset_uri)
     files = split_files(dataset_uri, split)
     info = split_info(dataset_uri, split)
-    compression = "GZIP" if compression_of(dataset_uri) == "gzip" else ""
+    compression = {"gzip": "GZIP", "zlib": "ZLIB"}.get(compression_of(dataset_uri) or "", "")
     by_file = len(files) >= num_shards
     if by_file:
         files = files[shard_index::num_shards]

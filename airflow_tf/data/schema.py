@@ -14,6 +14,7 @@ from typing import Any
 
 from airflow_tf.files import local_path
 
+from . import object_store
 from .errors import DatasetNotReadyError, SchemaError
 
 FORMAT_VERSION = 1
@@ -83,8 +84,9 @@ class Schema:
     vocabularies: dict[str, dict[str, Any]] | None = None
     """Per column, the vocabulary prepare counted (``file`` relative to the dataset version,
     ``size``, ``top_k``, ``distinct``); see :mod:`airflow_tf.data.vocabulary`."""
-    root: Path | None = field(default=None, repr=False, compare=False)
-    """The dataset version directory the schema was loaded from (where vocabulary files are)."""
+    root: Path | str | None = field(default=None, repr=False, compare=False)
+    """The dataset version directory (or ``s3://``/``gs://`` URI) the schema was loaded from
+    (where vocabulary files are)."""
     _by_name: dict[str, FeatureSpec] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -133,7 +135,10 @@ class Schema:
     def vocabulary(self, name: str) -> list[str]:
         """The values of column ``name`` that prepare kept (the most frequent first), e.g. for
         ``keras.layers.StringLookup(vocabulary=schema.vocabulary("user"))``."""
-        with open(self.vocabulary_file(name), encoding="utf-8") as handle:
+        location = self.vocabulary_file(name)
+        if object_store.is_remote(location):
+            return object_store.read_text(location).splitlines()
+        with open(location, encoding="utf-8") as handle:
             return handle.read().splitlines()
 
     def vocabulary_file(self, name: str) -> str:
@@ -146,6 +151,8 @@ class Schema:
         if self.root is None:
             raise SchemaError(f"the vocabulary of {name!r} is a file of the dataset version; load the schema with "
                               "airflow_tf.data.load_schema(dataset_uri)")
+        if isinstance(self.root, str):
+            return object_store.join(self.root, info["file"])
         return str(self.root / info["file"])
 
     def to_dict(self) -> dict[str, Any]:
@@ -212,14 +219,37 @@ def dataset_path(dataset_uri: str | os.PathLike) -> Path:
         raise DatasetNotReadyError(str(exc)) from None
 
 
+def dataset_location(dataset_uri: str | os.PathLike) -> Path | str:
+    """A dataset version's local directory, or its ``s3://``/``gs://`` URI (read through
+    ``pyarrow.fs`` with the environment's credentials); another scheme is refused."""
+    text = os.fspath(dataset_uri)
+    if not object_store.is_remote(text):
+        return dataset_path(text)
+    try:
+        object_store.check_location(text, "dataset URI")
+    except ValueError as exc:
+        raise DatasetNotReadyError(str(exc)) from None
+    return text.rstrip("/")
+
+
+def _file_of(root: Path | str, *parts: str) -> Path | str:
+    return object_store.join(root, *parts) if isinstance(root, str) else root.joinpath(*parts)
+
+
+def _read(location: Path | str) -> str:
+    if isinstance(location, str):
+        return object_store.read_text(location)
+    return location.read_text(encoding="utf-8")
+
+
 def read_manifest(dataset_uri: str | os.PathLike) -> dict[str, Any]:
     """The ``_SUCCESS`` manifest: counts per split and per shard. Refuses an unfinished dataset."""
-    root = dataset_path(dataset_uri)
-    marker = root / SUCCESS_FILE
-    if not root.is_dir():
+    root = dataset_location(dataset_uri)
+    marker = _file_of(root, SUCCESS_FILE)
+    if isinstance(root, Path) and not root.is_dir():
         raise DatasetNotReadyError(f"dataset directory {root} does not exist; run the prepare step first")
     try:
-        text = marker.read_text(encoding="utf-8")
+        text = _read(marker)
     except FileNotFoundError:
         raise DatasetNotReadyError(
             f"dataset {root} has no {SUCCESS_FILE} marker: it was not completely written "
@@ -237,8 +267,17 @@ def read_manifest(dataset_uri: str | os.PathLike) -> dict[str, Any]:
 def load_schema(dataset_uri: str | os.PathLike) -> Schema:
     """The schema of a committed dataset version (refuses one without ``_SUCCESS``)."""
     read_manifest(dataset_uri)
-    schema = Schema.from_file(dataset_path(dataset_uri) / SCHEMA_FILE)
-    object.__setattr__(schema, "root", dataset_path(dataset_uri))
+    root = dataset_location(dataset_uri)
+    if isinstance(root, str):
+        location = object_store.join(root, SCHEMA_FILE)
+        try:
+            data = json.loads(object_store.read_text(location))
+        except (FileNotFoundError, json.JSONDecodeError) as exc:
+            raise SchemaError(f"cannot read schema file {location}: {exc}") from None
+        schema = Schema.from_dict(data, where=f"schema file {location}")
+    else:
+        schema = Schema.from_file(root / SCHEMA_FILE)
+    object.__setattr__(schema, "root", root)
     return schema
 
 
@@ -248,7 +287,7 @@ def split_info(dataset_uri: str | os.PathLike, split: str) -> dict[str, Any]:
     if split not in splits:
         available = ", ".join(sorted(splits)) or "none"
         raise DatasetNotReadyError(
-            f"dataset {dataset_path(dataset_uri)} has no {split!r} split (available: {available})"
+            f"dataset {dataset_location(dataset_uri)} has no {split!r} split (available: {available})"
         )
     return splits[split]
 
@@ -261,16 +300,17 @@ def count_examples(dataset_uri: str | os.PathLike, split: str = "train") -> int:
 def split_files(dataset_uri: str | os.PathLike, split: str) -> list[str]:
     """The shard files of a split, in shard order. A window version's shards live in the
     partition versions beside it: such a shard names its ``version``."""
-    root = dataset_path(dataset_uri)
+    root = dataset_location(dataset_uri)
     files = []
     for shard in split_info(dataset_uri, split)["shards"]:
         holder = shard.get("version")
         if holder is None:
-            files.append(str(root / split / shard["file"]))
+            files.append(str(_file_of(root, split, shard["file"])))
             continue
         if not isinstance(holder, str) or holder in ("", ".", "..") or "/" in holder or "\\" in holder:
-            raise DatasetNotReadyError(f"{root / SUCCESS_FILE}: shard version {holder!r} is not a version name")
-        files.append(str(root.parent / holder / split / shard["file"]))
+            raise DatasetNotReadyError(f"{_file_of(root, SUCCESS_FILE)}: shard version {holder!r} is not a version name")
+        parent = root.rsplit("/", 1)[0] if isinstance(root, str) else root.parent
+        files.append(str(_file_of(parent, holder, split, shard["file"])))
     return files
 
 

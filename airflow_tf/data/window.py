@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from ..cluster.names import path_component
 from ..files import strip_file_scheme, write_json
 from .errors import DataError, DatasetExistsError, DatasetNotReadyError
+from .object_store import is_remote
 from .schema import FORMAT_VERSION, SCHEMA_FILE, SUCCESS_FILE
 
 
@@ -53,6 +54,15 @@ def _chosen_partitions(root: Path, available: list[tuple[str, str]], last: int |
     raise DataError(f"give last (a number of partitions, at least 1) or partitions (their keys); got last={last!r}")
 
 
+def _window_root(output: str | os.PathLike, name: str) -> Path:
+    """The dataset's directory; a window is a local (or mounted) version beside its partitions."""
+    if is_remote(output):
+        raise DataError(f"output {os.fspath(output)!r}: a window version is committed beside its partitions with a "
+                        "rename, which object storage does not have; keep the partitions on a shared volume (or a "
+                        "mount of the bucket) to window them")
+    return Path(strip_file_scheme(output)) / path_component(str(name))
+
+
 def make_window(  # noqa: PLR0917  public signature: callers pass these positionally
     output: str | os.PathLike,
     name: str,
@@ -65,7 +75,7 @@ def make_window(  # noqa: PLR0917  public signature: callers pass these position
     versions (or of the given ``partitions`` keys), without copying them. The version is
     named ``window-<first key>--<last key>`` unless ``version`` is given. Returns the same
     summary as :func:`~airflow_tf.data.prepare_dataset`, plus ``partitions``."""
-    root = Path(strip_file_scheme(output)) / path_component(str(name))
+    root = _window_root(output, name)
     available = partition_versions(root)
     if not available:
         raise DatasetNotReadyError(f"dataset {root} has no partition versions; prepare partitions first "

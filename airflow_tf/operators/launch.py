@@ -86,6 +86,12 @@ class LaunchTFClusterOperator(BaseOperator):
     :param success_policy: ``AllWorkers`` (default) or ``ChiefOrWorker0``.
     :param port: the gRPC port of each task (kubernetes; local tasks get free ports).
     :param group_name: a fixed group name instead of the derived one.
+    :param isolate_network: local backend: run the group in a private network namespace
+        (default True), reachable from nowhere, and unable to reach anything either. A group
+        whose dataset is on ``gs://`` needs ``False``: its gRPC ports then listen on every
+        interface without authentication (firewall them).
+    :param pass_env: local backend: names of the launcher's environment variables the tasks
+        get (e.g. ``["GOOGLE_APPLICATION_CREDENTIALS"]``); nothing else of it reaches them.
     :param training: deprecated since 0.2.0, removed in 0.3.0: a dict of the training options
         above (``{"steps": 300, "learning_rate": 0.1}``); pass each as its own parameter.
     """
@@ -121,7 +127,7 @@ class LaunchTFClusterOperator(BaseOperator):
                  role_options: dict[str, dict[str, Any]] | None = None, backoff_limit: int = 3,
                  active_deadline_seconds: float | None = None, success_policy: str = "AllWorkers",
                  port: int = 2222, group_name: str | None = None, training: dict[str, Any] | None = None,
-                 **kwargs: Any) -> None:
+                 isolate_network: bool = True, pass_env: Sequence[str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.dataset = dataset
         self.model = model
@@ -157,6 +163,7 @@ class LaunchTFClusterOperator(BaseOperator):
         self.success_policy = success_policy
         self.port = port
         self.group_name = group_name
+        self.isolate_network, self.pass_env = isolate_network, list(pass_env or [])
         if training is not None:
             self._set_deprecated_training(training)
 
@@ -211,6 +218,7 @@ class LaunchTFClusterOperator(BaseOperator):
             chief=_whole(self.chief, "chief", 0), image=self.image, role_options=self.role_options,
             backoff_limit=self.backoff_limit, active_deadline_seconds=self.active_deadline_seconds,
             success_policy=self.success_policy, port=self.port, labels=labels,
+            isolate_network=self.isolate_network, pass_env=self.pass_env,
         )
         return spec, code_hash
 

@@ -36,6 +36,23 @@ def emit_partition(event: Any, key: str) -> bool:
     return False
 
 
+def storage_options(aws_conn_id: str | None, gcp_conn_id: str | None) -> dict[str, dict[str, Any]] | None:
+    """pyarrow file system options for ``s3://`` and ``gs://`` from Airflow connections (read
+    directly: neither the Amazon nor the Google provider is needed); None: the environment's
+    own credentials. The result holds secrets: it is passed on, never logged."""
+    from airflow.sdk import BaseHook
+
+    from airflow_tf.data.object_store import gcs_options, s3_options
+
+    options: dict[str, dict[str, Any]] = {}
+    if aws_conn_id:
+        conn = BaseHook.get_connection(aws_conn_id)
+        options["s3"] = s3_options(conn.login, conn.password, conn.extra_dejson, aws_conn_id)
+    if gcp_conn_id:
+        options["gs"] = gcs_options(BaseHook.get_connection(gcp_conn_id).extra_dejson, gcp_conn_id)
+    return options or None
+
+
 def _flag(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in ("1", "true", "yes", "on")
@@ -54,8 +71,10 @@ class PrepareTFRecordsOperator(BaseOperator):
     ``path``, ``rows``, ``counts``): a training DAG can be scheduled on new data
     (``schedule=[dataset_asset("...")]``, from ``airflow_tf.operators``).
 
-    :param input: a file, a directory, a glob (``/data/incoming/*.csv``) or a list of those.
-    :param output: datasets directory; default ``<storage>/datasets`` (see ``airflow_tf.storage``).
+    :param input: a file, a directory, a glob (``/data/incoming/*.csv``) or a list of those;
+        local, or ``s3://bucket/...`` / ``gs://bucket/...``.
+    :param output: datasets directory (local, ``s3://`` or ``gs://``); default ``<storage>/datasets``
+        (see ``airflow_tf.storage``).
     :param name: dataset name (the directory under ``output``).
     :param version: version directory; default the next integer after the existing versions.
     :param label: the label column.
@@ -64,7 +83,7 @@ class PrepareTFRecordsOperator(BaseOperator):
     :param split_key: split by a hash of this column, so a key always lands in the same split.
     :param shards: number of train files.
     :param target_shard_mb: instead of ``shards``, a size per train file in MB.
-    :param compression: ``"gzip"`` or None.
+    :param compression: ``"gzip"``, ``"zlib"`` or None (TFRecord's GZIP and ZLIB).
     :param schema: declared schema: a path to schema.json, or its dict.
     :param string_columns: CSV columns to read as text (a list, or names separated by commas);
         without it an inferred column holding a value that is not a number fails the task.
@@ -83,12 +102,17 @@ class PrepareTFRecordsOperator(BaseOperator):
     :param vocabularies: columns whose most frequent values to keep with the dataset, for a
         model's lookups: ``{"user": 100000}`` (the top 100,000 values of ``user`` in the training
         split), or column names for the default size; the model reads ``schema.vocabulary("user")``.
+    :param aws_conn_id: Airflow connection with the credentials (and optionally the region and
+        ``endpoint_url``) for ``s3://`` input or output; default: the environment's.
+    :param gcp_conn_id: Airflow connection with a service-account key (``key_path`` or
+        ``keyfile_dict``) for ``gs://``; default: the environment's (workload identity,
+        ``GOOGLE_APPLICATION_CREDENTIALS``).
     """
 
     template_fields: Sequence[str] = (
         "input", "output_dir", "dataset_name", "version", "label_column", "eval_fraction", "seed",
         "split_key", "shards", "target_shard_mb", "compression", "schema", "allow_nan", "overwrite",
-        "string_columns", "buffer_mib", "cache", "partition_key", "vocabularies",
+        "string_columns", "buffer_mib", "cache", "partition_key", "vocabularies", "aws_conn_id", "gcp_conn_id",
     )
     template_fields_renderers: ClassVar[dict[str, str]] = {"schema": "json", "vocabularies": "json"}
     ui_color = "#c5e1a5"
@@ -100,7 +124,8 @@ class PrepareTFRecordsOperator(BaseOperator):
                  allow_nan: Any = False,
                  overwrite: Any = False, workers: int | None = None, progress_every: float = 5.0,
                  buffer_mib: Any = 512, cache: Any = False, partition_key: str | None = None,
-                 vocabularies: Any = None, **kwargs: Any) -> None:
+                 vocabularies: Any = None, aws_conn_id: str | None = None, gcp_conn_id: str | None = None,
+                 **kwargs: Any) -> None:
         if not is_template(name) and "outlets" not in kwargs:
             kwargs["outlets"] = [dataset_asset(name)]
         super().__init__(**kwargs)
@@ -126,6 +151,7 @@ class PrepareTFRecordsOperator(BaseOperator):
         self.cache = cache
         self.partition_key = partition_key
         self.vocabularies = vocabularies
+        self.aws_conn_id, self.gcp_conn_id = aws_conn_id, gcp_conn_id
 
     def _log_progress(self, progress: Any) -> None:
         self.log.info("%s", progress.describe())
@@ -156,6 +182,7 @@ class PrepareTFRecordsOperator(BaseOperator):
             cache=_flag(self.cache),
             partition_key=_optional(self.partition_key, str),
             vocabularies=self.vocabularies or None,
+            storage_options=storage_options(_optional(self.aws_conn_id, str), _optional(self.gcp_conn_id, str)),
         )
         if summary.get("cached"):
             self.log.info("Input unchanged (fingerprint %s): reusing dataset version %s, nothing encoded",

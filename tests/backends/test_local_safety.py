@@ -179,9 +179,10 @@ def test_where_the_system_refuses_a_namespace_the_group_runs_with_one_warning(lo
 def test_remote_storage_with_isolation_is_refused(local_state_dir, tmp_path):
     from airflow_tf.cluster import TrainingConfig
 
-    config = TrainingConfig(dataset=str(tmp_path / "data"), run_dir="gs://bucket/runs/x", steps=10)
+    # (A run directory must be a local or mounted path: TrainingConfig refuses gs:// there.)
+    config = TrainingConfig(dataset="gs://bucket/datasets/x/1", run_dir=str(tmp_path / "run"), steps=10)
     spec = GroupSpec.for_training("remote", config)
-    with pytest.raises(BackendError, match="run directory 'gs://bucket/runs/x' is on remote storage.*isolate_network=False"):
+    with pytest.raises(BackendError, match="dataset 'gs://bucket/datasets/x/1' is on remote storage.*isolate_network=False"):
         LocalBackend().launch(spec)
     assert not local_state_dir.exists() or os.listdir(local_state_dir) == []
 
