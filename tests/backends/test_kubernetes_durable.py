@@ -14,7 +14,7 @@ import re
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.providers.common.compat.sdk import AirflowFailException
 from test_kubernetes import NS, emulator, kubeconfig, make_spec  # noqa: F401 (fixtures)
 
 from airflow_tf.backends import get_backend
