@@ -124,3 +124,17 @@ def test_a_release_candidate_reads_as_its_release(monkeypatch, installed, read):
         assert compat.airflow_version() == read
     finally:
         compat.airflow_version.cache_clear()
+
+
+def test_no_module_imports_exceptions_from_airflow_sdk_exceptions():
+    # On Airflow 3.1 airflow.sdk.exceptions lacks AirflowFailException and friends: the package,
+    # its example DAGs and the tests take them from airflow.providers.common.compat.sdk, which
+    # has them on every supported release. A file that does not fails to import on 3.1 only.
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    offenders = [str(path.relative_to(root)) for folder in ("airflow_tf", "dags", "tests")
+                 for path in (root / folder).rglob("*.py")
+                 if "from airflow.sdk.exceptions import" in path.read_text(encoding="utf-8")
+                 and path != Path(__file__).resolve()]
+    assert not offenders, f"import these exceptions from airflow.providers.common.compat.sdk in: {offenders}"
