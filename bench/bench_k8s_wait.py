@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "backends
 from kube_emulator import KubeEmulator  # noqa: E402
 
 from airflow_tf.backends import get_backend  # noqa: E402
-from airflow_tf.cluster import GroupSpec, TrainingConfig, evaluate  # noqa: E402
+from airflow_tf.cluster import GroupSpec, TrainingConfig, group_outcome  # noqa: E402
 
 NS = "bench"
 
@@ -46,7 +46,7 @@ def script(emu: KubeEmulator, group: str, workers: int, seconds: float, offset: 
 
 
 def wait_polling(backend, ref, poll: float) -> float:
-    while not evaluate(backend.status(ref)).done:
+    while not group_outcome(backend.status(ref)).done:
         time.sleep(poll)
     return time.monotonic()
 
@@ -54,7 +54,7 @@ def wait_polling(backend, ref, poll: float) -> float:
 def wait_watching(backend, ref) -> float:
     async def run() -> float:
         async for status in backend.watch(ref):
-            if evaluate(status).done:
+            if group_outcome(status).done:
                 return time.monotonic()
         raise RuntimeError("watch ended before the group finished")
 

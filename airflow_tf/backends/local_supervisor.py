@@ -34,7 +34,7 @@ from airflow_tf.cluster import (
     TaskStatus,
     cluster_def,
     describe_failure,
-    evaluate,
+    group_outcome,
     is_retryable_exit,
     task_name,
     tf_config_json,
@@ -322,7 +322,7 @@ class Supervisor:
         return None
 
     def succeeded(self) -> bool:
-        return evaluate(self.status(), self.spec.success_policy).succeeded
+        return group_outcome(self.status(), self.spec.success_policy).succeeded
 
     # -- group-level events -----------------------------------------------------------------
     def shutdown(self, failure: str | None) -> None:
@@ -399,7 +399,7 @@ class Supervisor:
         if not self.running:
             return
         training = self.spec.training_roles()
-        outcome = evaluate(self.status(), self.spec.success_policy)
+        outcome = group_outcome(self.status(), self.spec.success_policy)
         failed = outcome.done and not outcome.succeeded
         if not failed and any(t.role in training and not t.terminal and not t.deleted for t in self.tasks):
             return

@@ -1,5 +1,5 @@
 """Following a group to its end, for any backend: the blocking wait of ``airflow-tf run``
-(deciding with :func:`airflow_tf.cluster.evaluate`, like the Airflow sensor), the failure
+(deciding with :func:`airflow_tf.cluster.group_outcome`, like the Airflow sensor), the failure
 report, and a run from launch to teardown."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_tf.cluster import GroupSpec, GroupStatus, Outcome, evaluate
+from airflow_tf.cluster import GroupSpec, GroupStatus, Outcome, group_outcome
 from airflow_tf.cluster.progress import describe as describe_progress
 from airflow_tf.files import atomic_write_text
 
@@ -32,7 +32,7 @@ def wait_for_group(backend: Backend, ref: GroupRef, *, timeout: float | None = N
         status = backend.status(ref)
         if on_status is not None:
             on_status(status)
-        outcome = evaluate(status, policy)
+        outcome = group_outcome(status, policy)
         if outcome.done or (deadline is not None and time.monotonic() >= deadline):
             return outcome, status
         time.sleep(interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic())))
@@ -70,7 +70,7 @@ def completion_event(backend: Backend, ref: GroupRef, status: GroupStatus, succe
     """Once the group is done, what the sensor needs to finish (JSON, fit for a trigger
     event): success or failure, the reason, per-role counts, progress, and the failed task's
     last log lines. None while it is still running. Poke mode and the trigger share it."""
-    outcome = evaluate(status, success_policy)
+    outcome = group_outcome(status, success_policy)
     if not outcome.done:
         return None
     failed = outcome.failed_task
@@ -87,7 +87,7 @@ def completion_event(backend: Backend, ref: GroupRef, status: GroupStatus, succe
 
 def waiting_message(status: GroupStatus, success_policy: str) -> str:
     """``workers done 1/2; global step 120/1000 (12.0%), 5300 examples/s, ETA 8s``."""
-    return f"{evaluate(status, success_policy).reason}; {describe_progress(status.progress)}"
+    return f"{group_outcome(status, success_policy).reason}; {describe_progress(status.progress)}"
 
 
 def save_logs(backend: Backend, ref: GroupRef, spec: GroupSpec, directory: str | os.PathLike) -> Path:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import dataclasses
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -82,8 +84,8 @@ def _trainers(status: GroupStatus) -> list[TaskStatus]:
     return status.role_tasks("chief") + status.role_tasks("worker")
 
 
-def evaluate(status: GroupStatus, success_policy: str = "AllWorkers") -> Outcome:
-    """Apply the completion rules to a status.
+def group_outcome(status: GroupStatus, success_policy: str = "AllWorkers") -> Outcome:
+    """Apply the completion rules to a status: is the group done, and did it succeed.
 
     - failed: the group failed as a whole, or any task failed beyond its restart budget;
     - AllWorkers: every worker (and the chief, if any) succeeded;
@@ -124,3 +126,10 @@ def _succeeded(status: GroupStatus, success_policy: str, trainers: list[TaskStat
     else:
         raise ValueError(f"unknown success policy {success_policy!r}")
     return None
+
+
+def evaluate(status: GroupStatus, success_policy: str = "AllWorkers") -> Outcome:
+    """Deprecated: :func:`group_outcome` (``evaluate`` now means only a model's evaluation)."""
+    warnings.warn("airflow_tf.cluster.evaluate is deprecated; use airflow_tf.cluster.group_outcome",
+                  DeprecationWarning, stacklevel=2)
+    return group_outcome(status, success_policy)

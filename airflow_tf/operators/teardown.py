@@ -11,7 +11,7 @@ from airflow.sdk.definitions.xcom_arg import XComArg
 from airflow.providers.common.compat.sdk import AirflowFailException
 
 from airflow_tf.backends import GroupRef, backend_for, get_backend
-from airflow_tf.cluster import evaluate, group_name, label_value
+from airflow_tf.cluster import group_outcome, group_name, label_value
 
 from .common import deprecated, launch_labels, resolved_backend_options
 
@@ -147,7 +147,7 @@ class TeardownTFClusterOperator(BaseOperator):
             return []
         roles = self.roles
         if roles is None and self.on_finish_action != "delete_pod":
-            succeeded = evaluate(status, ref.success_policy).succeeded
+            succeeded = group_outcome(status, ref.success_policy).succeeded
             if self.on_finish_action == "keep_pod" or not succeeded:
                 roles = ["ps"]
                 self.log.info("on_finish_action=%s: keeping the trainers of group %s, deleting its parameter servers",

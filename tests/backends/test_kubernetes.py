@@ -21,7 +21,7 @@ from kube_emulator import KubeEmulator
 import airflow_tf
 from airflow_tf.backends import BackendError, backend_for, get_backend
 from airflow_tf.backends.kubernetes_manifests import GROUP_LABEL, ROLE_LABEL, render_group
-from airflow_tf.cluster import GroupSpec, Phase, TrainingConfig, evaluate, group_name
+from airflow_tf.cluster import GroupSpec, Phase, TrainingConfig, group_outcome, group_name
 from airflow_tf.cluster.progress import format_progress
 
 NS = "ml"
@@ -87,7 +87,7 @@ def collect(backend, ref, steps=(), timeout=5.0, until_done=True):
         seen = []
         async for status in backend.watch(ref, timeout=timeout):
             seen.append(status)
-            if until_done and evaluate(status, ref.success_policy).done:
+            if until_done and group_outcome(status, ref.success_policy).done:
                 break
         await driver
         return seen
@@ -224,7 +224,7 @@ def test_pod_states_give_the_right_outcome(emulator, backend, scenario, path):
     ref = backend.launch(_scenario_spec())
     act(emulator)
     status = backend.status(ref) if path == "status" else collect(backend, ref, timeout=0.5, until_done=False)[-1]
-    outcome = evaluate(status, ref.success_policy)
+    outcome = group_outcome(status, ref.success_policy)
     assert (outcome.done, outcome.succeeded) == (done, succeeded), outcome
     for word in words:
         assert word in outcome.reason, f"{word!r} not in {outcome.reason!r}"
@@ -236,10 +236,10 @@ def test_unschedulable_pod_is_failed_when_its_timeout_passes_during_the_watch(em
     ref = backend.launch(spec)
     _unschedulable(emulator, pod(emulator, "worker", 0), 0)
     seen = collect(backend, ref, timeout=6.0)
-    outcome = evaluate(seen[-1])
+    outcome = group_outcome(seen[-1])
     assert outcome.done and not outcome.succeeded
     assert "the scheduler says: 0/3 nodes are available" in outcome.reason
-    assert [s for s in seen if not evaluate(s).done], "the pod was first reported as waiting for a node"
+    assert [s for s in seen if not group_outcome(s).done], "the pod was first reported as waiting for a node"
     assert len(emulator.calls("list", "events")) >= 1
 
 
@@ -256,14 +256,14 @@ def test_a_retryable_failure_is_restarted_by_kubernetes_not_by_the_backend(emula
     assert emulator.created_by_controller.count(second) == 1
     status = backend.status(ref)
     assert status.task("worker", 0).phase is Phase.PENDING and status.task("worker", 0).restarts == 1
-    assert not evaluate(status).done
+    assert not group_outcome(status).done
     assert len(emulator.calls("create")) == creates, "the backend created nothing after the launch"
     assert {r.verb for r in emulator.calls() if r.resource in ("pods", "jobs") and r.verb not in ("list", "watch")} \
         <= {"create"} and not emulator.calls("delete")
 
     # The budget is per task (backoffLimitPerIndex): worker 0 has spent its one restart.
     emulator.fail(NS, second, exit_code=143)
-    outcome = evaluate(backend.status(ref))
+    outcome = group_outcome(backend.status(ref))
     assert outcome.done and not outcome.succeeded
     assert "tf-mnist-worker-0" in outcome.reason and "MaxFailedIndexesExceeded" in outcome.reason
 
@@ -275,7 +275,7 @@ def test_a_user_error_fails_the_group_at_once_with_its_reason(emulator, backend)
     log_text = "Traceback (most recent call last):\n  ...\nmodel refused: expected a Keras model\n"
     emulator.set_log(NS, failing, log_text)
     emulator.fail(NS, failing, exit_code=2)  # the runtime's CONFIG_ERROR: no restart would help
-    outcome = evaluate(backend.status(ref))
+    outcome = group_outcome(backend.status(ref))
     assert outcome.done and not outcome.succeeded
     assert outcome.failed_task.name == "tf-mnist-worker-1"
     assert "exit code 2" in outcome.reason and "podFailurePolicy" in outcome.reason
@@ -295,7 +295,7 @@ def test_watch_sees_a_parameter_server_replaced_after_eviction_and_the_group_goe
              (0.4, lambda: emulator.succeed(NS, pod(emulator, "worker", 0))),
              (0.2, lambda: emulator.succeed(NS, pod(emulator, "worker", 1)))]
     seen = collect(backend, ref, steps, timeout=5.0)
-    assert evaluate(seen[-1]).succeeded, "a disruption does not count against backoffLimitPerIndex 0"
+    assert group_outcome(seen[-1]).succeeded, "a disruption does not count against backoffLimitPerIndex 0"
     assert seen[-1].task("ps", 0).restarts == 1
 
 
@@ -312,8 +312,8 @@ def test_waiting_uses_a_watch_not_a_poll(emulator, backend):
              (1.0, lambda: emulator.succeed(NS, pod(emulator, "worker", 0)))]
     seen = collect(backend, ref, steps, timeout=10.0)
 
-    assert evaluate(seen[-1]).succeeded
-    assert [evaluate(s).reason for s in seen if "done" in evaluate(s).reason][-1] == "workers done 1/2"
+    assert group_outcome(seen[-1]).succeeded
+    assert [group_outcome(s).reason for s in seen if "done" in group_outcome(s).reason][-1] == "workers done 1/2"
     assert any(s.progress and s.progress["global_step"] == 50 for s in seen), "progress from worker 0's log"
     watches = emulator.calls("watch", "pods", since=start)
     lists = emulator.calls("list", "pods", since=start)
@@ -332,7 +332,7 @@ def test_watch_falls_back_to_listing_when_the_watch_fails(emulator, kubeconfig):
     steps = [(0.05, lambda: emulator.succeed(NS, pod(emulator, "worker", 0))),
              (1.5, lambda: emulator.succeed(NS, pod(emulator, "worker", 1)))]
     seen = collect(backend, ref, steps, timeout=6.0)
-    assert [evaluate(s).reason for s in seen][-2:] == ["workers done 1/2", "all 2 training task(s) succeeded"]
+    assert [group_outcome(s).reason for s in seen][-2:] == ["workers done 1/2", "all 2 training task(s) succeeded"]
     assert len(emulator.calls("watch", "pods", since=start)) == 3, "after two failed watches, the third follows the pods"
     assert len(emulator.calls("list", "pods", since=start)) == 3, \
         "listed at the start and once after each failed watch, never polled"
@@ -352,12 +352,12 @@ def test_watch_recovers_from_an_expired_resource_version(emulator, backend):
             seen.append(status)
             if len(seen) == 1:  # the watch is about to resume from a version that is gone
                 compact_and_finish()
-            if evaluate(status).done:
+            if group_outcome(status).done:
                 break
         return seen
 
     before = len(emulator.calls("list", "pods"))
-    assert evaluate(asyncio.run(run())[-1]).succeeded
+    assert group_outcome(asyncio.run(run())[-1]).succeeded
     assert len(emulator.calls("list", "pods")) == before + 2, "listed at the start and once after the 410"
 
 
@@ -410,7 +410,7 @@ def test_teardown_of_ps_leaves_finished_workers_then_all_leaves_nothing(emulator
     deleted = backend_for(ref).teardown(ref, roles=["ps"])
     assert deleted == ["job/tf-mnist-ps"]
     assert tasks_of(emulator) == [("worker", 0), ("worker", 1)], "the ps pod went with its Job"
-    assert evaluate(backend.status(ref)).succeeded, "finished workers still count after the ps are gone"
+    assert group_outcome(backend.status(ref)).succeeded, "finished workers still count after the ps are gone"
 
     deleted = backend_for(ref).teardown(ref)
     assert deleted[0] == "job/tf-mnist-worker", "the root first"
@@ -459,16 +459,16 @@ def test_parameter_servers_of_workers_that_never_finish_are_bounded_by_their_dea
     assert emulator.get("jobs", NS, "tf-mnist-ps")["spec"]["activeDeadlineSeconds"] == 3600
     emulator.advance(3601)
     assert tasks_of(emulator, f"{ROLE_LABEL}=ps") == [], "the ps pod was stopped at its deadline"
-    assert "DeadlineExceeded" in evaluate(backend.status(ref)).reason
+    assert "DeadlineExceeded" in group_outcome(backend.status(ref)).reason
 
 
 def test_group_deadline_fails_the_group(emulator, backend):
     ref = backend.launch(make_spec(active_deadline_seconds=30))
     assert {j["spec"]["activeDeadlineSeconds"] for j in emulator.objects("jobs", NS)} == {30}
     emulator.run(NS, pod(emulator, "worker", 0))
-    assert not evaluate(backend.status(ref)).done
+    assert not group_outcome(backend.status(ref)).done
     emulator.advance(31)
-    outcome = evaluate(backend.status(ref))
+    outcome = group_outcome(backend.status(ref))
     assert outcome.done and not outcome.succeeded
     assert "DeadlineExceeded" in outcome.reason and "(30s)" in outcome.reason
 
@@ -481,7 +481,7 @@ def test_jobs_of_a_queue_are_created_suspended_until_kueue_admits_them(emulator,
         assert job["spec"]["suspend"] is True and job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     assert emulator.objects("pods", NS) == []
     status = backend.status(ref)
-    assert "waiting for the queue team-a" in status.task("worker", 0).reason and not evaluate(status).done
+    assert "waiting for the queue team-a" in status.task("worker", 0).reason and not group_outcome(status).done
     emulator.admit(NS, "tf-mnist-worker")
     emulator.admit(NS, "tf-mnist-ps")
     assert tasks_of(emulator) == [("ps", 0), ("worker", 0), ("worker", 1)]
@@ -563,7 +563,7 @@ def test_rbac_role_grants_exactly_what_the_backend_uses(emulator, kubeconfig):
     ref = backend.launch(make_spec(role_options={"worker": {"kubernetes": {"schedule_timeout_seconds": 1}}}))
     emulator.run(NS, pod(emulator, "worker", 0))
     _unschedulable(emulator, pod(emulator, "worker", 1), 5)
-    assert evaluate(backend.status(ref)).done  # reads events and worker 0's log
+    assert group_outcome(backend.status(ref)).done  # reads events and worker 0's log
     collect(backend, ref, timeout=2.0, until_done=False)
     backend.logs(ref, "worker", 0)
     backend.teardown(ref)

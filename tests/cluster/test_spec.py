@@ -7,7 +7,7 @@ import pytest
 
 from airflow_tf.cluster import (
     GroupSpec, GroupStatus, Phase, RoleSpec, SpecError, TaskStatus, TrainingConfig, cluster_def,
-    dns1123_label, evaluate, group_name, is_retryable_exit, label_value, tf_config_json,
+    dns1123_label, evaluate, group_outcome, group_name, is_retryable_exit, label_value, tf_config_json,
 )
 from airflow_tf.cluster.names import is_dns1123_label
 
@@ -94,14 +94,16 @@ def _status(*phases, failure=None):
 
 
 def test_completion_rules():
-    assert not evaluate(_status(Phase.SUCCEEDED, Phase.RUNNING)).done
-    assert evaluate(_status(Phase.SUCCEEDED, Phase.RUNNING), "ChiefOrWorker0").succeeded
-    done = evaluate(_status(Phase.SUCCEEDED, Phase.SUCCEEDED))
+    assert not group_outcome(_status(Phase.SUCCEEDED, Phase.RUNNING)).done
+    assert group_outcome(_status(Phase.SUCCEEDED, Phase.RUNNING), "ChiefOrWorker0").succeeded
+    done = group_outcome(_status(Phase.SUCCEEDED, Phase.SUCCEEDED))
     assert done.done and done.succeeded
-    failed = evaluate(_status(Phase.SUCCEEDED, Phase.FAILED))
+    failed = group_outcome(_status(Phase.SUCCEEDED, Phase.FAILED))
     assert failed.done and not failed.succeeded and "g-worker-1" in failed.reason and "exit code 1" in failed.reason
-    deadline = evaluate(_status(Phase.RUNNING, Phase.RUNNING, failure="active deadline of 5s passed"))
+    deadline = group_outcome(_status(Phase.RUNNING, Phase.RUNNING, failure="active deadline of 5s passed"))
     assert deadline.done and not deadline.succeeded and "deadline" in deadline.reason
+    with pytest.warns(DeprecationWarning, match="use airflow_tf.cluster.group_outcome"):
+        assert evaluate(_status(Phase.SUCCEEDED, Phase.SUCCEEDED)) == done, "the old name still works"
     counts = _status(Phase.SUCCEEDED, Phase.RUNNING).counts()
     assert counts["worker"]["Succeeded"] == 1 and counts["worker"]["Running"] == 1 and counts["ps"]["Running"] == 1
     assert GroupStatus.from_dict(_status(Phase.FAILED).to_dict()) == _status(Phase.FAILED)
