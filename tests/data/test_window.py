@@ -71,8 +71,12 @@ def test_the_partition_key_goes_on_the_airflow_asset_event_or_a_log_line_says_wh
     from airflow_tf.operators.prepare import emit_partition
 
     event = OutletEventAccessor(key=AssetUniqueKey(name="airflow_tf.dataset.clicks", uri="airflow_tf.dataset.clicks"))
-    assert emit_partition(event, "2026-11-03") is True  # Airflow 3.3 here: asset partitions exist
-    assert event.partition_keys == {"2026-11-03"}
+    from airflow_tf import compat
+
+    # On the Airflow installed here: with asset partitions (3.2+) the key goes on the event.
+    assert emit_partition(event, "2026-11-03") is compat.has_asset_partitions()
+    if compat.has_asset_partitions():
+        assert event.partition_keys == {"2026-11-03"}
 
     class OlderEvent:  # an outlet event of Airflow 3.1, which has no partitions
         extra: dict = {}
