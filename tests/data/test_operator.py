@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import textwrap
 
 import pytest
@@ -79,3 +80,39 @@ def test_operator_runs_in_airflow_with_templates_progress_and_xcom(tmp_path):
     summary = json.loads(result.read_text())
     assert summary["dataset_uri"] == str((output / "templated" / "2").resolve())
     assert summary["schema"]["features"][0] == {"name": "code", "dtype": "string", "shape": []}
+
+
+def test_the_partition_key_goes_on_the_airflow_asset_event_or_a_log_line_says_why_not():
+    from airflow.sdk.definitions.asset import AssetUniqueKey
+    from airflow.sdk.execution_time.context import OutletEventAccessor
+
+    from airflow_tf import compat
+    from airflow_tf.operators.prepare import emit_partition
+
+    event = OutletEventAccessor(key=AssetUniqueKey(name="airflow_tf.dataset.clicks", uri="airflow_tf.dataset.clicks"))
+
+    # On the Airflow installed here: with asset partitions (3.2+) the key goes on the event.
+    assert emit_partition(event, "2026-11-03") is compat.has_asset_partitions()
+    if compat.has_asset_partitions():
+        assert event.partition_keys == {"2026-11-03"}
+
+    class OlderEvent:  # an outlet event of Airflow 3.1, which has no partitions
+        extra: dict = {}
+
+    class Collect(logging.Handler):  # on the module's logger itself: Airflow may reroute logging
+        def __init__(self):
+            super().__init__(logging.INFO)
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    logger, collect = logging.getLogger("airflow_tf.operators.prepare"), Collect()
+    level, logger.level = logger.level, logging.INFO
+    logger.addHandler(collect)
+    try:
+        assert emit_partition(OlderEvent(), "2026-11-03") is False
+    finally:
+        logger.removeHandler(collect)
+        logger.setLevel(level)
+    assert any("has no asset partitions (3.2 or later needed)" in m and "'2026-11-03'" in m for m in collect.messages)
