@@ -53,7 +53,18 @@ def check_location(uri: str | os.PathLike[str], what: str) -> None:
 
 
 def join(uri: str, *parts: str) -> str:
+    """``uri`` with ``parts`` appended; DataError when ``uri`` names no bucket to put them in."""
+    if is_remote(uri):
+        _bucket_path(uri)
     return "/".join([uri.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def _bucket_path(uri: str) -> str:
+    """The ``<bucket>/<path>`` of an object-storage URI; DataError naming the URI when it has no bucket."""
+    path = uri.split("://", 1)[1].strip("/")
+    if not path:
+        raise DataError(f"{uri!r} names no bucket; use {scheme_of(uri)}://<bucket>/<path>")
+    return path
 
 
 def filesystem(uri: str, options: StorageOptions | None = None) -> tuple[Any, str]:
@@ -66,9 +77,7 @@ def filesystem(uri: str, options: StorageOptions | None = None) -> tuple[Any, st
     scheme = scheme_of(uri)
     if scheme is None:
         raise DataError(f"{uri!r} is a local path, not an object-storage URI")
-    path = uri.split("://", 1)[1].strip("/")
-    if not path:
-        raise DataError(f"{uri!r} names no bucket; use {scheme}://<bucket>/<path>")
+    path = _bucket_path(uri)
     given = dict((options or {}).get(scheme) or {})
     bucket = path.split("/", 1)[0]
     key = (scheme, json.dumps(given, sort_keys=True, default=str) + ("" if given else bucket))

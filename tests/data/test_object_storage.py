@@ -152,6 +152,11 @@ def test_bad_input_in_object_storage_is_named_by_its_uri_line_and_column(gcs, tm
     with pytest.raises(InputDataError, match=rf"input gs://{BUCKET}/nothing/here.csv does not exist"):
         prepare_dataset(f"gs://{BUCKET}/nothing/here.csv", f"gs://{BUCKET}/datasets", "bad", storage_options=options)
     assert not fs.get_file_info(pafs.FileSelector(f"{BUCKET}/datasets/bad", allow_not_found=True, recursive=True))
+    local = tmp_path / "good.csv"
+    local.write_text("x,y\n1,1\n")
+    with pytest.raises(DataError, match=r"'s3://' names no bucket; use s3://<bucket>/<path>"):
+        prepare_dataset(local, "s3://", "good", label="y")  # not taken for a local folder named 's3:'
+    assert not (tmp_path / "s3:").exists() and not os.path.exists("s3:")
 
 
 @pytest.mark.slow
