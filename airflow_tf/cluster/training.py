@@ -21,6 +21,7 @@ OPTIMIZERS = ("sgd", "adam", "adagrad", "rmsprop", "lazy_adam", "ftrl")
 """``lazy_adam`` is Adam that updates the moments of the embedding rows a step looked up only
 (``adam`` decays every row's moments every step); ``ftrl`` is TensorFlow's FTRL-Proximal."""
 DEFAULT_MIN_SHARD_BYTES = 16 * 2**20
+DEFAULT_MAX_SHARD_BYTES = 128 * 2**20
 BUILTIN_MODELS = ("linear_regression", "mlp_classifier")
 MODES = ("between_graph", "coordinator")
 """``between_graph``: every worker builds its own graph (TF1-compat replication, async or sync).
@@ -78,8 +79,11 @@ class TrainingConfig:
     code_dir: str | None = _option(None, "snapshot of the model's code (written by the launch into the run "
                                    "directory); imported first")
     min_shard_bytes: int = _option(DEFAULT_MIN_SHARD_BYTES, "embedding tables are split over the ps tasks in "
-                                   "shards of at least this many bytes (at most one shard per ps): a table under "
-                                   "it stays in one piece")
+                                   "shards of at least this many bytes (one shard per ps until they reach "
+                                   "``max_shard_bytes``): a table under it stays in one piece")
+    max_shard_bytes: int = _option(DEFAULT_MAX_SHARD_BYTES, "largest shard of an embedding table: a table larger "
+                                   "than this times the ps count gets several shards per ps, so that a checkpoint "
+                                   "save (one shard at a time) needs this much memory over the tables at most")
     ps_memory_limit: str | None = _option(None, "memory of one ps task (a quantity: ``4Gi``) to check embedding "
                                           "tables and their optimizer slots against before training; None: the ps "
                                           "role's ``resources`` (limits, else requests), else on a local group the "
@@ -129,6 +133,10 @@ class TrainingConfig:
         elif self.mode == "coordinator" and self.sync:
             errors.append("sync: coordinator mode updates the parameters asynchronously only; "
                           "drop sync=True or use mode='between_graph'")
+        if isinstance(self.min_shard_bytes, int) and isinstance(self.max_shard_bytes, int) and \
+                self.min_shard_bytes > self.max_shard_bytes:
+            errors.append(f"max_shard_bytes: {self.max_shard_bytes:,} is below min_shard_bytes={self.min_shard_bytes:,}; "
+                          "raise it or lower min_shard_bytes")
         if self.ps_memory_limit is not None:
             try:
                 memory_bytes(self.ps_memory_limit)
@@ -214,6 +222,7 @@ _NUMERIC_OPTIONS = (
     ("operation_timeout_secs", 1.0, 86400.0, False, False),
     ("summary_every_steps", 1, 10**9, True, False),
     ("min_shard_bytes", 1, 2**50, True, False),
+    ("max_shard_bytes", 1, 2**50, True, False),
 )
 
 
@@ -288,6 +297,8 @@ def add_training_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> 
         help="snapshot of the model's code to import first (the launch writes it into the run directory)")
     add("--min-shard-bytes", dest="min_shard_bytes", type=int, default=default["min_shard_bytes"],
         help="embedding tables are split over the ps tasks in shards of at least this many bytes")
+    add("--max-shard-bytes", dest="max_shard_bytes", type=int, default=default["max_shard_bytes"],
+        help="largest shard of an embedding table (bigger tables get several shards per ps)")
     add("--ps-memory-limit", dest="ps_memory_limit", default=default["ps_memory_limit"],
         help="memory of one ps task (e.g. 4Gi) to check embedding tables against before training "
         "(default: the ps role's resources, else the memory available on a local machine)")

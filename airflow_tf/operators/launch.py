@@ -122,6 +122,7 @@ class LaunchTFClusterOperator(BaseOperator):
                  intra_op_threads: int | str = TrainingConfig.intra_op_threads,
                  inter_op_threads: int | str = TrainingConfig.inter_op_threads, seed: int | str = TrainingConfig.seed,
                  min_shard_bytes: int | str = TrainingConfig.min_shard_bytes,
+                 max_shard_bytes: int | str = TrainingConfig.max_shard_bytes,
                  ps_memory_limit: str | None = TrainingConfig.ps_memory_limit, run_dir: str | None = None,
                  backend: str = "local", backend_options: dict[str, Any] | None = None, image: str | None = None,
                  role_options: dict[str, dict[str, Any]] | None = None, backoff_limit: int = 3,
@@ -152,6 +153,7 @@ class LaunchTFClusterOperator(BaseOperator):
         self.inter_op_threads = inter_op_threads
         self.seed = seed
         self.min_shard_bytes = min_shard_bytes
+        self.max_shard_bytes = max_shard_bytes
         self.ps_memory_limit = ps_memory_limit
         self.run_dir = run_dir
         self.backend = backend

@@ -4,9 +4,10 @@ A plain ``keras.layers.Embedding`` reads its whole table and gathers on the work
 moves the entire table from the ps, and the table lives whole on one ps. Here every such layer
 of a user's model gets, after the model is built:
 
-- its table split row-wise into shards over the ps tasks (as many as its size asks for, at
-  least ``min_shard_bytes`` each, at most one per ps), each shard created and initialised on
-  its ps (the initial values never travel);
+- its table split row-wise into shards over the ps tasks (one per ``min_shard_bytes`` of it
+  up to one per ps; more, several per ps, when that would make a shard larger than
+  ``max_shard_bytes``), each shard created and initialised on its ps (the initial values never
+  travel);
 - a ``call`` that looks the ids up with ``tf.nn.embedding_lookup`` on the shards, so the
   gather runs on each ps and only the looked-up rows travel; the gradient is ``IndexedSlices``
   and the optimizer applies it as a sparse update on the ps.
@@ -66,9 +67,15 @@ def _mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:,.1f} MiB"
 
 
-def shard_count(table_bytes: int, ps_tasks: int, min_shard_bytes: int) -> int:
-    """Shards of a table: one per ``min_shard_bytes`` of it, at least 1, at most one per ps."""
-    return max(1, min(ps_tasks, math.ceil(table_bytes / max(1, min_shard_bytes))))
+def shard_count(table_bytes: int, ps_tasks: int, min_shard_bytes: int, max_shard_bytes: int | None = None) -> int:
+    """Shards of a table: one per ``min_shard_bytes`` of it, at least 1, at most one per ps;
+    unless a shard would then be larger than ``max_shard_bytes``: then enough shards of at most
+    that size, rounded up to a multiple of the ps count so every ps holds as many."""
+    count = max(1, min(ps_tasks, math.ceil(table_bytes / max(1, min_shard_bytes))))
+    if max_shard_bytes is None or table_bytes <= count * max_shard_bytes:
+        return count
+    needed = math.ceil(table_bytes / max(1, max_shard_bytes))
+    return math.ceil(needed / ps_tasks) * ps_tasks
 
 
 def shard_rows(rows: int, shards: int) -> list[int]:
@@ -101,7 +108,8 @@ def _lookup(table: ShardedTable):
     return call
 
 
-def shard_embeddings(model: keras.Model, keys: dict[int, str], ps_tasks: int, min_shard_bytes: int) -> list[ShardedTable]:
+def shard_embeddings(model: keras.Model, keys: dict[int, str], ps_tasks: int, min_shard_bytes: int,
+                     max_shard_bytes: int | None = None) -> list[ShardedTable]:
     """Give every plain Embedding layer of ``model`` (built in the current graph) sharded storage
     on the ps tasks and a lookup that runs there; ``keys`` maps ``id`` of a weight's variable to
     its checkpoint name. Call inside the training graph, before the model is called."""
@@ -113,7 +121,7 @@ def shard_embeddings(model: keras.Model, keys: dict[int, str], ps_tasks: int, mi
         shadow = layer.embeddings.value
         key = keys[id(shadow)]
         rows, dim = (int(d) for d in shadow.shape)
-        count = shard_count(rows * dim * shadow.dtype.size, ps_tasks, min_shard_bytes)
+        count = shard_count(rows * dim * shadow.dtype.size, ps_tasks, min_shard_bytes, max_shard_bytes)
         shards, offset = [], 0
         for i, shard_rows_ in enumerate(shard_rows(rows, count)):
             with tf.compat.v1.device(f"/job:ps/task:{(next_ps + i) % ps_tasks}"):
@@ -155,13 +163,16 @@ def check_ps_memory(tables: list[ShardedTable], optimizer: str, ps_tasks: int, b
         return
     copies = 1 + SLOTS_PER_TABLE.get(optimizer, 2)
     per_ps = [0] * ps_tasks
+    largest = [0] * ps_tasks
     for table in tables:
         for shard in table.shards:
             task = tf.DeviceSpec.from_string(shard.device).task or 0
-            per_ps[task] += int(shard.shape[0]) * table.dim * table.shadow.dtype.size * copies
-    # A checkpoint save reads every variable, and TensorFlow copies a variable on read once a
-    # sparse update has touched it: while a checkpoint is written, a ps holds its part twice.
-    per_ps = [2 * held for held in per_ps]
+            nbytes = int(shard.shape[0]) * table.dim * table.shadow.dtype.size
+            per_ps[task] += nbytes * copies
+            largest[task] = max(largest[task], nbytes)
+    # A checkpoint save reads one variable of a ps at a time (saving.py); a sparse update to the
+    # variable being written copies it: a ps holds its part plus its largest shard.
+    per_ps = [held + extra for held, extra in zip(per_ps, largest, strict=True)]
     fullest = max(range(ps_tasks), key=per_ps.__getitem__)
     if per_ps[fullest] <= budget_bytes:
         return
@@ -170,11 +181,11 @@ def check_ps_memory(tables: list[ShardedTable], optimizer: str, ps_tasks: int, b
         f"{len(t.shards)} shard(s)" for t in tables)
     raise TaskConfigError(
         f"the embedding tables do not fit on the parameter servers: ps {fullest} would hold "
-        f"{_mib(per_ps[fullest])} (tables x {copies} for the table and its {optimizer} slots, x 2 while a "
-        f"checkpoint is written) but has "
+        f"{_mib(per_ps[fullest])} (tables x {copies} for the table and its {optimizer} slots, plus its largest "
+        f"shard while a checkpoint is written) but has "
         f"{_mib(budget_bytes)} for them ({tables_text}; {ps_tasks} ps). Add ps tasks (tables are split over "
         "all of them), give the ps more memory (ps_memory_limit), lower min_shard_bytes so small tables split "
-        "too, or use fewer rows or dimensions"
+        "too (max_shard_bytes so large ones split finer), or use fewer rows or dimensions"
     )
 
 

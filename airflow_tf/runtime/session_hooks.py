@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from .logs import log
 from .loop import AfterStep, NanPolicy
+from .saving import OneAtATimeSaverBuilder, all_finite
 from .step_bound import StepBoundHook
 
 
@@ -69,21 +70,17 @@ class AfterStepHook(tf.compat.v1.train.SessionRunHook):
 
 class FiniteSaver(tf.compat.v1.train.Saver):
     """A Saver that asks the run's :class:`~.loop.NanPolicy` before each save: nothing after an
-    ``on_nan="stop"``, never non-finite variables (checked by ``all_finite``, a boolean op over
-    every floating-point variable, evaluated where each variable lives)."""
+    ``on_nan="stop"``, never non-finite variables (checked by :func:`~.saving.all_finite`,
+    evaluated where each variable lives)."""
 
     def __init__(self, var_list: dict, nan_policy: NanPolicy, **kwargs):
-        super().__init__(var_list=var_list, **kwargs)
+        # One variable of a ps written at a time, sharded by ps: a save costs a ps one shard.
+        super().__init__(var_list=var_list, builder=OneAtATimeSaverBuilder(), sharded=True, **kwargs)
         self._nan_policy = nan_policy
         self.step_bound: StepBoundHook | None = None
         """A :class:`~.step_bound.StepBoundHook` that bounds each save, or None."""
         variables = [v for value in var_list.values() for v in (value if isinstance(value, list) else [value])]
-        checks = []
-        for variable in variables:
-            if variable.dtype.base_dtype.is_floating:
-                with tf.compat.v1.colocate_with(variable):  # checked where it lives: one bool travels, not the table
-                    checks.append(tf.reduce_all(tf.math.is_finite(variable)))
-        self._all_finite = tf.reduce_all(tf.stack(checks) if checks else tf.constant([True]))
+        self._all_finite = all_finite(variables)
 
     def save(self, sess, save_path, global_step=None, *args, **kwargs):
         if self.step_bound is None or sess is None:

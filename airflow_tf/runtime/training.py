@@ -192,7 +192,7 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
             features, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
             model = build_model(config, schema)
             keys = {id(w.value): weight_key(i, w) for i, w in enumerate(model.weights)}
-            tables = shard_embeddings(model, keys, task.ps_count, config.min_shard_bytes)
+            tables = shard_embeddings(model, keys, task.ps_count, config.min_shard_bytes, config.max_shard_bytes)
             check_ps_memory(tables, config.optimizer, task.ps_count, ps_table_budget(config.ps_memory_limit, task.ps_count))
             optimizer = make_optimizer(config)
             sync_optimizer = None
@@ -207,8 +207,7 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
         # Saving and restoring run on this task, so only the chief needs the run directory.
         with tf.device(task.device):
             variables = checkpoint_variables(model, tables)
-            saver = FiniteSaver(variables, nan_policy, max_to_keep=KEEP_CHECKPOINTS, save_relative_paths=True,
-                                sharded=True)
+            saver = FiniteSaver(variables, nan_policy, max_to_keep=KEEP_CHECKPOINTS, save_relative_paths=True)
             # Only the chief checks and restores; the session restores the run's own checkpoint.
             start = starting_point(config, model, resume_from) if task.is_chief else None
             init_fn = _warm_start(start, variables) if start else None

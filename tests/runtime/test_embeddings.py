@@ -74,6 +74,10 @@ def test_shards_follow_the_table_size_and_the_ps_count():
     assert shard_count(2 * 2**30, ps_tasks=4, min_shard_bytes=16 * 2**20) == 4  # 2 GB over 4 ps: ~0.5 GB each
     assert shard_count(20 * 2**20, ps_tasks=4, min_shard_bytes=16 * 2**20) == 2
     assert shard_count(1024, ps_tasks=4, min_shard_bytes=16 * 2**20) == 1
+    # Past max_shard_bytes per ps, several shards per ps, as many on each: 2 GB over 4 ps in 128 MB shards.
+    assert shard_count(2 * 2**30, ps_tasks=4, min_shard_bytes=16 * 2**20, max_shard_bytes=128 * 2**20) == 16
+    assert shard_count(512 * 2**20, ps_tasks=3, min_shard_bytes=16 * 2**20, max_shard_bytes=128 * 2**20) == 6
+    assert shard_count(256 * 2**20, ps_tasks=2, min_shard_bytes=16 * 2**20, max_shard_bytes=128 * 2**20) == 2
     assert shard_rows(10, 3) == [4, 3, 3] and sum(shard_rows(4_194_304, 3)) == 4_194_304
 
 
@@ -223,12 +227,14 @@ def test_a_run_resumed_with_another_ps_count_restores_its_own_slices(sharded_run
     dataset, run_dir, code_dir = clicks
     reader = tf.train.load_checkpoint(models.latest_checkpoint(run_dir))
     before, step = reader.get_tensor("model/000_embeddings"), int(reader.get_tensor("global_step"))
-    # Three ps now: the tables are re-split three ways and each shard restores its rows.
+    # Three ps now, and shards of at most 20,000 bytes: each 131,072-byte table is re-split into
+    # nine shards, three per ps, and each shard restores its rows.
     resumed = train("rt-emb-3ps", dataset, run_dir, ps=3, workers=1,
-                    **click_options(code_dir, steps=step + 20, learning_rate=1e-9))
+                    **click_options(code_dir, steps=step + 20, learning_rate=1e-9, max_shard_bytes=20_000))
     assert resumed.succeeded, resumed.report
     assert resumed.lines("worker-0", f"start=restoring {run_dir}")
-    assert all("3 shard(s) on ps 0,1,2" in line for line in resumed.lines("worker-0", "airflow-tf embedding "))
+    assert all("9 shard(s) on ps 0,1,2,0,1,2,0,1,2" in line
+               for line in resumed.lines("worker-0", "airflow-tf embedding "))
     after_reader = tf.train.load_checkpoint(models.latest_checkpoint(run_dir))
     assert int(after_reader.get_tensor("global_step")) >= step + 20
     np.testing.assert_allclose(after_reader.get_tensor("model/000_embeddings"), before, atol=1e-6)
