@@ -465,9 +465,8 @@ class KubernetesBackend:
                 self._delete("jobs", namespace, _name(old))
         deadline = time.monotonic() + 60
         while self._create(body) is None:  # the old Job is still being deleted, or a running one
-            running = [j for j in self._list("jobs", namespace, selector) if not _job_finished(j)
-                       and not (j["metadata"].get("deletionTimestamp"))]
-            if running:
+            # Not being deleted: started by an earlier try (it may have finished since we listed).
+            if [j for j in self._list("jobs", namespace, selector) if not j["metadata"].get("deletionTimestamp")]:
                 log.info("re-attaching to %s Job %s started by an earlier try", what, name)
                 return
             if time.monotonic() > deadline:
@@ -487,11 +486,12 @@ class KubernetesBackend:
             if state:
                 return jobs[0], state
             pod = next(iter(latest_pods(self._list("pods", namespace, selector)).values()), None)
-            phase = None if pod is None else (pod.get("status") or {}).get("phase") or "Pending"
-            if phase == "Pending" and _task_status(pod, _now(), {}, name, 0).phase == Phase.FAILED:
-                return jobs[0], "Failed"  # waiting cannot help (an image that cannot be pulled, a missing Secret)
-            if follower is not None and phase in _STARTED_PHASES:
-                follower.feed(self._read_log(namespace, _name(pod), container, PROGRESS_TAIL_LINES))
+            if pod is not None:
+                phase = (pod.get("status") or {}).get("phase") or "Pending"
+                if phase == "Pending" and _task_status(pod, _now(), {}, name, 0).phase == Phase.FAILED:
+                    return jobs[0], "Failed"  # waiting cannot help (an image that cannot be pulled, a missing Secret)
+                if follower is not None and phase in _STARTED_PHASES:
+                    follower.feed(self._read_log(namespace, _name(pod), container, PROGRESS_TAIL_LINES))
             time.sleep(self.poll_interval)
 
     # -- watching ------------------------------------------------------------------------

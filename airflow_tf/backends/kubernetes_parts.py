@@ -90,22 +90,8 @@ class KubernetesPartOptions:
         check("image", lambda: check_image(self.image, f"{WHERE}.image"))
         if self.namespace is not None:
             check("namespace", lambda: check_namespace(self.namespace))
-        for key in ("kubernetes_conn_id", "config_file", "cluster_context"):
-            value = getattr(self, key)
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                errors.append(f"{WHERE}.{key}: must be a non-empty string or None, got {value!r}")
-        if self.in_cluster is not None and not isinstance(self.in_cluster, bool):
-            errors.append(f"{WHERE}.in_cluster: must be true, false or None, got {self.in_cluster!r}")
         check("resources", lambda: check_resources("part", self.resources, f"{WHERE}.resources"))
-        if not isinstance(self.env, dict):
-            errors.append(f"{WHERE}.env: must map variable names to strings")
-        else:
-            for var, value in self.env.items():
-                if not isinstance(var, str) or not _ENV_NAME.match(var) or var in _RESERVED_ENV:
-                    errors.append(f"{WHERE}.env.{var}: not a usable environment variable name"
-                                  + (" (set by airflow-tf)" if var in _RESERVED_ENV else ""))
-                elif not isinstance(value, (str, int, float)) or isinstance(value, bool):
-                    errors.append(f"{WHERE}.env.{var}: must be a string, got {value!r}")
+        errors += _scalar_errors(self) + _env_errors(self.env)
         if not isinstance(self.pod, dict):
             errors.append(f"{WHERE}.pod: must be a dict of pod settings")
         else:
@@ -113,14 +99,6 @@ class KubernetesPartOptions:
                        for key, why in _NOT_FOR_PARTS.items() if key in self.pod]
             check("pod", lambda: pod_options("part", {k: v for k, v in self.pod.items() if k not in _NOT_FOR_PARTS},
                                              where=WHERE, others=_FIELD_DOCS))
-        for key in ("timeout_seconds", "poll_interval"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                errors.append(f"{WHERE}.{key}: must be a number of seconds > 0, got {value!r}")
-        ttl = self.ttl_seconds_after_finished
-        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0):
-            errors.append(f"{WHERE}.ttl_seconds_after_finished: must be a whole number of seconds >= 0 or None, "
-                          f"got {ttl!r}")
         if errors:
             raise SpecError("invalid Kubernetes settings of the prepare parts:\n  " + "\n  ".join(errors))
 
@@ -147,6 +125,39 @@ class KubernetesPartOptions:
                                  config_file=self.config_file, cluster_context=self.cluster_context,
                                  ttl_seconds_after_finished=self.ttl_seconds_after_finished,
                                  poll_interval=self.poll_interval)
+
+
+def _scalar_errors(options: KubernetesPartOptions) -> list[str]:
+    """What is wrong with the connection settings and the numbers."""
+    errors = []
+    for key in ("kubernetes_conn_id", "config_file", "cluster_context"):
+        value = getattr(options, key)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            errors.append(f"{WHERE}.{key}: must be a non-empty string or None, got {value!r}")
+    if options.in_cluster is not None and not isinstance(options.in_cluster, bool):
+        errors.append(f"{WHERE}.in_cluster: must be true, false or None, got {options.in_cluster!r}")
+    for key in ("timeout_seconds", "poll_interval"):
+        value = getattr(options, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            errors.append(f"{WHERE}.{key}: must be a number of seconds > 0, got {value!r}")
+    ttl = options.ttl_seconds_after_finished
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 0):
+        errors.append(f"{WHERE}.ttl_seconds_after_finished: must be a whole number of seconds >= 0 or None, "
+                      f"got {ttl!r}")
+    return errors
+
+
+def _env_errors(env: Any) -> list[str]:
+    if not isinstance(env, dict):
+        return [f"{WHERE}.env: must map variable names to strings"]
+    errors = []
+    for var, value in env.items():
+        if not isinstance(var, str) or not _ENV_NAME.match(var) or var in _RESERVED_ENV:
+            errors.append(f"{WHERE}.env.{var}: not a usable environment variable name"
+                          + (" (set by airflow-tf)" if var in _RESERVED_ENV else ""))
+        elif not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            errors.append(f"{WHERE}.env.{var}: must be a string, got {value!r}")
+    return errors
 
 
 _FIELD_DOCS = {f.name: "see KubernetesPartOptions" for f in dataclasses.fields(KubernetesPartOptions) if f.name != "pod"}

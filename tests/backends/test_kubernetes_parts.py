@@ -115,7 +115,8 @@ def _inputs(folder: Path, bad: bool = False) -> Path:
     """Two CSV files of rows with a unique id; with ``bad``, the second's last label is text."""
     folder.mkdir(parents=True)
     start = 0
-    for index, rows in enumerate((1500, 900)):
+    # The bad value comes after the first block (256 KiB) the plan infers the schema from.
+    for index, rows in enumerate((1500, 20000 if bad else 900)):
         lines = ["id,x,word,y"] + [f"{i},{i / 7:.5f},w{i % 13},{i % 2}" for i in range(start, start + rows)]
         if bad and index == 1:
             lines.append("9999,0.5,w1,oops")
@@ -199,7 +200,7 @@ def test_a_retried_part_reattaches_to_its_running_job_and_replaces_a_finished_on
     emulator.run(NS, first)
 
     def finish():
-        while not [r for r in emulator.calls("list", "jobs") if r.time > started]:
+        while not [r for r in emulator.calls("create", "jobs") if r.time > started]:  # the retry's, refused
             time.sleep(0.02)
         emulator.set_log(NS, first, "part 0: write 100%\n")
         emulator.succeed(NS, first, termination_message='{"counts":{"train":5},"index":0,"rows":5}')
@@ -243,7 +244,7 @@ def test_a_failed_part_names_its_pod_phase_reason_and_log_and_nothing_commits(em
     message = str(failure.value)
     assert f"Job {part_job_name('clicks', plan['token'], bad)} failed (pod " in message
     assert "exit code 2, phase Failed" in message, "the refused part's exit status and phase are named"
-    assert "day-1.csv line 902, column 'y'" in message, "the last lines of its log say which value is wrong"
+    assert "day-1.csv line 20002, column 'y'" in message, "the last lines of its log say which value is wrong"
     assert emulator.objects("jobs", NS) == [], "a failed part's Job is deleted too"
     with pytest.raises(DataError, match=f"part {bad} of 2 of dataset 'clicks' did not finish"):
         commit_parts(plan)
@@ -277,6 +278,36 @@ def test_a_killed_part_task_deletes_its_job_and_its_pod(emulator, kubeconfig, tm
     assert outcome and isinstance(outcome[0], BackendError) and "disappeared before it finished" in str(outcome[0])
     with pytest.raises(DataError, match="part 0 of 2 of dataset 'clicks' did not finish"):
         commit_parts(plan)
+
+
+def test_a_part_job_with_every_kind_of_setting_validates_against_the_kubernetes_schemas():
+    import kubernetes_validate
+    from test_kubernetes_manifests import SUPPORTED_VERSIONS
+
+    pods = KubernetesPartOptions(
+        image="registry.example/tf:2.21", namespace="ml", resources={"limits": {"cpu": "2", "memory": "3Gi"}},
+        env={"ARROW_IO_THREADS": "4"}, timeout_seconds=7200,
+        pod={"volumes": [{"claim": "shared", "mount_path": "/shared"}], "node_selector": {"pool": "batch"},
+             "tolerations": [{"key": "batch", "operator": "Exists", "effect": "NoSchedule"}],
+             "service_account": "prepare", "secret_env": {"AWS_SECRET_ACCESS_KEY": {"secret": "s3", "key": "secret"}},
+             "env_from": [{"config_map": "s3-endpoint"}], "image_pull_secrets": ["registry"],
+             "labels": {"team": "ads"}, "priority_class": "batch-low",
+             "pod_template": {"spec": {"containers": [{"name": "base", "workingDir": "/shared"}]}}})
+    job = part_job(pods, "ml", plan="/shared/datasets/clicks/.parts-0123456789ab", index=1, dataset="clicks",
+                   token=".parts-0123456789ab")
+    for version in SUPPORTED_VERSIONS:
+        kubernetes_validate.validate(job, version, strict=True)
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["AWS_SECRET_ACCESS_KEY"] == {"secretKeyRef": {"name": "s3", "key": "secret"}}, \
+        "a secret reaches the part as a reference, never as a value in the manifest"
+    assert env["ARROW_IO_THREADS"] == "4" and container["envFrom"] == [{"configMapRef": {"name": "s3-endpoint"}}]
+    assert (pod["serviceAccountName"], pod["automountServiceAccountToken"]) == ("prepare", True)
+    assert pod["nodeSelector"] == {"pool": "batch"} and pod["priorityClassName"] == "batch-low"
+    assert container["workingDir"] == "/shared", "the user's pod template is merged under the part's container"
+    assert job["spec"]["activeDeadlineSeconds"] == 7200
+    assert job["spec"]["template"]["metadata"]["labels"]["team"] == "ads"
 
 
 @pytest.mark.parametrize(("settings", "complaint"), [
