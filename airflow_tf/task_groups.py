@@ -27,6 +27,8 @@ from airflow_tf.sensors import WorkerCompletionSensor
 if TYPE_CHECKING:
     from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
+    from airflow_tf.backends.kubernetes_parts import KubernetesPartOptions
+
     from airflow_tf.operators.approval import ApproveExportOperator
 
 log = logging.getLogger(__name__)
@@ -173,6 +175,7 @@ def tf_prepare(
     output: str | None = None,
     workers: int | None = None,
     progress_every: float = 5.0,
+    kubernetes: KubernetesPartOptions | dict[str, Any] | None = None,
     **options: Any,
 ) -> TaskGroup:
     """One dataset version prepared by ``partitions`` parallel tasks, as a task group.
@@ -191,14 +194,25 @@ def tf_prepare(
     :param partitions: parallel parts (at most one per input file).
     :param output: datasets directory; default ``<storage>/datasets``.
     :param workers: encoding threads of each part.
+    :param progress_every: seconds between progress lines of each part.
+    :param kubernetes: run each part as a Kubernetes Job (one pod per part) instead of in the
+        Airflow worker, which then only waits and shows the part's log:
+        :class:`~airflow_tf.backends.kubernetes_parts.KubernetesPartOptions` or a dict of it
+        (``image``, ``namespace``, ``kubernetes_conn_id``, ``resources``, ``env``, and pod
+        settings such as ``volumes``, ``node_selector``, ``service_account``, ``secret_env``).
+        The pods must mount the storage ``output`` is on at the same path (a shared volume).
     :param options: the other options of the operator (``label``, ``eval_fraction``, ``seed``,
         ``split_key``, ``shards``, ``target_shard_mb``, ``compression``, ``schema``,
         ``string_columns``, ``allow_nan``, ``overwrite``, ``version``, ``buffer_mib``).
     """
+    from airflow_tf.backends.kubernetes_parts import KubernetesPartOptions
     from airflow_tf.operators.common import dataset_asset, is_template
+    from airflow_tf.operators.prepare import PreparePartOperator
     from airflow_tf.storage import datasets_dir
 
     outlets = [] if is_template(name) else [dataset_asset(name)]
+    # Checked while the DAG is parsed: a bad setting is an import error naming it.
+    pods = None if kubernetes is None else KubernetesPartOptions.coerce(kubernetes).to_dict()
 
     with TaskGroup(group_id=group_id) as group:
 
@@ -209,17 +223,8 @@ def tf_prepare(
             made = plan_parts(input, output or datasets_dir(), name, int(partitions), **options)
             log.info("Dataset %r: %d parts over %d files (%s rows expected), in %s", name, len(made["parts"]),
                      len(made["files"]), f"{made['estimated_rows']:,}", made["directory"])
-            return [{"plan": made["directory"], "index": i} for i in range(len(made["parts"]))]
-
-        @task(task_id="part")
-        def part(job: dict[str, Any]) -> dict[str, Any]:
-            from airflow_tf.data.partitioned import prepare_part
-
-            done = prepare_part(job["plan"], job["index"], workers=workers,
-                                progress=lambda p: log.info("part %d: %s", job["index"], p.describe()),
-                                progress_every=progress_every)
-            log.info("part %d written: %s rows (%s)", job["index"], done["rows"], done["counts"])
-            return done
+            return [{"plan": made["directory"], "index": i, "name": made["name"], "token": made["token"]}
+                    for i in range(len(made["parts"]))]
 
         @task(task_id="commit", outlets=outlets)
         def commit(jobs: Any) -> dict[str, Any]:  # the plan's jobs (an XComArg while the DAG is built)
@@ -239,7 +244,8 @@ def tf_prepare(
             return summary
 
         jobs = plan(input, name, partitions, output, options)
-        parts = part.expand(job=jobs)
+        parts = PreparePartOperator.partial(task_id="part", workers=workers, progress_every=progress_every,
+                                            kubernetes=pods).expand(job=jobs)
         summary = commit(jobs)
         parts >> summary
     group.output = summary  # type: ignore[attr-defined]

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from functools import cached_property
 from typing import Any
 
-from airflow_tf.cluster import GroupSpec, GroupStatus, SpecError
+from airflow_tf.cluster import GroupSpec, GroupStatus, Phase, SpecError
 from airflow_tf.cluster.components import REFUSED_EXIT, RESULT_MARKER, component_command
 from airflow_tf.cluster.progress import parse_progress
 
@@ -37,6 +37,7 @@ from .kubernetes_manifests import (
     DEFAULT_PS_MAX_LIFETIME_SECONDS,
     DEFAULT_TTL_SECONDS_AFTER_FINISHED,
     GROUP_LABEL,
+    ONE_OFF_LABEL,
     ROLE_LABEL,
     ROOT_ANNOTATION,
     SUCCESS_POLICY,
@@ -372,7 +373,7 @@ class KubernetesBackend:
             log.info("deleted from namespace %s: %s", namespace, ", ".join(deleted))
         return deleted
 
-    # -- one-off Jobs: evaluation and export on the cluster ------------------------------
+    # -- one-off Jobs: evaluation, export and prepare parts on the cluster ---------------
     def run_component(self, ref: GroupRef, component: str, request: dict[str, Any], *,
                       timeout: float = 3600.0) -> dict[str, Any]:
         """Run ``python -m airflow_tf.serving <component>`` once as a Job on the group's training
@@ -388,69 +389,93 @@ class KubernetesBackend:
             command = component_command(component, request, TERMINATION_MESSAGE_PATH)
         except ValueError as e:
             raise BackendError(f"group {ref.name}: {e}") from None
+        template = ref.options.get("task_template") or self.task_template
+        if not template:
+            raise BackendError(f"group {ref.name}: the launch recorded no pod template to run {component} with; "
+                               "launch the group again with this version of airflow-tf")
         namespace, name = self._ns(ref), f"{ref.name}-{component}"
-        pod = self._run_one_off(ref, component, command, timeout)
+        body = one_off_job(name, namespace, container=component, template=template, command=command,
+                           timeout=timeout, ttl=self.ttl_seconds_after_finished,
+                           labels={GROUP_LABEL: ref.name, COMPONENT_LABEL: component})
+        pod = self.run_one_off(body, what=component)
+        result = self.one_off_result(pod, component)
+        self.delete_job(namespace, name)
+        return result
+
+    def run_one_off(self, body: dict, *, what: str, on_log: Callable[[str], None] | None = None) -> dict:
+        """Run the one-off Job ``body`` (see :func:`one_off_job`) to its end and return its pod.
+
+        A Job of that name left by an earlier try is replaced when it finished and re-attached
+        to while it runs. ``on_log`` gets each new line of the pod's log while it runs. Raises
+        BackendError naming the pod, its phase and reason and the last lines of its log when the
+        Job fails (ComponentRefusedError when the container exited with REFUSED_EXIT)."""
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        container = body["spec"]["template"]["spec"]["containers"][0]["name"]
+        selector = f"{ONE_OFF_LABEL}={meta['labels'][ONE_OFF_LABEL]}"
+        self._start_one_off(body, selector, what)
+        log.info("running %s on the cluster as Job %s in namespace %s", what, name, namespace)
+        follower = _LogFollower(on_log) if on_log else None
+        job, state = self._wait_one_off(namespace, name, selector, container, follower)
+        pod = next(iter(latest_pods(self._list("pods", namespace, selector)).values()), None)
+        if follower is not None and pod is not None:  # the lines written since the last poll
+            follower.feed(self._read_log(namespace, _name(pod), container, PROGRESS_TAIL_LINES))
+        if state == "Complete":
+            if pod is None:
+                raise BackendError(f"{what} Job {name} completed, but its pod, which holds the result, is gone "
+                                   "(deleted outside airflow-tf); run the task again")
+            return pod
+        text = self._read_log(namespace, _name(pod), container, ONE_OFF_LOG_TAIL_LINES) if pod else ""
+        task = _task_status(pod, _now(), {}, name, 0) if pod else None
+        detail = (task.reason or (f"exit code {task.exit_code}" if task.exit_code is not None else None)) if task else None
+        phase = ((pod.get("status") or {}).get("phase") or "Pending") if pod else None
+        detail = detail.removeprefix(f"pod {_name(pod)}: ") if detail and pod else detail
+        error = ComponentRefusedError if task and task.exit_code == REFUSED_EXIT else BackendError
+        raise error(f"{what} Job {name} failed (pod {_name(pod) if pod else 'none'}: "
+                    f"{detail or _job_condition_text(job)}{f', phase {phase}' if phase else ''}); "
+                    f"last lines of its log:\n{text.rstrip() or '(empty)'}")
+
+    def one_off_result(self, pod: dict, container: str) -> dict[str, Any]:
+        """The JSON object a one-off Job's container wrote to its termination message, or, when
+        that was too small to hold it, the last line of its log (after RESULT_MARKER)."""
         try:
-            result = _component_result(pod, component)
+            return _component_result(pod, container)
         except _ResultTooLarge as too_large:
-            # The component also prints its whole result as its log's last line: read it there.
-            last = self._read_log(namespace, _name(pod), component, 1).strip()
+            last = self._read_log(pod["metadata"].get("namespace") or self.namespace, _name(pod), container,
+                                  1).strip()
             try:
                 result = json.loads(last.removeprefix(RESULT_MARKER))
             except json.JSONDecodeError:
                 raise BackendError(f"{too_large}, which is not JSON either: {last[:200]!r}") from None
             if not isinstance(result, dict):
                 raise BackendError(f"{too_large}, which is not a JSON object: {last[:200]!r}") from None
-        self._delete("jobs", namespace, name)
-        return result
+            return result
 
-    def _run_one_off(self, ref: GroupRef, component: str, command: list[str], timeout: float) -> dict:
-        """The pod of the one-off Job ``<group>-<component>`` once the Job completed."""
-        template = ref.options.get("task_template") or self.task_template
-        if not template:
-            raise BackendError(f"group {ref.name}: the launch recorded no pod template to run {component} with; "
-                               "launch the group again with this version of airflow-tf")
-        namespace, name = self._ns(ref), f"{ref.name}-{component}"
-        selector = f"{group_selector(ref.name)},{COMPONENT_LABEL}={component}"
-        self._start_one_off(_one_off_job(name, namespace, group=ref.name, component=component, template=template,
-                                         command=command, timeout=timeout, ttl=self.ttl_seconds_after_finished),
-                            selector)
-        log.info("running %s on the cluster as Job %s in namespace %s", component, name, namespace)
-        job, state = self._wait_one_off(namespace, name, selector)
-        pod = next(iter(latest_pods(self._list("pods", namespace, selector)).values()), None)
-        if state == "Complete":
-            if pod is None:
-                raise BackendError(f"{component} Job {name} completed, but its pod, which holds the result, is gone "
-                                   "(deleted outside airflow-tf); run the task again")
-            return pod
-        text = self._read_log(namespace, _name(pod), component, ONE_OFF_LOG_TAIL_LINES) if pod else ""
-        task = _task_status(pod, _now(), {}, name, 0) if pod else None
-        detail = (task.reason or (f"exit code {task.exit_code}" if task.exit_code is not None else None)) if task else None
-        error = ComponentRefusedError if task and task.exit_code == REFUSED_EXIT else BackendError
-        raise error(f"{component} Job {name} failed (pod {_name(pod) if pod else 'none'}: "
-                    f"{detail or _job_condition_text(job)}); last lines of its log:\n{text.rstrip() or '(empty)'}")
+    def delete_job(self, namespace: str, name: str) -> bool:
+        """Delete a Job and its pods; False when it was gone already."""
+        return self._delete("jobs", namespace, name)
 
-    def _start_one_off(self, body: dict, selector: str) -> None:
+    def _start_one_off(self, body: dict, selector: str, what: str) -> None:
         """Create the one-off Job, replacing a finished one of its name and re-attaching to a
         running one (started by an earlier try)."""
         meta = body["metadata"]
-        namespace, name, component = meta["namespace"], meta["name"], meta["labels"][COMPONENT_LABEL]
+        namespace, name = meta["namespace"], meta["name"]
         for old in self._list("jobs", namespace, selector):
             if _job_finished(old):
                 self._delete("jobs", namespace, _name(old))
         deadline = time.monotonic() + 60
         while self._create(body) is None:  # the old Job is still being deleted, or a running one
-            running = [j for j in self._list("jobs", namespace, selector) if not _job_finished(j)
-                       and not (j["metadata"].get("deletionTimestamp"))]
-            if running:
-                log.info("re-attaching to %s Job %s started by an earlier try", component, name)
+            # Not being deleted: started by an earlier try (it may have finished since we listed).
+            if [j for j in self._list("jobs", namespace, selector) if not j["metadata"].get("deletionTimestamp")]:
+                log.info("re-attaching to %s Job %s started by an earlier try", what, name)
                 return
             if time.monotonic() > deadline:
                 raise BackendError(f"could not create Job {name} in namespace {namespace}: "
                                    "a Job of that name is still being deleted")
             time.sleep(min(self.poll_interval, 1.0))
 
-    def _wait_one_off(self, namespace: str, name: str, selector: str) -> tuple[dict, str]:
+    def _wait_one_off(self, namespace: str, name: str, selector: str, container: str,
+                      follower: _LogFollower | None) -> tuple[dict, str]:
         """The one-off Job once it finished, and how (``Complete`` or why it failed)."""
         while True:
             jobs = [j for j in self._list("jobs", namespace, selector) if _name(j) == name]
@@ -460,6 +485,13 @@ class KubernetesBackend:
             state = _job_finished(jobs[0])
             if state:
                 return jobs[0], state
+            pod = next(iter(latest_pods(self._list("pods", namespace, selector)).values()), None)
+            if pod is not None:
+                phase = (pod.get("status") or {}).get("phase") or "Pending"
+                if phase == "Pending" and _task_status(pod, _now(), {}, name, 0).phase == Phase.FAILED:
+                    return jobs[0], "Failed"  # waiting cannot help (an image that cannot be pulled, a missing Secret)
+                if follower is not None and phase in _STARTED_PHASES:
+                    follower.feed(self._read_log(namespace, _name(pod), container, PROGRESS_TAIL_LINES))
             time.sleep(self.poll_interval)
 
     # -- watching ------------------------------------------------------------------------
@@ -666,20 +698,22 @@ def _component_result(pod: dict, component: str) -> dict[str, Any]:
     return result
 
 
-def _one_off_job(name: str, namespace: str, *, group: str, component: str, template: dict, command: list[str],
-                 timeout: float, ttl: int | None) -> dict:
-    """A Job running ``command`` (a component's) in the lead trainer's pod template: same image,
-    volumes, service account and security; no TF_CONFIG, no port. The container's result goes
-    to its termination message (on failure, the end of its log does)."""
+def one_off_job(name: str, namespace: str, *, container: str, template: dict, command: list[str],
+                timeout: float, ttl: int | None, labels: dict[str, str]) -> dict:
+    """A Job running ``command`` once in ``template`` (a Job's pod template: its image, volumes,
+    service account and security), as container ``container``: no TF_CONFIG, no port, no
+    retry. The container's result goes to its termination message (on failure, the end of
+    its log does). The Job and its pod carry ``labels`` and ONE_OFF_LABEL (the Job's name)."""
     spec = json.loads(json.dumps(template["spec"]))
     spec.pop("subdomain", None)
     main = dict(spec["containers"][0])
-    main.update(name=component, command=command, terminationMessagePath=TERMINATION_MESSAGE_PATH,
+    main.update(name=container, command=command, terminationMessagePath=TERMINATION_MESSAGE_PATH,
                 terminationMessagePolicy="FallbackToLogsOnError",
                 env=[e for e in main.get("env") or [] if e.get("name") not in ("TF_CONFIG",)])
     main.pop("ports", None)
     spec["containers"] = [main, *spec["containers"][1:]]
-    labels = {GROUP_LABEL: group, COMPONENT_LABEL: component}
+    meta = template.get("metadata") or {}
+    labels = {**labels, ONE_OFF_LABEL: name}
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
@@ -687,10 +721,28 @@ def _one_off_job(name: str, namespace: str, *, group: str, component: str, templ
             "backoffLimit": 0, "completions": 1, "parallelism": 1,
             "activeDeadlineSeconds": max(1, math.ceil(timeout)),
             **({"ttlSecondsAfterFinished": ttl} if ttl is not None else {}),
-            "template": {"metadata": {"labels": labels, "annotations": (template.get("metadata") or {}).get(
-                "annotations") or {}}, "spec": spec},
+            "template": {"metadata": {"labels": labels, "annotations": meta.get("annotations") or {}},
+                         "spec": spec},
         },
     }
+
+
+class _LogFollower:
+    """Hands each new line of a log, read as a tail again and again, to ``emit`` once."""
+
+    def __init__(self, emit: Callable[[str], None]) -> None:
+        self.emit = emit
+        self.seen: list[str] = []
+
+    def feed(self, tail: str) -> None:
+        lines = tail.splitlines()
+        # Where the lines seen last overlap the start of this tail; what follows is new.
+        for start in range(len(lines), -1, -1):
+            if start <= len(self.seen) and lines[:start] == self.seen[len(self.seen) - start:]:
+                break
+        for line in lines[start:]:
+            self.emit(line)
+        self.seen = (self.seen + lines[start:])[-PROGRESS_TAIL_LINES * 4:]
 
 
 def _event_selector(pod: str) -> str:

@@ -56,6 +56,8 @@ PREFIX = "airflow-tf"
 GROUP_LABEL = f"{PREFIX}/group"
 ROLE_LABEL = f"{PREFIX}/role"
 COMPONENT_LABEL = f"{PREFIX}/component"
+ONE_OFF_LABEL = f"{PREFIX}/one-off"
+"""On a one-off Job (evaluation, export, a prepare part) and its pod: the Job's name."""
 ROOT_ANNOTATION = f"{PREFIX}/root"
 SCHEDULE_TIMEOUT = f"{PREFIX}/schedule-timeout-seconds"
 SUCCESS_POLICY = f"{PREFIX}/success-policy"
@@ -424,20 +426,24 @@ POD_OPTIONS = {key: option.doc for key, option in POD_OPTION_TABLE.items()}
 """Each setting and what it means."""
 
 
-def pod_options(role: str, options: dict[str, Any]) -> PodOptions:
-    """Validate one role's Kubernetes settings; every problem is reported at once."""
-    where = f"roles.{role}.kubernetes"
+def pod_options(role: str, options: dict[str, Any], *, where: str | None = None,
+                others: dict[str, str] | None = None) -> PodOptions:
+    """Validate one role's Kubernetes settings; every problem is reported at once, each
+    under ``where`` (default ``roles.<role>.kubernetes``). ``others`` are the caller's own
+    settings beside these (listed with them when a key is unknown)."""
+    where = where or f"roles.{role}.kubernetes"
+    known = {**(others or {}), **POD_OPTIONS}
     errors = [f"{where}.{key}: unknown setting; the settings are: "
-              + "; ".join(f"{k} ({doc})" for k, doc in POD_OPTIONS.items())
-              for key in sorted(set(options) - set(POD_OPTION_TABLE))]
+              + "; ".join(f"{k} ({doc})" for k, doc in known.items())
+              for key in sorted(set(options) - set(known))]
     checked = {key: option.check(options[key], f"{where}.{key}", errors)
                for key, option in POD_OPTION_TABLE.items() if key in options}
     if errors:
         raise SpecError("invalid Kubernetes settings:\n  " + "\n  ".join(errors))
     return PodOptions(**checked)
 
-def _resources(role: str, resources: dict[str, Any]) -> dict[str, dict[str, str]]:
-    where = f"roles.{role}.resources"
+def check_resources(role: str, resources: dict[str, Any], where: str | None = None) -> dict[str, dict[str, str]]:
+    where = where or f"roles.{role}.resources"
     errors: list[str] = []
     if not isinstance(resources, dict) or set(resources) - {"requests", "limits"}:
         raise SpecError(f"{where}: must be {{requests: {{...}}, limits: {{...}}}} as in Kubernetes")
@@ -660,7 +666,7 @@ def _roles(spec: GroupSpec, pod_defaults: dict[str, Any] | None) -> dict[str, _R
     """The roles that have tasks, validated: pod settings, then resources, then reserved variables."""
     options = {role: pod_options(role, {**(pod_defaults or {}), **(spec.roles[role].kubernetes or {})})
                for role in spec.roles if spec.replicas(role)}
-    roles = {role: _Role(role, spec.roles[role], opts, _resources(role, spec.roles[role].resources))
+    roles = {role: _Role(role, spec.roles[role], opts, check_resources(role, spec.roles[role].resources))
              for role, opts in options.items()}
     for role in roles.values():
         clash = [var for var in _RESERVED_ENV if var in role.spec.env or var in role.options.secret_env]
@@ -697,17 +703,21 @@ def _task_env(group: _Group, role: _Role) -> list[dict]:
     # The index comes from JOB_COMPLETION_INDEX (set by the Job controller): one
     # TF_CONFIG for every pod of the Job.
     tf_config = json.dumps({"cluster": group.cluster, "task": {"type": role.name}}, sort_keys=True)
-    env: list[dict[str, Any]] = [{"name": "TF_CONFIG", "value": tf_config},
-           # Progress lines must reach the pod log as they are written, not at exit.
-           {"name": "PYTHONUNBUFFERED", "value": "1"}]
-    if not uses_gpu(role.resources):
+    return [{"name": "TF_CONFIG", "value": tf_config}, *_process_env(role.spec.env, role.options, role.resources)]
+
+
+def _process_env(env: dict[str, Any], opts: PodOptions, resources: dict[str, dict[str, str]]) -> list[dict]:
+    """The container's environment besides TF_CONFIG: the user's variables and Secret references."""
+    # Progress lines must reach the pod log as they are written, not at exit.
+    out: list[dict[str, Any]] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
+    if not uses_gpu(resources):
         # A task without a GPU limit stays on the CPU even on a GPU node whose
         # runtime exposes every device (parameter servers by default).
-        env.append({"name": "CUDA_VISIBLE_DEVICES", "value": ""})
-    env += [{"name": k, "value": str(v)} for k, v in role.spec.env.items()]
-    env += [{"name": var, "valueFrom": {"secretKeyRef": {"name": ref["secret"], "key": ref["key"]}}}
-            for var, ref in role.options.secret_env.items()]
-    return env
+        out.append({"name": "CUDA_VISIBLE_DEVICES", "value": ""})
+    out += [{"name": k, "value": str(v)} for k, v in env.items()]
+    out += [{"name": var, "valueFrom": {"secretKeyRef": {"name": ref["secret"], "key": ref["key"]}}}
+            for var, ref in opts.secret_env.items()]
+    return out
 
 
 def _env_from(opts: PodOptions) -> list[dict]:
@@ -756,12 +766,11 @@ def _lifecycle(group: _Group, role: _Role) -> dict[str, Any]:
     }
 
 
-def _pod_settings(role: _Role) -> dict[str, Any]:
+def _pod_settings(opts: PodOptions, resources: dict[str, dict[str, str]]) -> dict[str, Any]:
     """Where and as whom the pods run, and what they mount."""
-    opts = role.options
     volumes, volume_mounts = _volumes(opts)
     return {
-        "env_from": _env_from(opts), "resources": role.resources, "volumes": volumes, "volume_mounts": volume_mounts,
+        "env_from": _env_from(opts), "resources": resources, "volumes": volumes, "volume_mounts": volume_mounts,
         "init_containers": list(opts.init_containers) + [{**c, "restartPolicy": "Always"} for c in opts.sidecars],
         "node_selector": opts.node_selector, "tolerations": opts.tolerations, "affinity": opts.affinity,
         "service_account": opts.service_account, "image_pull_secrets": [{"name": s} for s in opts.image_pull_secrets],
@@ -778,7 +787,7 @@ def _role_job(group: _Group, role: _Role) -> dict:
         replicas=spec.replicas(role.name), service=service_name(spec.name), role=role.name,
         image=role.spec.image or spec.image, command=spec.command(role.name), env=_task_env(group, role),
         port=spec.port if role.name != "evaluator" else None,
-        **_job_metadata(group, role), **_lifecycle(group, role), **_pod_settings(role),
+        **_job_metadata(group, role), **_lifecycle(group, role), **_pod_settings(role.options, role.resources),
     )[0]
     if role.options.pod_template:
         job["spec"]["template"] = merge_pod_template(role.options.pod_template, job["spec"]["template"])
@@ -813,6 +822,23 @@ def render_group(spec: GroupSpec, namespace: str, *, cluster_domain: str | None 
         objects += _render("networkpolicy.yaml.j2", name=f"{spec.name}-grpc", namespace=namespace,
                            labels=group.labels, selector={GROUP_LABEL: spec.name}, port=spec.port)
     return objects + list(jobs.values())
+
+
+def one_off_pod_template(*, container: str, image: str, command: list[str], env: dict[str, str],
+                         options: PodOptions, resources: dict[str, dict[str, str]]) -> dict:
+    """The pod template (metadata + spec) of a container run once outside any training group
+    (a prepare part): rendered from the same Job template as a training task, so the same
+    settings give the same security, placement, volumes and Secret references."""
+    job = _render(
+        "job.yaml.j2", name=container, namespace="default", replicas=1, service=None, role=container,
+        image=image, command=command, env=_process_env(env, options, resources), port=None,
+        job_labels={}, job_annotations={}, pod_labels=options.labels, pod_annotations=options.annotations,
+        backoff_limit_per_index=0, pod_failure_rules=[], success_policy=None, active_deadline_seconds=None,
+        ttl_seconds_after_finished=None, suspend=False, **_pod_settings(options, resources),
+    )[0]
+    template = job["spec"]["template"]
+    template["spec"].pop("subdomain", None)
+    return merge_pod_template(options.pod_template, template) if options.pod_template else template
 
 
 def owned_by(obj: dict, root: dict) -> dict:

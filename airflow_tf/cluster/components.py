@@ -1,7 +1,8 @@
-"""One-off components of a training group: ``evaluate`` and ``export`` run once against the
-group's storage and hand back one JSON result. When a backend runs one as a process of its own
-(on Kubernetes, a Job on the training image), this is what the launcher and the image agree on:
-the command line and the exit status that means the request was refused."""
+"""One-off components: ``evaluate`` and ``export`` of a training group, and one part of a
+partitioned prepare, each run once against shared storage and hand back one JSON result. When
+one runs as a process of its own (on Kubernetes, a Job on the training image), this is what the
+launcher and the image agree on: the command line and the exit status that means the request
+was refused."""
 
 from __future__ import annotations
 
@@ -25,4 +26,24 @@ def component_command(component: str, request: dict[str, Any], result_file: str 
     if component not in COMPONENTS:
         raise ValueError(f"component {component!r} is not one of {', '.join(COMPONENTS)}")
     command = ["python", "-m", "airflow_tf.serving", component, "--request", json.dumps(request, sort_keys=True)]
+    return command + (["--result-file", result_file] if result_file else [])
+
+
+PART_COMPONENT = "prepare-part"
+"""The container name of a prepare part's pod."""
+
+
+def part_command(plan: str, index: int, result_file: str | None = None, *, workers: int | None = None,
+                 progress_every: float = 5.0) -> list[str]:
+    """``python -m airflow_tf.data part --plan DIR --index N [...]``: writes part ``index`` of the
+    partitioned prepare planned in ``plan`` (a directory on the storage the part's process
+    mounts) and its result, a JSON object, to ``result_file``."""
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"part index must be a whole number >= 0, got {index!r}")
+    if not isinstance(plan, str) or not plan.startswith("/"):
+        raise ValueError(f"plan must be an absolute path on the shared volume, got {plan!r}")
+    command = ["python", "-m", "airflow_tf.data", "part", "--plan", plan, "--index", str(index),
+               "--progress-every", f"{float(progress_every):g}"]
+    if workers is not None:
+        command += ["--workers", str(int(workers))]
     return command + (["--result-file", result_file] if result_file else [])

@@ -239,3 +239,69 @@ class DatasetWindowOperator(BaseOperator):
                       ", ".join(summary["partitions"]), summary["rows"],
                       ", ".join(f"{split} {count}" for split, count in summary["counts"].items()))
         return summary
+
+
+class PreparePartOperator(BaseOperator):
+    """One part of a partitioned prepare (the ``part`` task of
+    :func:`~airflow_tf.task_groups.tf_prepare`, mapped over the plan's parts): in this Airflow
+    worker, or, with ``kubernetes``, as a Kubernetes Job on shared storage while this task
+    waits, shows the part's log and returns its result.
+
+    :param job: ``{"plan": directory, "index": N, "name": dataset, "token": plan id}`` (one
+        item of the plan task's XCom).
+    :param workers: encoding threads of the part.
+    :param progress_every: seconds between progress lines.
+    :param kubernetes: :class:`~airflow_tf.backends.kubernetes_parts.KubernetesPartOptions`
+        (or its dict): run the part as a pod; None runs it here.
+    """
+
+    ui_color = "#d9ead3"
+
+    def __init__(self, *, job: Any, workers: int | None = None, progress_every: float = 5.0,
+                 kubernetes: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.job = job
+        self.workers = workers
+        self.progress_every = progress_every
+        self.kubernetes = kubernetes
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow_tf.backends.base import ComponentRefusedError
+        from airflow_tf.data.errors import DataError
+
+        from .common import no_retry_for
+
+        index = int(self.job["index"])
+        with no_retry_for(DataError, ComponentRefusedError, what=f"part {index} refused"):
+            done = self._run_in_pod(index) if self.kubernetes else self._run_here(index)
+        self.log.info("part %d written: %s rows (%s)", index, done["rows"], done["counts"])
+        return done
+
+    def _run_here(self, index: int) -> dict[str, Any]:
+        from airflow_tf.data.partitioned import prepare_part
+
+        return prepare_part(self.job["plan"], index, workers=self.workers,
+                            progress=lambda p: self.log.info("part %d: %s", index, p.describe()),
+                            progress_every=self.progress_every)
+
+    def _run_in_pod(self, index: int) -> dict[str, Any]:
+        from airflow_tf.backends.kubernetes_parts import KubernetesPartOptions, part_job_name, run_part
+
+        options = KubernetesPartOptions.coerce(self.kubernetes or {})
+        plan, dataset, token = self.job["plan"], self.job["name"], self.job["token"]
+        self._part_job = (options, part_job_name(dataset, token, index))
+        self.log.info("part %d runs as Kubernetes Job %s (image %s)", index, self._part_job[1], options.image)
+        return run_part(options, plan=plan, index=index, dataset=dataset, token=token, workers=self.workers,
+                        progress_every=self.progress_every, on_log=lambda line: self.log.info("| %s", line))
+
+    def on_kill(self) -> None:
+        """A killed part takes its pod with it: the part writes nothing more, so no version
+        commits from it."""
+        if getattr(self, "_part_job", None) is None:
+            return
+        from airflow_tf.backends.kubernetes_parts import delete_part
+
+        options, name = self._part_job
+        self.log.info("part killed: deleting its Job %s", name)
+        backend = options.backend()
+        delete_part(options, backend.namespace, name, backend)

@@ -543,7 +543,7 @@ def test_evaluation_runs_as_a_job_on_the_training_image_and_its_failure_names_th
     runner = threading.Thread(target=kubelet, args=(lambda ns, name: emulator.fail(ns, name, exit_code=1),))
     runner.start()
     with pytest.raises(BackendError, match=r"(?s)evaluate Job tf-mnist-evaluate failed \(pod tf-mnist-evaluate-0-\w+: "
-                                           r"exit code 1\).*evaluated 100 examples"):
+                                           r"exit code 1, phase Failed\).*evaluated 100 examples"):
         backend_for(ref).run_component(ref, "evaluate", REQUEST)
     runner.join()
 

@@ -191,7 +191,7 @@ def test_a_refused_evaluation_fails_without_retries_naming_the_pod(emulator, kub
     ref = get_backend("kubernetes", **_options(kubeconfig)).launch(make_spec())
     thread = _kubelet(emulator, "evaluate", "evaluate refused: no checkpoint in /runs/tf-mnist\n", outcome=2)
     with pytest.raises(AirflowFailException, match=r"(?s)evaluation refused: evaluate Job tf-mnist-evaluate failed "
-                                                   r"\(pod tf-mnist-evaluate-0-\w+: exit code 2\).*no checkpoint"):
+                                                   r"\(pod tf-mnist-evaluate-0-\w+: exit code 2, phase Failed\).*no checkpoint"):
         EvaluateModelOperator(task_id="evaluate", launch=_launch_result(ref)).execute({})
     thread.join()
 

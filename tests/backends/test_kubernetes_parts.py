@@ -1,0 +1,412 @@
+"""The parts of a partitioned prepare as Kubernetes Jobs (``tf_prepare(kubernetes=...)``),
+against the Kubernetes API emulator, through the provider's KubernetesHook and the real
+``kubernetes`` client; every request is checked against the shipped RBAC Role.
+
+The emulator is an API server with a Job controller: it makes pods but runs nothing in
+them. The ``LocalKubelet`` below stands in for the kubelet of a node: it runs each part pod's
+container command (the command line from the Job manifest, unchanged but for the
+interpreter's path) as a local process, on this machine's file system standing in for the
+shared volume (the plan's directory has the same path in the pod and in the Airflow worker,
+as a PersistentVolumeClaim mounted at the same path gives), streams its output into the pod's
+log, gives the file at ``terminationMessagePath`` to the pod's status as the kubelet does, and
+kills the process when its pod is deleted. So a real part writes real shards here, and the
+committed version is compared with a local prepare record by record."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from test_kubernetes import NS, emulator, kubeconfig  # noqa: F401 (fixtures)
+
+from airflow_tf.backends import BackendError
+from airflow_tf.backends.base import ComponentRefusedError
+from airflow_tf.backends.kubernetes import TERMINATION_MESSAGE_PATH
+from airflow_tf.backends.kubernetes_parts import KubernetesPartOptions, part_job, part_job_name, run_part
+from airflow_tf.cluster import SpecError
+from airflow_tf.cluster.names import is_dns1123_label
+from airflow_tf.data import prepare_dataset
+from airflow_tf.data.errors import DataError
+from airflow_tf.data.partitioned import commit_parts, plan_parts
+
+PARTS = "airflow-tf/component=prepare-part"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class LocalKubelet:
+    """Runs the container command of every part pod the Job controller makes, as a process
+    of this machine (see the module's docstring)."""
+
+    def __init__(self, emu, scratch: Path):
+        self.emu, self.scratch = emu, scratch
+        self.started: list[str] = []
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> LocalKubelet:
+        self._watcher.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._watcher.join()
+        for thread in self._threads:
+            thread.join(timeout=60)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            for pod in self.emu.objects("pods", NS, PARTS):
+                name = pod["metadata"]["name"]
+                if name not in self.started:
+                    self.started.append(name)
+                    thread = threading.Thread(target=self._run, args=(pod,), daemon=True)
+                    self._threads.append(thread)
+                    thread.start()
+            time.sleep(0.05)
+
+    def _run(self, pod: dict) -> None:
+        name = pod["metadata"]["name"]
+        container = pod["spec"]["containers"][0]
+        message = self.scratch / f"{name}.termination-log"
+        message.touch()
+        command = [sys.executable if arg == "python" and i == 0 else
+                   str(message) if arg == container["terminationMessagePath"] else arg
+                   for i, arg in enumerate(container["command"])]
+        env = {**os.environ, **{e["name"]: e["value"] for e in container.get("env") or [] if "value" in e}}
+        self.emu.run(NS, name)
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                   cwd=self.scratch)
+        lines: list[str] = []
+
+        def read() -> None:
+            assert process.stdout is not None
+            for line in process.stdout:
+                lines.append(line)
+                self.emu.set_log(NS, name, "".join(lines))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        while process.poll() is None:
+            if self.emu.get("pods", NS, name) is None:  # deleted: the kubelet stops the container
+                process.kill()
+                process.wait()
+                return
+            time.sleep(0.05)
+        reader.join()
+        if self.emu.get("pods", NS, name) is None:
+            return
+        if process.returncode == 0:
+            self.emu.succeed(NS, name, termination_message=message.read_text())
+        else:
+            self.emu.fail(NS, name, exit_code=process.returncode)
+
+
+def _inputs(folder: Path) -> Path:
+    """Two CSV files of rows with a unique id."""
+    folder.mkdir(parents=True)
+    start = 0
+    for index, rows in enumerate((1500, 900)):
+        lines = ["id,x,word,y"] + [f"{i},{i / 7:.5f},w{i % 13},{i % 2}" for i in range(start, start + rows)]
+        (folder / f"day-{index}.csv").write_text("\n".join(lines) + "\n")
+        start += rows
+    return folder
+
+
+def _tfrecords(path: Path) -> list[bytes]:
+    """The records of one uncompressed TFRecord file (length, its CRC, data, its CRC)."""
+    data, records, at = path.read_bytes(), [], 0
+    while at < len(data):
+        (length,) = struct.unpack("<Q", data[at:at + 8])
+        records.append(data[at + 12:at + 12 + length])
+        at += 12 + length + 4
+    return records
+
+
+def _records(uri: str, split: str) -> Counter:
+    return Counter(r for f in sorted(Path(uri, split).glob("part-*")) for r in _tfrecords(f))
+
+
+def _options(kubeconfig: str, **extra) -> KubernetesPartOptions:
+    return KubernetesPartOptions.coerce({
+        "image": "registry.example/tf:2.21", "namespace": NS, "kubernetes_conn_id": None, "config_file": kubeconfig,
+        "poll_interval": 0.1, "volumes": [{"claim": "datasets", "mount_path": "/data"}],
+        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}, **extra})
+
+
+def _created_jobs(emu) -> list[dict]:
+    return [o for _, resource, kind, o in emu._history if resource == "jobs" and kind == "ADDED"]
+
+
+def test_parts_run_as_jobs_and_the_committed_version_equals_a_local_prepare(emulator, kubeconfig, tmp_path):
+    folder = _inputs(tmp_path / "raw")
+    options = dict(label="y", eval_fraction=0.25, seed=7)
+    plan = plan_parts(folder, tmp_path / "datasets", "clicks", partitions=2, **options)
+    pods = _options(kubeconfig)
+    lines: list[str] = []
+    with LocalKubelet(emulator, tmp_path):
+        results = [run_part(pods, plan=plan["directory"], index=i, dataset="clicks", token=plan["token"],
+                            progress_every=0, on_log=lines.append) for i in range(2)]
+    assert [r["index"] for r in results] == [0, 1] and sum(r["rows"] for r in results) == 2400, \
+        "each part's result comes back from its pod's termination message"
+    assert any(line.startswith("part 0: ") for line in lines) and any(line.startswith("part 1: ") for line in lines), \
+        "the parts' progress reaches the task log"
+    assert len(lines) == len(set(lines)), "each log line is shown once"
+    assert emulator.objects("jobs", NS) == [], "a finished part's Job is deleted"
+
+    summary = commit_parts(plan)
+    single = prepare_dataset(folder, tmp_path / "single", "single", **options)
+    assert summary["counts"] == single["counts"] and summary["rows"] == 2400
+    for split in ("train", "eval"):
+        assert _records(summary["dataset_uri"], split) == _records(single["dataset_uri"], split)
+
+    job = _created_jobs(emulator)[0]
+    name = job["metadata"]["name"]
+    assert name == part_job_name("clicks", plan["token"], 0) and is_dns1123_label(name)
+    assert job["spec"]["backoffLimit"] == 0 and job["spec"]["ttlSecondsAfterFinished"] == 3600
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["image"] == "registry.example/tf:2.21"
+    assert container["command"] == ["python", "-m", "airflow_tf.data", "part", "--plan", plan["directory"],
+                                    "--index", "0", "--progress-every", "0", "--result-file", TERMINATION_MESSAGE_PATH]
+    assert container["volumeMounts"] == [{"name": "volume-0", "mountPath": "/data", "readOnly": False}]
+    assert pod["volumes"] == [{"name": "volume-0", "persistentVolumeClaim": {"claimName": "datasets",
+                                                                          "readOnly": False}}]
+    assert container["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}
+    assert pod["securityContext"]["runAsNonRoot"] and not pod["automountServiceAccountToken"]
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert job["metadata"]["labels"]["airflow-tf/dataset"] == "clicks"
+
+
+def test_a_retried_part_reattaches_to_its_running_job_and_replaces_a_finished_one(emulator, kubeconfig, tmp_path):
+    pods = _options(kubeconfig)
+    plan_dir, token = str(tmp_path / ".parts-0123456789ab"), ".parts-0123456789ab"
+    earlier = part_job(pods, NS, plan=plan_dir, index=0, dataset="clicks", token=token)
+    backend = pods.backend()
+    backend._create(earlier)  # the first try of the task started it, then its worker was lost
+    first = emulator.objects("pods", NS, PARTS)[0]["metadata"]["name"]
+    emulator.run(NS, first)
+
+    def finish():
+        while not [r for r in emulator.calls("create", "jobs") if r.time > started]:  # the retry's, refused
+            time.sleep(0.02)
+        emulator.set_log(NS, first, "part 0: write 100%\n")
+        emulator.succeed(NS, first, termination_message='{"counts":{"train":5},"index":0,"rows":5}')
+
+    started = time.monotonic()
+    helper = threading.Thread(target=finish)
+    helper.start()
+    result = run_part(pods, plan=plan_dir, index=0, dataset="clicks", token=token)
+    helper.join()
+    assert result == {"counts": {"train": 5}, "index": 0, "rows": 5}
+    assert len(_created_jobs(emulator)) == 1, "the retry re-attached to the running Job instead of starting another"
+
+    backend._create(earlier)  # a try that failed left its finished Job behind
+    failed = [p for p in emulator.objects("pods", NS, PARTS) if p["metadata"]["name"] != first][0]["metadata"]["name"]
+    emulator.fail(NS, failed, exit_code=1)
+
+    def succeed_new():
+        while True:
+            fresh = [p["metadata"]["name"] for p in emulator.objects("pods", NS, PARTS)
+                     if p["metadata"]["name"] not in (first, failed)]
+            if fresh:
+                emulator.succeed(NS, fresh[0], termination_message='{"counts":{"train":7},"index":0,"rows":7}')
+                return
+            time.sleep(0.02)
+
+    helper = threading.Thread(target=succeed_new)
+    helper.start()
+    assert run_part(pods, plan=plan_dir, index=0, dataset="clicks", token=token)["rows"] == 7, \
+        "the finished Job of an earlier try was replaced by a new one"
+    helper.join()
+    assert len(_created_jobs(emulator)) == 3 and emulator.objects("jobs", NS) == []
+
+
+def test_a_failed_part_names_its_pod_phase_reason_and_log_and_nothing_commits(emulator, kubeconfig, tmp_path):
+    folder = _inputs(tmp_path / "raw")
+    plan = plan_parts(folder, tmp_path / "datasets", "clicks", partitions=2, label="y", eval_fraction=0.25)
+    bad = next(i for i, files in enumerate(plan["parts"]) if files[0].endswith("day-1.csv"))
+    with open(folder / "day-1.csv", "a") as handle:  # a row the plan did not see: only the part reads it
+        handle.write("9999,0.5,w1,oops\n")
+    pods = _options(kubeconfig)
+    with LocalKubelet(emulator, tmp_path):
+        run_part(pods, plan=plan["directory"], index=1 - bad, dataset="clicks", token=plan["token"])
+        with pytest.raises(ComponentRefusedError) as failure:
+            run_part(pods, plan=plan["directory"], index=bad, dataset="clicks", token=plan["token"])
+    message = str(failure.value)
+    assert f"Job {part_job_name('clicks', plan['token'], bad)} failed (pod " in message
+    assert "exit code 2, phase Failed" in message, "the refused part's exit status and phase are named"
+    assert "day-1.csv line 902, column 'y'" in message, "the last lines of its log say which value is wrong"
+    assert emulator.objects("jobs", NS) == [], "a failed part's Job is deleted too"
+    with pytest.raises(DataError, match=f"part {bad} of 2 of dataset 'clicks' did not finish"):
+        commit_parts(plan)
+    assert not (tmp_path / "datasets" / "clicks" / "1").exists()
+
+
+def test_a_killed_part_task_deletes_its_job_and_its_pod(emulator, kubeconfig, tmp_path):
+    from airflow_tf.operators.prepare import PreparePartOperator
+
+    folder = _inputs(tmp_path / "raw")
+    plan = plan_parts(folder, tmp_path / "datasets", "clicks", partitions=2, label="y")
+    job = {"plan": plan["directory"], "index": 0, "name": "clicks", "token": plan["token"]}
+    operator = PreparePartOperator(task_id="part", job=job, kubernetes=_options(kubeconfig).to_dict())
+    outcome: list[BaseException] = []
+
+    def execute():
+        try:
+            operator.execute({})
+        except BaseException as e:  # noqa: BLE001  the test reads it below
+            outcome.append(e)
+
+    # No kubelet: the pod stays Pending, as on a busy cluster, until the task is killed.
+    runner = threading.Thread(target=execute)
+    runner.start()
+    while not emulator.objects("pods", NS, PARTS):
+        time.sleep(0.02)
+    operator.on_kill()
+    runner.join(timeout=30)
+    assert emulator.objects("jobs", NS) == [] and emulator.objects("pods", NS) == [], \
+        "killing the task deletes the part's Job and, with it, its pod"
+    assert outcome and isinstance(outcome[0], BackendError) and "disappeared before it finished" in str(outcome[0])
+    with pytest.raises(DataError, match="part 0 of 2 of dataset 'clicks' did not finish"):
+        commit_parts(plan)
+
+
+def test_a_part_job_with_every_kind_of_setting_validates_against_the_kubernetes_schemas():
+    import kubernetes_validate
+    from test_kubernetes_manifests import SUPPORTED_VERSIONS
+
+    pods = KubernetesPartOptions(
+        image="registry.example/tf:2.21", namespace="ml", resources={"limits": {"cpu": "2", "memory": "3Gi"}},
+        env={"ARROW_IO_THREADS": "4"}, timeout_seconds=7200,
+        pod={"volumes": [{"claim": "shared", "mount_path": "/shared"}], "node_selector": {"pool": "batch"},
+             "tolerations": [{"key": "batch", "operator": "Exists", "effect": "NoSchedule"}],
+             "service_account": "prepare", "secret_env": {"AWS_SECRET_ACCESS_KEY": {"secret": "s3", "key": "secret"}},
+             "env_from": [{"config_map": "s3-endpoint"}], "image_pull_secrets": ["registry"],
+             "labels": {"team": "ads"}, "priority_class": "batch-low",
+             "pod_template": {"spec": {"containers": [{"name": "base", "workingDir": "/shared"}]}}})
+    job = part_job(pods, "ml", plan="/shared/datasets/clicks/.parts-0123456789ab", index=1, dataset="clicks",
+                   token=".parts-0123456789ab")
+    for version in SUPPORTED_VERSIONS:
+        kubernetes_validate.validate(job, version, strict=True)
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["AWS_SECRET_ACCESS_KEY"] == {"secretKeyRef": {"name": "s3", "key": "secret"}}, \
+        "a secret reaches the part as a reference, never as a value in the manifest"
+    assert env["ARROW_IO_THREADS"] == "4" and container["envFrom"] == [{"configMapRef": {"name": "s3-endpoint"}}]
+    assert (pod["serviceAccountName"], pod["automountServiceAccountToken"]) == ("prepare", True)
+    assert pod["nodeSelector"] == {"pool": "batch"} and pod["priorityClassName"] == "batch-low"
+    assert container["workingDir"] == "/shared", "the user's pod template is merged under the part's container"
+    assert job["spec"]["activeDeadlineSeconds"] == 7200
+    assert job["spec"]["template"]["metadata"]["labels"]["team"] == "ads"
+
+
+@pytest.mark.parametrize(("settings", "complaint"), [
+    ({"image": ""}, r"kubernetes.image: '' is not a container image reference"),
+    ({"image": "tf:2.21", "namespace": "ML_Team"}, r"kubernetes.namespace: .*'ML_Team' is not a Kubernetes namespace"),
+    ({"image": "tf:2.21", "resources": {"limits": {"memory": "lots"}}},
+     r"kubernetes.resources.limits.memory: 'lots' is not a Kubernetes quantity"),
+    ({"image": "tf:2.21", "env": {"BAD NAME": "1"}}, r"kubernetes.env.BAD NAME: not a usable environment variable"),
+    ({"image": "tf:2.21", "volumes": [{"claim": "data"}]},
+     r"kubernetes.volumes\[0\].mount_path: an absolute path inside the container is required"),
+    ({"image": "tf:2.21", "service_account": "Bad_Name"}, r"kubernetes.service_account: 'Bad_Name' is not a valid"),
+    ({"image": "tf:2.21", "queue_name": "q"}, r"kubernetes.queue_name: not a setting of part pods"),
+    ({"image": "tf:2.21", "volume": []}, r"kubernetes.volume: unknown setting; the settings are: image"),
+    ({"image": "tf:2.21", "timeout_seconds": 0}, r"kubernetes.timeout_seconds: must be a number of seconds > 0"),
+    ({"namespace": "ml"}, r"kubernetes.image: the image the parts run on is required"),
+])
+def test_bad_settings_are_refused_naming_the_setting(settings, complaint):
+    with pytest.raises(SpecError, match=complaint):
+        KubernetesPartOptions.coerce(settings)
+
+
+def test_a_bad_setting_fails_the_dag_while_it_is_parsed(tmp_path):
+    from airflow.sdk import DAG
+
+    from airflow_tf.task_groups import tf_prepare
+
+    with DAG("parted_k8s", schedule=None), pytest.raises(SpecError, match="kubernetes.image"):
+        tf_prepare(input=str(tmp_path), name="clicks", kubernetes={"image": "bad image!"})
+    with DAG("parted_k8s_ok", schedule=None) as dag:
+        tf_prepare(input=str(tmp_path), name="clicks", kubernetes={"image": "tf:2.21", "volumes": []})
+    part = dag.get_task("prepare.part")
+    assert KubernetesPartOptions.coerce(part.partial_kwargs["kubernetes"]).image == "tf:2.21"
+
+
+DAG_FILE = '''
+import json
+from datetime import datetime
+from pathlib import Path
+
+from airflow.sdk import DAG, task
+from airflow_tf.task_groups import tf_prepare
+
+with DAG("parted_pods", schedule=None, start_date=datetime(2024, 1, 1), catchup=False) as dag:
+    prepared = tf_prepare(input={source!r}, output={output!r}, name="clicks", partitions=2, label="y",
+                          eval_fraction=0.25, seed=7, progress_every=0,
+                          kubernetes={{"image": "registry.example/tf:2.21", "namespace": {namespace!r},
+                                      "kubernetes_conn_id": None, "config_file": {kubeconfig!r},
+                                      "poll_interval": 0.2,
+                                      "volumes": [{{"claim": "datasets", "mount_path": {output!r}}}]}})
+
+    @task
+    def record(summary):
+        Path({result!r}).write_text(json.dumps(summary))
+
+    record(prepared.output)
+'''
+
+
+@pytest.mark.slow
+def test_a_dag_prepares_with_its_parts_as_pods(emulator, kubeconfig, tmp_path):
+    from airflow_tf.demo import airflow_env, dags_test, init_airflow
+
+    folder = _inputs(tmp_path / "raw")
+    output, result, dags = tmp_path / "datasets", tmp_path / "xcom.json", tmp_path / "dags"
+    dags.mkdir()
+    (dags / "parted_pods.py").write_text(textwrap.dedent(DAG_FILE.format(
+        source=str(folder), output=str(output), namespace=NS, kubeconfig=kubeconfig, result=str(result))))
+    env = airflow_env(tmp_path, dags)
+    init_airflow(env)
+    with LocalKubelet(emulator, tmp_path) as kubelet:
+        run = dags_test(env, "parted_pods")
+    assert "state=success" in run.stdout, run.stdout[-4000:]
+    assert len(kubelet.started) == 2, "each part ran in a pod of its own"
+    assert "| part 1: " in run.stdout, "a part's progress is in its Airflow task log"
+    summary = json.loads(result.read_text())
+    single = prepare_dataset(folder, tmp_path / "single", "single", label="y", eval_fraction=0.25, seed=7)
+    assert summary["parts"] == 2 and summary["counts"] == single["counts"]
+    for split in ("train", "eval"):
+        assert _records(summary["dataset_uri"], split) == _records(single["dataset_uri"], split)
+    assert emulator.objects("jobs", NS) == []
+
+
+def test_a_part_whose_image_cannot_be_pulled_fails_at_once_naming_the_pod(emulator, kubeconfig, tmp_path):
+    pods = _options(kubeconfig)
+
+    def cannot_pull():
+        while not emulator.objects("pods", NS, PARTS):
+            time.sleep(0.02)
+        emulator.waiting(NS, emulator.objects("pods", NS, PARTS)[0]["metadata"]["name"], "ImagePullBackOff",
+                         'Back-off pulling image "registry.example/tf:2.21"')
+
+    helper = threading.Thread(target=cannot_pull)
+    helper.start()
+    started = time.monotonic()
+    with pytest.raises(BackendError, match=r"failed \(pod prep-clicks-0123456789ab-0-0-\w+: ImagePullBackOff: "
+                                           r".*phase Pending\)"):
+        run_part(pods, plan=str(tmp_path / ".parts-0123456789ab"), index=0, dataset="clicks",
+                 token=".parts-0123456789ab")
+    helper.join()
+    assert time.monotonic() - started < 30, "the task does not wait for the Job's deadline (a day)"
+    assert emulator.objects("jobs", NS) == []
