@@ -6,7 +6,13 @@ Credentials: ``storage_options`` maps a scheme to the keyword arguments of pyarr
 connection); without them pyarrow finds its own (``AWS_*`` variables, an instance or pod
 role, ``GOOGLE_APPLICATION_CREDENTIALS``, workload identity), and the endpoint of a
 compatible server from ``AWS_ENDPOINT_URL`` or ``CLOUD_STORAGE_EMULATOR_ENDPOINT`` (a GCS
-emulator, used without credentials).
+emulator, used without credentials). A scheme's options may also name the Airflow connection
+they came from (``conn_id``), which an error then names.
+
+Every request is bounded: a store, or a credential lookup (a cloud metadata server), that does
+not answer fails within about :data:`GCS_RETRY_SECONDS` (GCS) or :data:`S3_CONNECT_SECONDS` times
+:data:`S3_ATTEMPTS` (S3) with an error naming the location, the connection (or that none was
+given) and what to set, instead of hanging in pyarrow's default lookup.
 The options hold secrets: they never appear in an error message, a manifest or a log line."""
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ import io
 import json
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,9 +34,28 @@ from .errors import DataError, InputDataError
 
 SCHEMES = ("s3", "gs")
 StorageOptions = Mapping[str, Mapping[str, Any]]
-"""Per scheme (``"s3"``, ``"gs"``), the keyword arguments of pyarrow's file system."""
+"""Per scheme (``"s3"``, ``"gs"``), the keyword arguments of pyarrow's file system, and
+optionally ``conn_id``: the Airflow connection they were read from (named in errors)."""
 
-_FILESYSTEMS: dict[tuple[str, str], Any] = {}
+CONN_ID = "conn_id"
+_CONN_PARAMETER = {"s3": "aws_conn_id", "gs": "gcp_conn_id"}
+_ENVIRONMENT = {
+    "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, ~/.aws, an instance or pod role; AWS_ENDPOINT_URL "
+          "for an S3-compatible server",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS, workload identity or the metadata server; "
+          "CLOUD_STORAGE_EMULATOR_ENDPOINT for an emulator",
+}
+GCS_RETRY_SECONDS = 20
+"""How long a GCS request (the credential lookup included) is retried before it fails;
+pyarrow's default is 15 minutes, which looks like a hang."""
+S3_CONNECT_SECONDS = 5
+S3_REQUEST_SECONDS = 30  # a transfer stalled this long is aborted (and retried)
+S3_ATTEMPTS = 3
+FILESYSTEMS_KEPT = 8
+"""File systems kept for reuse, the least recently used dropped first: one per set of
+credentials, so a long-lived worker does not keep one for every rotated key."""
+
+_FILESYSTEMS: OrderedDict[tuple[str, str], Any] = OrderedDict()
 _LOCK = threading.Lock()
 
 
@@ -69,33 +96,70 @@ def _bucket_path(uri: str) -> str:
 
 def filesystem(uri: str, options: StorageOptions | None = None) -> tuple[Any, str]:
     """(pyarrow file system, path inside it) of an ``s3://``/``gs://`` URI. With options for the
-    scheme the file system is built from them, else pyarrow resolves it from the URI (the
-    bucket's region, the environment's credentials)."""
-    import pyarrow.fs as pafs
-
+    scheme the file system is built from them, else from the environment (its credentials, the
+    bucket's region), with every request bounded (see the module's notes)."""
     check_location(uri, "location")
     scheme = scheme_of(uri)
     if scheme is None:
         raise DataError(f"{uri!r} is a local path, not an object-storage URI")
     path = _bucket_path(uri)
     given = dict((options or {}).get(scheme) or {})
+    conn_id = given.pop(CONN_ID, None)
     bucket = path.split("/", 1)[0]
-    key = (scheme, json.dumps(given, sort_keys=True, default=str) + ("" if given else bucket))
+    # Without options the bucket is part of the key: its region is part of the file system.
+    key = (scheme, json.dumps([conn_id, given], sort_keys=True, default=str) + ("" if given else bucket))
     with _LOCK:
         cached = _FILESYSTEMS.get(key)
         if cached is None:
             try:
-                if given:
-                    cached = (pafs.S3FileSystem if scheme == "s3" else pafs.GcsFileSystem)(**given)
-                elif scheme == "gs" and os.environ.get("CLOUD_STORAGE_EMULATOR_ENDPOINT"):
-                    cached = pafs.GcsFileSystem(anonymous=True)  # an emulator takes no credentials
-                else:
-                    cached = pafs.FileSystem.from_uri(f"{scheme}://{bucket}")[0]
+                cached = _s3(bucket, given) if scheme == "s3" else _gcs(given)
             except (OSError, TypeError, ValueError) as exc:
                 # The message of a TypeError names an option, never its value.
-                raise DataError(f"cannot open {scheme}://{bucket}: {_reason(exc)}") from None
+                raise DataError(_failure(f"cannot open {scheme}://{bucket}", exc, scheme, conn_id)) from None
             _FILESYSTEMS[key] = cached
+            while len(_FILESYSTEMS) > FILESYSTEMS_KEPT:
+                _FILESYSTEMS.popitem(last=False)
+        else:
+            _FILESYSTEMS.move_to_end(key)
     return cached, path
+
+
+def _gcs(given: dict[str, Any]) -> Any:
+    import pyarrow.fs as pafs
+
+    bounds: dict[str, Any] = {"retry_time_limit": timedelta(seconds=GCS_RETRY_SECONDS)}
+    if not given and os.environ.get("CLOUD_STORAGE_EMULATOR_ENDPOINT"):
+        bounds["anonymous"] = True  # an emulator takes no credentials
+    return pafs.GcsFileSystem(**{**bounds, **given})
+
+
+def _s3(bucket: str, given: dict[str, Any]) -> Any:
+    import pyarrow.fs as pafs
+
+    bounds: dict[str, Any] = {"connect_timeout": S3_CONNECT_SECONDS, "request_timeout": S3_REQUEST_SECONDS,
+                              "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=S3_ATTEMPTS)}
+    if not given and not os.environ.get("AWS_ENDPOINT_URL") and not (
+            os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
+        bounds["region"] = pafs.resolve_s3_region(bucket)  # as pyarrow does for an s3:// URI
+    return pafs.S3FileSystem(**{**bounds, **given})
+
+
+def _failure(what: str, exc: BaseException, scheme: str | None, conn_id: str | None) -> str:
+    """``what`` failed: pyarrow's reason, then where the credentials came from and what to set."""
+    if scheme not in _CONN_PARAMETER:
+        return f"{what}: {_reason(exc)}"
+    parameter = _CONN_PARAMETER[scheme]
+    if conn_id:
+        source = (f"credentials and endpoint from Airflow connection {conn_id!r} ({parameter}); "
+                  "check that connection's fields")
+    else:
+        source = (f"no Airflow connection was given ({parameter}), so the environment's credentials were "
+                  f"looked up ({_ENVIRONMENT[scheme]}); set {parameter}, or those credentials")
+    return f"{what}: {_reason(exc)}; {source}"
+
+
+def _conn_id(uri: str, options: StorageOptions | None) -> str | None:
+    return ((options or {}).get(scheme_of(uri) or "") or {}).get(CONN_ID)
 
 
 def _reason(exc: BaseException) -> str:
@@ -111,6 +175,7 @@ class RemoteFile:
     filesystem: Any = field(compare=False, repr=False)
     path: str = field(compare=False, repr=False)
     size: int = field(compare=False, repr=False)
+    conn_id: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -130,14 +195,16 @@ class RemoteFile:
         try:
             return self.filesystem.open_input_stream(self.path, compression="detect" if decompress else None)
         except OSError as exc:
-            raise InputDataError(f"cannot read input file {self.uri}: {_reason(exc)}") from None
+            raise InputDataError(_failure(f"cannot read input file {self.uri}", exc, scheme_of(self.uri),
+                                          self.conn_id)) from None
 
     def open_random(self) -> Any:
         """A seekable file (Parquet footers, the members of a .npz)."""
         try:
             return self.filesystem.open_input_file(self.path)
         except OSError as exc:
-            raise InputDataError(f"cannot read input file {self.uri}: {_reason(exc)}") from None
+            raise InputDataError(_failure(f"cannot read input file {self.uri}", exc, scheme_of(self.uri),
+                                          self.conn_id)) from None
 
 
 InputPath = Path | RemoteFile
@@ -162,28 +229,28 @@ def open_text(path: RemoteFile) -> io.TextIOWrapper:
     return io.TextIOWrapper(io.BufferedReader(path.open_stream()), encoding="utf-8", newline="")
 
 
-def _info(fs: Any, path: str, uri: str) -> Any:
+def _info(fs: Any, path: str, uri: str, options: StorageOptions | None) -> Any:
     try:
         return fs.get_file_info(path)
     except OSError as exc:
-        raise InputDataError(f"cannot read {uri}: {_reason(exc)}") from None
+        raise InputDataError(_failure(f"cannot read {uri}", exc, scheme_of(uri), _conn_id(uri, options))) from None
 
 
-def _listing(fs: Any, path: str, uri: str, recursive: bool) -> list[Any]:
+def _listing(fs: Any, path: str, uri: str, recursive: bool, options: StorageOptions | None) -> list[Any]:
     import pyarrow.fs as pafs
 
     try:
         return fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=recursive))
     except OSError as exc:
-        raise InputDataError(f"cannot list {uri}: {_reason(exc)}") from None
+        raise InputDataError(_failure(f"cannot list {uri}", exc, scheme_of(uri), _conn_id(uri, options))) from None
 
 
-def _file(uri: str, fs: Any, info: Any) -> RemoteFile:
+def _file(uri: str, fs: Any, info: Any, options: StorageOptions | None) -> RemoteFile:
     """The object ``info`` lists, named with the scheme of ``uri``."""
-    return RemoteFile(f"{scheme_of(uri)}://{info.path}", fs, info.path, int(info.size or 0))
+    return RemoteFile(f"{scheme_of(uri)}://{info.path}", fs, info.path, int(info.size or 0), _conn_id(uri, options))
 
 
-def _glob(uri: str, fs: Any, path: str) -> list[RemoteFile]:
+def _glob(uri: str, fs: Any, path: str, options: StorageOptions | None) -> list[RemoteFile]:
     """The objects matching a glob: ``*``, ``?`` and ``[...]`` inside one level, ``**`` across levels."""
     import pyarrow.fs as pafs
 
@@ -191,12 +258,12 @@ def _glob(uri: str, fs: Any, path: str) -> list[RemoteFile]:
     pattern = path.replace("**/", "*").replace("**", "*")
     depth = None if "**" in path else path.count("/")
     recursive = depth is None or depth > base.count("/") + 1
-    matched = sorted((i for i in _listing(fs, base, uri, recursive) if i.type == pafs.FileType.File
+    matched = sorted((i for i in _listing(fs, base, uri, recursive, options) if i.type == pafs.FileType.File
                       and fnmatch.fnmatchcase(i.path, pattern) and depth in (None, i.path.count("/"))),
                      key=lambda i: i.path)
     if not matched:
         raise InputDataError(f"input glob {uri!r} matches no files; check the path and pattern")
-    return [_file(uri, fs, i) for i in matched]
+    return [_file(uri, fs, i, options) for i in matched]
 
 
 def resolve_remote(uri: str, options: StorageOptions | None, suffixes: tuple[str, ...]) -> list[RemoteFile]:
@@ -206,16 +273,16 @@ def resolve_remote(uri: str, options: StorageOptions | None, suffixes: tuple[str
 
     fs, path = filesystem(uri, options)
     if any(ch in path for ch in "*?["):
-        return _glob(uri, fs, path)
-    info = _info(fs, path, uri)
+        return _glob(uri, fs, path, options)
+    info = _info(fs, path, uri, options)
     if info.type == pafs.FileType.File:
-        return [_file(uri, fs, info)]
+        return [_file(uri, fs, info, options)]
     if info.type == pafs.FileType.Directory:
-        inside = sorted((i for i in _listing(fs, path, uri, False) if i.type == pafs.FileType.File
+        inside = sorted((i for i in _listing(fs, path, uri, False, options) if i.type == pafs.FileType.File
                          and i.base_name.lower().endswith(suffixes)), key=lambda i: i.path)
         if not inside:
             raise InputDataError(f"input directory {uri} holds no {', '.join(suffixes)} files")
-        return [_file(uri, fs, i) for i in inside]
+        return [_file(uri, fs, i, options) for i in inside]
     raise InputDataError(f"input {uri} does not exist; check the bucket and path")
 
 
@@ -225,13 +292,13 @@ def read_text(uri: str, options: StorageOptions | None = None) -> str:
     import pyarrow.fs as pafs
 
     fs, path = filesystem(uri, options)
-    if _info(fs, path, uri).type != pafs.FileType.File:
+    if _info(fs, path, uri, options).type != pafs.FileType.File:
         raise FileNotFoundError(uri)
     try:
         with fs.open_input_stream(path, compression=None) as stream:
             return stream.read().decode("utf-8")
     except OSError as exc:
-        raise DataError(f"cannot read {uri}: {_reason(exc)}") from None
+        raise DataError(_failure(f"cannot read {uri}", exc, scheme_of(uri), _conn_id(uri, options))) from None
 
 
 def exists(uri: str, options: StorageOptions | None = None) -> bool:
@@ -239,14 +306,14 @@ def exists(uri: str, options: StorageOptions | None = None) -> bool:
     import pyarrow.fs as pafs
 
     fs, path = filesystem(uri, options)
-    return _info(fs, path, uri).type != pafs.FileType.NotFound
+    return _info(fs, path, uri, options).type != pafs.FileType.NotFound
 
 
 def child_directories(uri: str, options: StorageOptions | None = None) -> list[str]:
     """Names of the prefixes directly under ``uri`` (none when it does not exist). Derived from
     the objects under it: stores list an implicit directory's prefix in differing ways."""
     fs, path = filesystem(uri, options)
-    names = {i.path[len(path) + 1:].split("/", 1)[0] for i in _listing(fs, path, uri, True)
+    names = {i.path[len(path) + 1:].split("/", 1)[0] for i in _listing(fs, path, uri, True, options)
              if i.path.startswith(path + "/") and "/" in i.path[len(path) + 1:]}
     return sorted(names)
 
@@ -257,7 +324,7 @@ def delete(uri: str, options: StorageOptions | None = None) -> None:
     import pyarrow.fs as pafs
 
     fs, path = filesystem(uri, options)
-    objects = sorted((i.path for i in _listing(fs, path, uri, True) if i.type == pafs.FileType.File),
+    objects = sorted((i.path for i in _listing(fs, path, uri, True, options) if i.type == pafs.FileType.File),
                      key=lambda p: not p.endswith("/_SUCCESS"))
     for name in objects:
         try:
@@ -265,7 +332,8 @@ def delete(uri: str, options: StorageOptions | None = None) -> None:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            raise DataError(f"cannot delete {scheme_of(uri)}://{name}: {_reason(exc)}") from None
+            raise DataError(_failure(f"cannot delete {scheme_of(uri)}://{name}", exc, scheme_of(uri),
+                                     _conn_id(uri, options))) from None
 
 
 def upload_tree(directory: Path, uri: str, options: StorageOptions | None = None,
@@ -284,7 +352,8 @@ def upload_tree(directory: Path, uri: str, options: StorageOptions | None = None
         try:
             pafs.copy_files(str(source), target, source_filesystem=local, destination_filesystem=fs)
         except OSError as exc:
-            raise DataError(f"uploading {source.name} to {join(uri, relative)} failed: {_reason(exc)}") from None
+            raise DataError(_failure(f"uploading {source.name} to {join(uri, relative)} failed", exc,
+                                     scheme_of(uri), _conn_id(uri, options))) from None
         yield join(uri, relative)
 
 
@@ -301,8 +370,8 @@ def s3_options(login: str | None, password: str | None, extra: Mapping[str, Any]
     """pyarrow ``S3FileSystem`` options from an AWS connection as Airflow's Amazon provider
     keeps it: access key id (login), secret key (password); extra ``region_name``,
     ``aws_session_token``, ``endpoint_url`` (an S3-compatible server; also read from
-    ``service_config.s3.endpoint_url``)."""
-    options: dict[str, Any] = {}
+    ``service_config.s3.endpoint_url``). ``conn_id`` is kept to be named in errors."""
+    options: dict[str, Any] = {CONN_ID: conn_id}
     if login or password:
         if not (login and password):
             raise DataError(f"connection {conn_id!r}: give both the access key id (login) and the secret key "
@@ -322,11 +391,12 @@ def gcs_options(extra: Mapping[str, Any], conn_id: str) -> dict[str, Any]:
     """pyarrow ``GcsFileSystem`` options from a Google Cloud connection: extra ``key_path`` or
     ``keyfile_dict`` (a service-account key: needs the ``google-auth`` package, which the
     Google provider installs, to turn it into an access token), ``project``, and
-    ``endpoint_url`` (a GCS-compatible server; without a key it is used anonymously)."""
+    ``endpoint_url`` (a GCS-compatible server; without a key it is used anonymously); and
+    ``conn_id``, named in errors."""
     def get(name: str) -> Any:  # the provider's newer bare keys, or its older prefixed ones
         return extra.get(name) or extra.get(f"extra__google_cloud_platform__{name}")
 
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {CONN_ID: conn_id}
     if get("project"):
         options["project_id"] = str(get("project"))
     key = get("keyfile_dict") or get("key_path")

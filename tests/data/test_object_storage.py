@@ -1,14 +1,14 @@
-"""Object storage: prepare from and into ``gs://`` through ``pyarrow.fs``, credentials from
-Airflow connections, and what the training tasks accept.
+"""Object storage: prepare from and into ``gs://`` and ``s3://`` through ``pyarrow.fs``,
+credentials from Airflow connections, bounded failures, and what the training tasks accept.
 
-The store is a stand-in: ``gcp-storage-emulator`` (from PyPI) serves the Cloud Storage JSON API
-on loopback, in memory. pyarrow's GCS client is pointed at it through a connection's
-``endpoint_url`` or ``CLOUD_STORAGE_EMULATOR_ENDPOINT``. TensorFlow's own GCS client (what the
-training tasks read ``gs://`` with) has its endpoint compiled in and cannot be pointed at an
-emulator, so the records are read back here through pyarrow and parsed with TensorFlow.
-No S3 server is tested: moto, the S3 stand-in on PyPI, needs botocore, which requires
-python-dateutil < 3 where this project's locks pin 4.0; the s3:// path differs from gs:// only
-in the pyarrow file system it builds."""
+The stores are stand-ins on loopback, in memory. For Cloud Storage, ``gcp-storage-emulator``
+(from PyPI, in .venv) serves the JSON API; pyarrow's GCS client is pointed at it through a
+connection's ``endpoint_url`` or ``CLOUD_STORAGE_EMULATOR_ENDPOINT``. TensorFlow's own GCS client
+(what the training tasks read ``gs://`` with) has its endpoint compiled in and cannot be pointed
+at an emulator, so the records are read back here through pyarrow and parsed with TensorFlow.
+For Amazon S3, moto's ``moto_server`` (from PyPI) serves the S3 API; it runs from its own
+environment, ``.venv-s3`` (``scripts/s3-server-env``, which ``scripts/test`` runs), because moto
+needs botocore, which requires python-dateutil < 3 where this project's locks pin 4.0."""
 
 from __future__ import annotations
 
@@ -28,10 +28,12 @@ import pyarrow.fs as pafs
 import pytest
 
 from airflow_tf.data import DataError, DatasetExistsError, InputDataError, load_schema, prepare_dataset, split_files
+from airflow_tf.data import object_store
 from airflow_tf.data.object_store import gcs_options, s3_options
 from airflow_tf.data.samples import write_linear_regression_csv
 
 BUCKET = "training-data"
+S3_VENV = Path(os.environ.get("AIRFLOW_TF_S3_VENV") or Path(__file__).resolve().parents[2] / ".venv-s3")
 
 
 def _free_port() -> int:
@@ -72,15 +74,19 @@ def _upload(fs, local: Path, key: str) -> str:
 
 
 def _records(fs, uri: str, split: str) -> list[tuple[float, float]]:
-    """Every (x, y) of a split in object storage: its shards fetched through pyarrow, parsed by TensorFlow."""
+    """Every (x, y) of a split, its shards fetched through ``fs`` (a store's, or the local file
+    system for a local dataset) and parsed by TensorFlow."""
     import tensorflow as tf
+
+    def path(location: str) -> str:  # inside the file system
+        return location.split("://", 1)[1] if "://" in location else location
 
     schema, rows = load_schema(uri), []
     spec = {f.name: tf.io.FixedLenFeature([], tf.float32) for f in schema.features}
-    compression = "GZIP" if json.loads(fs.open_input_stream(f"{uri[5:]}/_SUCCESS").read())["compression"] else ""
+    compression = "GZIP" if json.loads(fs.open_input_stream(path(f"{uri}/_SUCCESS")).read())["compression"] else ""
     for shard in split_files(uri, split):
         assert shard.startswith(uri + f"/{split}/")
-        data = fs.open_input_stream(shard[5:], compression=None).read()  # the bytes as stored
+        data = fs.open_input_stream(path(shard), compression=None).read()  # the bytes as stored
         local = Path(os.environ["STORAGE_TEST_TMP"]) / Path(shard).name
         local.write_bytes(data)
         for record in tf.data.TFRecordDataset(str(local), compression_type=compression):
@@ -172,7 +178,7 @@ def test_prepare_operator_takes_credentials_from_an_airflow_connection(gcs, tmp_
         "extra": {"region_name": "eu-west-1", "endpoint_url": "http://127.0.0.1:9000"}}))
     options = storage_options("training_s3", "training_gcs")
     assert options["s3"] == {"access_key": "AKIDEXAMPLE", "secret_key": "not-a-real-secret", "region": "eu-west-1",
-                             "scheme": "http", "endpoint_override": "127.0.0.1:9000"}
+                             "scheme": "http", "endpoint_override": "127.0.0.1:9000", "conn_id": "training_s3"}
     source = _upload(fs, write_linear_regression_csv(tmp_path / "a.csv", rows=1000, seed=4), "op/a.csv")
     summary = prepare_dataset(source, f"gs://{BUCKET}/datasets", "from_connection", label="y",
                               storage_options={"gs": options["gs"]})
@@ -190,16 +196,16 @@ def test_versions_committed_by_rename_refuse_an_object_storage_output():
 
 
 def test_connection_fields_become_file_system_options_and_mistakes_are_named():
-    assert s3_options(None, None, {}, "aws_default") == {}
+    assert s3_options(None, None, {}, "aws_default") == {"conn_id": "aws_default"}
     assert s3_options("id", "key", {"aws_session_token": "t", "service_config": {"s3": {
         "endpoint_url": "https://s3.example.com"}}}, "c") == {
         "access_key": "id", "secret_key": "key", "session_token": "t", "scheme": "https",
-        "endpoint_override": "s3.example.com"}
+        "endpoint_override": "s3.example.com", "conn_id": "c"}
     with pytest.raises(DataError, match="connection 'c': give both the access key id"):
         s3_options("id", None, {}, "c")
     with pytest.raises(DataError, match=r"connection 'c': endpoint_url 'minio:9000' is not an endpoint URL"):
         s3_options(None, None, {"endpoint_url": "minio:9000"}, "c")
-    assert gcs_options({"extra__google_cloud_platform__project": "p"}, "g") == {"project_id": "p"}
+    assert gcs_options({"extra__google_cloud_platform__project": "p"}, "g") == {"project_id": "p", "conn_id": "g"}
 
 
 def test_training_refuses_s3_datasets_and_object_storage_run_directories_by_name():
@@ -241,3 +247,207 @@ def test_a_local_group_reaches_object_storage_only_when_isolation_is_turned_off(
     with pytest.raises(BackendError, match=r"dataset 'gs://.*' is on remote storage, .* set isolate_network=False"):
         _check_inputs(GroupSpec.for_training("isolated", config))
     _check_inputs(GroupSpec.for_training("open", config, isolate_network=False))  # reads its _SUCCESS and schema
+
+
+# -- Amazon S3, against moto's server ---------------------------------------------------------
+def _start(command: list[str], port: int, log: Path, what: str) -> subprocess.Popen:
+    """Start a stand-in server and wait until its port accepts connections."""
+    with open(log, "wb") as out:
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise RuntimeError(f"{what} did not start: {log.read_text()[-2000:]}") from None
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """An S3-compatible stand-in (moto's server) on loopback: (pyarrow file system, endpoint URL)."""
+    command = S3_VENV / "bin" / "moto_server"
+    if not command.exists():
+        pytest.fail(f"the S3 stand-in {command} is missing: run ./scripts/s3-server-env (./scripts/test runs it), "
+                    "or point AIRFLOW_TF_S3_VENV at an environment with moto[server] installed")
+    port = _free_port()
+    server = _start([str(command), "-H", "127.0.0.1", "-p", str(port)], port,
+                    tmp_path_factory.mktemp("s3") / "moto.log", "the S3 stand-in (moto_server)")
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        fs = pafs.S3FileSystem(access_key="testing", secret_key="testing", region="us-east-1", scheme="http",
+                               endpoint_override=f"127.0.0.1:{port}", allow_bucket_creation=True)
+        fs.create_dir(BUCKET)
+        yield fs, endpoint
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _s3_connection(monkeypatch, name: str, endpoint: str) -> None:
+    """An Airflow connection (the environment-variable secrets backend) to the stand-in."""
+    monkeypatch.setenv(f"AIRFLOW_CONN_{name.upper()}", json.dumps({
+        "conn_type": "aws", "login": "testing", "password": "testing",
+        "extra": {"region_name": "us-east-1", "endpoint_url": endpoint}}))
+
+
+def _put(fs, local: Path, key: str) -> str:
+    pafs.copy_files(str(local), f"{BUCKET}/{key}", source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+    return f"s3://{BUCKET}/{key}"
+
+
+def _objects(fs, prefix: str) -> list[str]:
+    return sorted(i.path for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/{prefix}", allow_not_found=True,
+                                                                     recursive=True)) if i.type == pafs.FileType.File)
+
+
+@pytest.mark.slow
+def test_prepare_from_s3_into_s3_through_an_airflow_connection_equals_a_local_prepare(s3, tmp_path, monkeypatch):
+    from airflow_tf.operators.prepare import PrepareTFRecordsOperator
+
+    fs, endpoint = s3
+    _s3_connection(monkeypatch, "training_s3", endpoint)
+    monkeypatch.setenv("STORAGE_TEST_TMP", str(tmp_path))
+    # Readers without options (load_schema, split_files) use the environment's store, as in a pod.
+    for name, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    local_inputs = tmp_path / "incoming"
+    local_inputs.mkdir()
+    plain = write_linear_regression_csv(local_inputs / "day-1.csv", rows=3000, seed=1)
+    packed = local_inputs / "day-2.csv.gz"
+    packed.write_bytes(gzip.compress(write_linear_regression_csv(tmp_path / "day-2.csv", rows=2000, seed=2).read_bytes()))
+    _put(fs, plain, "incoming/day-1.csv")
+    _put(fs, packed, "incoming/day-2.csv.gz")
+
+    operator = PrepareTFRecordsOperator(task_id="prepare", input=f"s3://{BUCKET}/incoming/*.csv*",
+                                        output=f"s3://{BUCKET}/datasets", name="clicks", label="y", shards=2,
+                                        compression="gzip", aws_conn_id="training_s3", outlets=[])
+    summary = operator.execute({})
+    uri = summary["dataset_uri"]
+    assert uri == f"s3://{BUCKET}/datasets/clicks/1" and summary["rows"] == 5000
+    assert _objects(fs, "datasets") == [f"{BUCKET}/datasets/clicks/1/{n}" for n in (
+        "_SUCCESS", "eval/part-00000-of-00001.tfrecord.gz", "schema.json",
+        "train/part-00000-of-00002.tfrecord.gz", "train/part-00001-of-00002.tfrecord.gz")]
+    manifest = json.loads(fs.open_input_stream(f"{BUCKET}/datasets/clicks/1/_SUCCESS").read())
+    assert "testing" not in json.dumps(manifest) and "training_s3" not in json.dumps(manifest)
+
+    # The same files prepared locally: the same records in each split.
+    here = prepare_dataset(str(local_inputs / "*.csv*"), tmp_path / "datasets", "clicks", label="y", shards=2,
+                           compression="gzip")
+    assert here["counts"] == summary["counts"]
+    local = pafs.LocalFileSystem()
+    for split in ("train", "eval"):
+        assert sorted(_records(fs, uri, split)) == sorted(_records(local, here["dataset_uri"], split)), split
+    everything = _records(fs, uri, "train") + _records(fs, uri, "eval")
+    assert sorted(everything) == sorted(_csv_rows(plain.read_text(), (tmp_path / "day-2.csv").read_text()))
+
+
+@pytest.mark.slow
+def test_a_failed_prepare_into_s3_leaves_no_version_and_names_what_failed(s3, tmp_path, monkeypatch):
+    from airflow_tf.operators.prepare import storage_options
+
+    fs, endpoint = s3
+    _s3_connection(monkeypatch, "training_s3", endpoint)
+    options = storage_options("training_s3", None)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("x,y\n" + "".join(f"{i},{i}\n" for i in range(500)) + "abc,1\n")
+    source = _put(fs, bad, "bad/bad.csv")
+    with pytest.raises(InputDataError, match=rf"{source} line 502, column 'x': value 'abc' is not a number"):
+        prepare_dataset(source, f"s3://{BUCKET}/datasets", "bad", label="y", storage_options=options)
+    with pytest.raises(InputDataError, match=rf"input s3://{BUCKET}/nothing/here.csv does not exist"):
+        prepare_dataset(f"s3://{BUCKET}/nothing/here.csv", f"s3://{BUCKET}/datasets", "bad", storage_options=options)
+    assert _objects(fs, "datasets/bad") == []  # no _SUCCESS, no version, no shard
+
+    # A bucket that does not exist: named, with the connection used; nothing is left anywhere.
+    good = _put(fs, write_linear_regression_csv(tmp_path / "good.csv", rows=100, seed=3), "good/good.csv")
+    with pytest.raises(DataError) as refused:
+        prepare_dataset(good, "s3://no-such-bucket/datasets", "good", label="y", storage_options=options)
+    assert "s3://no-such-bucket/datasets" in str(refused.value)
+    assert "Airflow connection 'training_s3' (aws_conn_id)" in str(refused.value)
+    assert "testing" not in str(refused.value)  # the keys are not in the message
+    with pytest.raises(InputDataError, match=r"input s3://no-such-bucket/in\.csv does not exist; check the bucket"):
+        prepare_dataset("s3://no-such-bucket/in.csv", tmp_path / "out", "good", label="y", storage_options=options)
+    assert not (tmp_path / "out" / "good").exists() or not any((tmp_path / "out" / "good").iterdir())
+
+
+# -- bounded failures, no server needed -------------------------------------------------------
+def _closed_port() -> int:
+    return _free_port()  # nothing listens there once the probe socket is closed
+
+
+def _no_cloud_credentials(monkeypatch, tmp_path) -> None:
+    """No credentials anywhere: the environment's, the files in HOME, the metadata servers (a closed port)."""
+    for name in list(os.environ):
+        if name.startswith(("AWS_", "GOOGLE_", "CLOUD_STORAGE_", "GCE_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("GCE_METADATA_ROOT", f"127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+
+
+@pytest.mark.slow
+def test_gs_without_credentials_fails_within_a_bound_and_says_what_to_set(tmp_path, monkeypatch):
+    """pyarrow's own lookup retries the metadata server for minutes; the file system bounds it."""
+    _no_cloud_credentials(monkeypatch, tmp_path)
+    started = time.monotonic()
+    with pytest.raises(InputDataError) as failed:
+        prepare_dataset(f"gs://{BUCKET}/incoming/day-1.csv", tmp_path / "datasets", "clicks", label="y")
+    seconds = time.monotonic() - started
+    message = str(failed.value)
+    assert message.startswith(f"cannot read gs://{BUCKET}/incoming/day-1.csv: ")
+    assert "no Airflow connection was given (gcp_conn_id)" in message and "set gcp_conn_id" in message
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in message
+    # The bound plus room for a loaded machine; pyarrow's default retries for 15 minutes.
+    assert seconds < object_store.GCS_RETRY_SECONDS + 60, seconds
+    assert not (tmp_path / "datasets").exists()
+
+
+def test_s3_without_a_reachable_store_fails_quickly_naming_the_connection_or_its_absence(tmp_path, monkeypatch):
+    from airflow_tf.operators.prepare import storage_options
+
+    _no_cloud_credentials(monkeypatch, tmp_path)
+    closed = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", closed)
+    started = time.monotonic()
+    with pytest.raises(InputDataError) as failed:
+        prepare_dataset(f"s3://{BUCKET}/day-1.csv", tmp_path / "datasets", "clicks", label="y")
+    message = str(failed.value)
+    assert message.startswith(f"cannot read s3://{BUCKET}/day-1.csv: ")
+    assert "no Airflow connection was given (aws_conn_id)" in message and "set aws_conn_id" in message
+
+    monkeypatch.setenv("AIRFLOW_CONN_CLOSED_S3", json.dumps({
+        "conn_type": "aws", "login": "AKIDEXAMPLE", "password": "not-a-real-secret", "extra": {"endpoint_url": closed}}))
+    with pytest.raises(InputDataError) as failed:
+        prepare_dataset(f"s3://{BUCKET}/day-1.csv", tmp_path / "datasets", "clicks", label="y",
+                        storage_options=storage_options("closed_s3", None))
+    message = str(failed.value)
+    assert "from Airflow connection 'closed_s3' (aws_conn_id)" in message and "not-a-real-secret" not in message
+    limit = object_store.S3_CONNECT_SECONDS * object_store.S3_ATTEMPTS * 2 + 60  # two lookups, a loaded machine
+    assert time.monotonic() - started < limit
+    assert not (tmp_path / "datasets").exists()
+
+
+def test_file_systems_are_kept_for_the_most_recently_used_credentials_only(monkeypatch):
+    """A long-lived worker whose key rotates keeps a bounded number of file systems."""
+    monkeypatch.setattr(object_store, "_FILESYSTEMS", type(object_store._FILESYSTEMS)())
+    kept = object_store.FILESYSTEMS_KEPT
+
+    def options(key: int) -> dict:  # a rotated credential: other options, another file system
+        return {"gs": {"anonymous": True, "project_id": f"project-{key}", "conn_id": "rotating"}}
+
+    first, _ = object_store.filesystem(f"gs://{BUCKET}/a", options(0))
+    assert object_store.filesystem(f"gs://{BUCKET}/b", options(0))[0] is first  # reused
+    for key in range(1, 3 * kept):
+        object_store.filesystem(f"gs://{BUCKET}/a", options(key))
+        if key == kept // 2:
+            recent, _ = object_store.filesystem(f"gs://{BUCKET}/a", options(0))
+            assert recent is first  # still kept: it was used since
+    assert len(object_store._FILESYSTEMS) == kept
+    newest, _ = object_store.filesystem(f"gs://{BUCKET}/a", options(3 * kept - 1))
+    assert newest is object_store.filesystem(f"gs://{BUCKET}/a", options(3 * kept - 1))[0]
+    assert object_store.filesystem(f"gs://{BUCKET}/a", options(0))[0] is not first  # dropped, built anew
+    assert len(object_store._FILESYSTEMS) == kept
