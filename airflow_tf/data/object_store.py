@@ -138,8 +138,10 @@ def _s3(bucket: str, given: dict[str, Any]) -> Any:
 
     bounds: dict[str, Any] = {"connect_timeout": S3_CONNECT_SECONDS, "request_timeout": S3_REQUEST_SECONDS,
                               "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=S3_ATTEMPTS)}
-    if not given and not os.environ.get("AWS_ENDPOINT_URL") and not (
-            os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if not given and endpoint:  # pyarrow's S3FileSystem does not read it itself
+        bounds.update(_endpoint(endpoint, "AWS_ENDPOINT_URL"))
+    elif not given and not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
         bounds["region"] = pafs.resolve_s3_region(bucket)  # as pyarrow does for an s3:// URI
     return pafs.S3FileSystem(**{**bounds, **given})
 

@@ -385,6 +385,8 @@ def _no_cloud_credentials(monkeypatch, tmp_path) -> None:
         if name.startswith(("AWS_", "GOOGLE_", "CLOUD_STORAGE_", "GCE_")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("HOME", str(tmp_path))
+    # File systems built from the environment earlier in this process (the emulator's) are not reused.
+    monkeypatch.setattr(object_store, "_FILESYSTEMS", type(object_store._FILESYSTEMS)())
     monkeypatch.setenv("GCE_METADATA_ROOT", f"127.0.0.1:{_closed_port()}")
     monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
 
