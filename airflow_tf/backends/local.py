@@ -51,6 +51,8 @@ LAUNCH_TIMEOUT = 30.0
 TEARDOWN_TIMEOUT = 15.0
 STOP_GRACE = 1.0
 """Seconds between SIGTERM and SIGKILL when stopping a task."""
+KILL_WAIT = 5.0
+"""Seconds a SIGKILLed process is given to be gone before a stop returns anyway."""
 NEVER_STARTED_AFTER = 60.0
 TASK_MEMORY_MB = TASK_BASELINE_BYTES // 2**20
 """Expected resident memory of one TensorFlow task (ps or worker); override per role with
@@ -261,15 +263,24 @@ def _signal_process(pid: int, start_time: int | None, signum: int, group: bool =
 
 
 def stop_processes(procs: Iterable[tuple[int, int | None]], grace: float = STOP_GRACE) -> None:
-    """SIGTERM each (pid, start time) and its process group, SIGKILL what is left after ``grace``."""
+    """SIGTERM each (pid, start time) and its process group, SIGKILL what is left after ``grace``;
+    returns once they are gone (or ``KILL_WAIT`` after the SIGKILL)."""
     procs = [p for p in procs if is_running(*p)]
     for pid, start in procs:
         _signal_process(pid, start, signal.SIGTERM, group=True)
-    deadline = time.monotonic() + grace
-    while any(is_running(*p) for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_gone(procs, grace)
     for pid, start in procs:
         _signal_process(pid, start, signal.SIGKILL, group=True)
+    wait_gone(procs, KILL_WAIT)
+
+
+def wait_gone(procs: list[tuple[int, int | None]], timeout: float) -> bool:
+    """Wait up to ``timeout`` for every (pid, start time) to be gone; True when they are. A killed
+    process takes a moment to exit (a ps unmaps its tables): a teardown returns after that."""
+    deadline = time.monotonic() + timeout
+    while (left := any(is_running(*p) for p in procs)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not left
 
 
 # -- the backend ----------------------------------------------------------------------------
@@ -593,10 +604,9 @@ class LocalBackend:
 
     @staticmethod
     def _wait_gone(pid: int, start_time: int | None, timeout: float = 5.0) -> None:
-        deadline = time.monotonic() + timeout
-        while is_running(pid, start_time) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        _signal_process(pid, start_time, signal.SIGKILL)
+        if not wait_gone([(pid, start_time)], timeout):
+            _signal_process(pid, start_time, signal.SIGKILL)
+            wait_gone([(pid, start_time)], KILL_WAIT)
 
     def _stop_without_supervisor(self, group: GroupDir, roles: list[str] | None) -> list[str]:
         """The supervisor is gone: stop any task it left (there should be none, its tasks

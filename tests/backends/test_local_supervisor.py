@@ -16,7 +16,7 @@ import time
 import pytest
 
 from airflow_tf.backends import GroupRef, backend_for
-from airflow_tf.backends.local import STOP_GRACE, LocalBackend, process_start_time
+from airflow_tf.backends.local import STOP_GRACE, LocalBackend, is_running, process_start_time, stop_processes
 from airflow_tf.backends.wait import failure_report, wait_for_group
 from airflow_tf.cluster import GroupSpec, Phase, RoleSpec, SpecError, TrainingConfig
 from airflow_tf.data import DatasetNotReadyError
@@ -53,6 +53,25 @@ def group(name: str, worker: list[str], ps: list[str] = SERVE_FOREVER, workers: 
 def phase(backend, ref, name):
     task = next((t for t in backend.status(ref).tasks if t.name == name), None)
     return task.phase if task else None
+
+
+def test_a_stop_returns_only_once_a_killed_process_is_gone():
+    """A teardown that returns while a SIGKILLed ps is still unmapping its tables would let the
+    next run (or a check for leftovers) see it alive: a process that ignores SIGTERM and holds
+    1 GiB is killed, and gone when the stop returns."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+         "held = b'x' * 2**30\nprint('ready', flush=True)\ntime.sleep(600)"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        target = (holder.pid, process_start_time(holder.pid))
+        stop_processes([target], grace=0.2)
+        assert not is_running(*target), "stop_processes returned while the killed process was still running"
+        assert holder.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_tasks_see_their_tf_config_and_the_ps_waits_for_teardown(local_state_dir, group_processes, wait_until):
