@@ -423,7 +423,7 @@ def test_s3_without_a_reachable_store_or_connection_fails_quickly_naming_its_abs
     assert not (tmp_path / "datasets").exists()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("airflow") is None,
+@pytest.mark.skipif(importlib.util.find_spec("airflow.sdk") is None,
                     reason="reads an Airflow connection: Airflow is not installed (a training image)")
 def test_s3_through_an_unreachable_connection_fails_quickly_naming_it_and_not_its_secret(tmp_path, monkeypatch):
     from airflow_tf.operators.prepare import storage_options
