@@ -7,6 +7,7 @@ was refused."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 COMPONENTS = ("evaluate", "export")
@@ -18,6 +19,17 @@ is too small to hold it)."""
 REFUSED_EXIT = 2
 """Exit status of a component that refused its request (bad options, no checkpoint, an unblessed
 model): a retry would fail again."""
+
+
+def hand_back_result(result: dict[str, Any], result_file: str | None) -> None:
+    """What a component does with its result: write it to ``result_file`` (a container's
+    termination message) and print it as the log's last line, after :data:`RESULT_MARKER`."""
+    text = json.dumps(result, sort_keys=True, separators=(",", ":"))
+    if result_file:
+        # Written in place: a termination-log file is mounted by the kubelet and cannot be
+        # replaced by a rename; nothing reads it before the container has exited.
+        Path(result_file).write_text(text, encoding="utf-8")
+    print(RESULT_MARKER + text, flush=True)
 
 
 def component_command(component: str, request: dict[str, Any], result_file: str | None = None) -> list[str]:

@@ -16,11 +16,9 @@ reason on stderr; any other failure (storage, memory) exits 1.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
-from airflow_tf.cluster.components import REFUSED_EXIT, RESULT_MARKER
+from airflow_tf.cluster.components import REFUSED_EXIT, hand_back_result
 
 from .errors import DataError
 
@@ -46,12 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as e:
         print(f"part {args.index} refused: {e}", file=sys.stderr, flush=True)
         return REFUSED_EXIT
-    text = json.dumps(result, sort_keys=True, separators=(",", ":"))
-    if args.result_file:
-        # Written in place: a termination-log file is mounted by the kubelet and cannot be
-        # replaced by a rename; nothing reads it before the container has exited.
-        Path(args.result_file).write_text(text, encoding="utf-8")
-    print(RESULT_MARKER + text, flush=True)
+    hand_back_result(result, args.result_file)
     return 0
 
 
