@@ -4,9 +4,23 @@ them outlives the test, and a small committed linear-regression dataset."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from processes import group_processes_of, kill_leftovers
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items):
+    """With ``-n`` (pytest-xdist, ``--dist loadgroup``): each file's tests run on one worker, so a
+    module's fixtures (trained groups, emulators) are built once; the whole of tests/stack runs
+    on one worker, sharing the session's one Airflow stack."""
+    for item in items:
+        path = Path(str(item.path)).resolve()
+        group = "stack" if path.is_relative_to(TESTS / "stack") else path.as_posix()
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def _wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
