@@ -48,7 +48,7 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
                    "or all text); may be repeated")
     p.add_argument("--allow-nan", action="store_true", help="accept NaN and infinity in float columns")
     p.add_argument("--overwrite", action="store_true", help="replace the version if it exists")
-    p.add_argument("--workers", type=int, help="encoding threads (default: one per core)")
+    p.add_argument("--workers", type=int, help="encoding threads (default: the cores this process may use, within its CPU limit)")
     p.add_argument("--buffer-mib", type=float, default=512.0,
                    help="memory for rows being read and encoded, in MiB (default 512); the input may be larger")
     p.add_argument("--cache", action="store_true",

@@ -8,7 +8,8 @@ pod with a CPU limit would be); and ours, ``plan_parts`` -> ``--partitions`` pro
 running ``prepare_part`` at once with that share (as the mapped Airflow tasks or pods do) ->
 ``commit_parts``. Prints wall time, rows/s, both speed-ups (the goal, >= 1.7x for 2 partitions
 on 2 cores, is against one part) and checks that the versions hold the same rows per split.
-Usage: ``.venv/bin/python bench/bench_prepare_parts.py [--rows 2000000] [--partitions 2]``
+``--pin`` binds each part to its share of the cores, as pods with a CPU limit each would be.
+Usage: ``.venv/bin/python bench/bench_prepare_parts.py [--rows 2000000] [--partitions 2] [--pin]``
 """
 
 from __future__ import annotations
@@ -25,20 +26,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_prepare import generate_csv  # noqa: E402
 
 
-def _part(plan: dict, index: int, workers: int) -> None:
+def _part(plan: dict, index: int, workers: int, pin: bool) -> None:
     from airflow_tf.data.partitioned import prepare_part
 
+    if pin:
+        # The part's own cores, as a pod's CPU limit would give it: every thread of the
+        # process (Arrow's reader included) stays on them.
+        cores = os.cpu_count() or 1
+        os.sched_setaffinity(0, {(index * workers + k) % cores for k in range(workers)})
     prepare_part(plan, index, workers=workers)
 
 
-def run_parts(work: Path, name: str, partitions: int, workers: int) -> tuple[dict, float]:
+def run_parts(work: Path, name: str, partitions: int, workers: int, pin: bool) -> tuple[dict, float]:
     """plan -> one process per part, all at once -> commit, as the mapped tasks run them."""
     from airflow_tf.data.partitioned import commit_parts, plan_parts
 
     start = time.perf_counter()
     plan = plan_parts(work / "in", work / "out", name, partitions, label="label")
     context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=_part, args=(plan, i, workers)) for i in range(len(plan["parts"]))]
+    processes = [context.Process(target=_part, args=(plan, i, workers, pin)) for i in range(len(plan["parts"]))]
     for process in processes:
         process.start()
     for process in processes:
@@ -54,6 +60,8 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=4)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--workdir", help="keep the files here (default: a temporary directory)")
+    parser.add_argument("--pin", action="store_true",
+                        help="bind each part to its share of the cores (as pods with a CPU limit each)")
     args = parser.parse_args()
 
     from airflow_tf.data import prepare_dataset
@@ -66,13 +74,13 @@ def main() -> int:
         for i in range(args.files):
             generate_csv(work / "in" / f"part-{i}.csv", args.rows // args.files, 20, seed=i)
         print(f"{os.cpu_count()} cores, {args.rows:,} rows in {args.files} files, {args.partitions} partitions, "
-              f"{workers} encoding thread(s) per part")
+              f"{workers} encoding thread(s) per part" + (", each part bound to its own core(s)" if args.pin else ""))
 
         start = time.perf_counter()
         single = prepare_dataset(work / "in", work / "out", "single", label="label")
         single_s = time.perf_counter() - start
-        alone, alone_s = run_parts(work, "one-part", 1, workers)
-        parted, parted_s = run_parts(work, "parted", args.partitions, workers)
+        alone, alone_s = run_parts(work, "one-part", 1, workers, args.pin)
+        parted, parted_s = run_parts(work, "parted", args.partitions, workers, args.pin)
 
         print(f"{'':32s} {'wall s':>8s} {'rows/s':>11s}")
         for what, seconds in (("1 prepare (all cores)", single_s), (f"1 part ({workers} thread(s)) + commit", alone_s),

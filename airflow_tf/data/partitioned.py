@@ -30,7 +30,7 @@ from .object_store import InputPath, StorageOptions, is_remote
 from .prepare import (
     DEFAULT_BUFFER_MIB, DEFAULT_EVAL_FRACTION, Progress, _check_options, _chunk_bytes, _check_split_key, _commit, _commit_next,
     _fsync_dir, _make_root, _remove_stale_temporaries, _Reporter, _version_name, _with_label, _write_stream,
-    buffer_plan, shard_name,
+    buffer_plan, shard_name, usable_cpus,
 )
 from .schema import FORMAT_VERSION, SCHEMA_FILE, SUCCESS_FILE, Schema
 
@@ -166,7 +166,7 @@ def prepare_part(plan: dict[str, Any] | str | os.PathLike, index: int, workers: 
         splits, rows = _write_stream(
             inputs, temporary, eval_fraction=options["eval_fraction"], seed=options["seed"],
             split_key=options["split_key"], shards=shards, target_shard_mb=options["target_shard_mb"],
-            compression=options["compression"], workers=int(workers or os.cpu_count() or 1), in_flight=in_flight,
+            compression=options["compression"], workers=int(workers or usable_cpus()), in_flight=in_flight,
             chunk_bytes=_chunk_bytes(options["buffer_mib"]),
             report=lambda done, expected: reporter("write", done, expected, done), require_splits=False,
         )

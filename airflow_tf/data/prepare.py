@@ -470,6 +470,24 @@ def _commit_next(temporary: Path, root: Path, first: int, write_marker: Callable
         number = max([number, *existing_versions(root)]) + 1
 
 
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
+    """The cores this process may use, the default count of encoding threads: its CPU affinity,
+    capped by a cgroup v2 CPU quota (a pod's ``resources.limits.cpu``). ``os.cpu_count()`` is
+    the node's, so a part pod limited to 2 of 64 cores would start 64 threads that the quota
+    then throttles."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):  # no cgroup v2 here, or a format this does not know: the affinity
+        pass
+    return cores
+
+
 def _check_options(eval_fraction: float, shards: int | None, target_shard_mb: float | None,
                    compression: str | None, workers: int | None) -> str | None:
     if not 0 <= float(eval_fraction) < 1:
@@ -681,7 +699,7 @@ def prepare_dataset(  # noqa: PLR0917  the public signature of 0.1.0 (positional
         manifest_splits, total = _write_stream(
             inputs, temporary, eval_fraction=float(eval_fraction), seed=int(seed), split_key=split_key,
             shards=shards, target_shard_mb=target_shard_mb, compression=compression,
-            workers=int(workers or os.cpu_count() or 1), in_flight=in_flight, chunk_bytes=_chunk_bytes(buffer_mib),
+            workers=int(workers or usable_cpus()), in_flight=in_flight, chunk_bytes=_chunk_bytes(buffer_mib),
             report=lambda done, expected: reporter("write", done, expected, done),
             on_train_rows=(lambda block, rows: counter.update(block.columns, rows)) if counter.sizes else None,
         )

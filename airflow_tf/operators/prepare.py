@@ -89,7 +89,7 @@ class PrepareTFRecordsOperator(BaseOperator):
         without it an inferred column holding a value that is not a number fails the task.
     :param allow_nan: accept NaN/infinity in float columns.
     :param overwrite: replace the version if it exists (otherwise an existing version fails the task).
-    :param workers: threads that encode in parallel; default chosen from the CPUs.
+    :param workers: threads that encode in parallel; default: the cores the task may use (its CPU affinity and cgroup CPU limit).
     :param cache: reuse the newest version made from the same input content and options
         instead of encoding again (logged; the input is read once more to fingerprint it).
     :param partition_key: the data partition this run prepares (e.g. ``"{{ ds }}"``): the

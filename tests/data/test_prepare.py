@@ -278,3 +278,23 @@ def test_cache_reuses_the_version_of_an_unchanged_input_and_encodes_nothing(tmp_
     src.write_text(src.read_text().replace("\n5,", "\n-5,", 1))
     changed = prepare_dataset(src, tmp_path / "out", "c", label="label", cache=True)
     assert changed["cached"] is False and changed["version"] == "3"
+
+
+def test_encoding_threads_default_to_the_cores_the_process_may_use(tmp_path):
+    from airflow_tf.data.prepare import usable_cpus
+
+    cpu_max = tmp_path / "cpu.max"
+    cores = len(os.sched_getaffinity(0))
+    cpu_max.write_text("50000 100000\n")  # a pod limited to half a core: one thread, never zero
+    assert usable_cpus(cpu_max) == 1
+    cpu_max.write_text("max 100000\n")  # no quota: the affinity
+    assert usable_cpus(cpu_max) == cores
+    cpu_max.write_text("not a quota\n")
+    assert usable_cpus(cpu_max) == cores
+    assert usable_cpus(tmp_path / "missing") == cores
+    # A process bound to one core (taskset, a static CPU manager) encodes on one thread.
+    bound = subprocess.run(
+        [sys.executable, "-c", "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+         "from airflow_tf.data.prepare import usable_cpus; print(usable_cpus())"],
+        capture_output=True, text=True, check=True)
+    assert bound.stdout.strip() == "1"
