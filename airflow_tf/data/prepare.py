@@ -483,7 +483,7 @@ def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
         quota, period = cpu_max.read_text().split()[:2]
         if quota != "max":
             cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):  # no cgroup v2 here, or a format this does not know: the affinity
+    except (OSError, ValueError, ZeroDivisionError):  # no cgroup v2 here, or a value it never writes
         pass
     return cores
 

@@ -289,8 +289,9 @@ def test_encoding_threads_default_to_the_cores_the_process_may_use(tmp_path):
     assert usable_cpus(cpu_max) == 1
     cpu_max.write_text("max 100000\n")  # no quota: the affinity
     assert usable_cpus(cpu_max) == cores
-    cpu_max.write_text("not a quota\n")
-    assert usable_cpus(cpu_max) == cores
+    for garbage in ("not a quota\n", "100000 0\n", "\n"):
+        cpu_max.write_text(garbage)
+        assert usable_cpus(cpu_max) == cores, garbage
     assert usable_cpus(tmp_path / "missing") == cores
     # A process bound to one core (taskset, a static CPU manager) encodes on one thread.
     bound = subprocess.run(
