@@ -14,6 +14,7 @@ import io
 import math
 import os
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,9 +149,11 @@ def _delimiter(path: InputPath) -> str:
 
 
 def _csv_options(path: InputPath, column_types: dict[str, pa.DataType], include_columns: Sequence[str],
-                 block_bytes: int) -> dict[str, Any]:
+                 block_bytes: int, read_ahead: bool = True) -> dict[str, Any]:
     return dict(
-        read_options=pacsv.ReadOptions(block_size=block_bytes),
+        # With threads, pyarrow reads and parses the next blocks ahead: wasted on a reader
+        # that is dropped after its first block.
+        read_options=pacsv.ReadOptions(block_size=block_bytes, use_threads=read_ahead),
         parse_options=pacsv.ParseOptions(delimiter=_delimiter(path)),
         # Only an empty cell is missing: "nan"/"NaN" stay NaN so the NaN rule can name them.
         convert_options=pacsv.ConvertOptions(
@@ -227,12 +230,13 @@ def _check_int64_overflow(path: InputPath, name: str, column: pa.Array, as_text:
 
 
 def _csv_batches(path: InputPath, column_types: dict[str, pa.DataType], block_bytes: int,
-                 include_columns: Sequence[str] = ()) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+                 include_columns: Sequence[str] = (), read_ahead: bool = True
+                 ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     """pyarrow's streaming CSV reader: the column types (inferred from the first block unless
     given) and the batches, one per ``block_bytes`` of text."""
     try:
         source = path.open_stream() if isinstance(path, RemoteFile) else path
-        reader = pacsv.open_csv(source, **_csv_options(path, column_types, include_columns, block_bytes))
+        reader = pacsv.open_csv(source, **_csv_options(path, column_types, include_columns, block_bytes, read_ahead))
     except pa.ArrowInvalid as exc:
         raise InputDataError(_diagnose_csv(path, column_types) or f"cannot read CSV file {path}: {exc}") from None
 
@@ -255,7 +259,7 @@ def _csv_batches(path: InputPath, column_types: dict[str, pa.DataType], block_by
 
 def _csv_text_block(path: InputPath, name: str, index: int, block_bytes: int) -> pa.Array:
     """Column ``name`` of block ``index`` read again as text (blocks split at the same bytes)."""
-    _, batches = _csv_batches(path, {name: pa.string()}, block_bytes, [name])
+    _, batches = _csv_batches(path, {name: pa.string()}, block_bytes, [name], read_ahead=False)
     for i, batch in enumerate(batches):
         if i == index:
             return batch.column(0)
@@ -310,18 +314,20 @@ class _FileReader:
     """One input file read block by block: its columns' inferred dtypes and shapes (from the
     first block, or the file's metadata) and then its blocks as :class:`_Raw`."""
 
-    def __init__(self, path: InputPath, declared: Schema | None, string_columns: Sequence[str], block_bytes: int):
+    def __init__(self, path: InputPath, declared: Schema | None, string_columns: Sequence[str], block_bytes: int,
+                 read_ahead: bool = True):
         self.path, self.kind, self.block_bytes = path, _kind(path), block_bytes
         self.declared, self.string_columns = declared, string_columns
         self._first: _Raw | None = None
         self._rest: Iterator[_Raw] | None = None
         self.estimated_rows = 0
-        self._open()
+        self._open(read_ahead)
 
     # -- the first block fixes the types; it is kept until blocks() hands it out ------------
-    def _open(self) -> None:
-        opener = {"csv": self._csv, "parquet": self._parquet, "npz": self._npz}[self.kind]
-        blocks = opener()
+    def _open(self, read_ahead: bool = True) -> None:
+        """Read the first block. Without ``read_ahead`` (a reader to be released) a CSV file's
+        later blocks are not read ahead; blocks() opens it again to stream them."""
+        blocks = self._csv(read_ahead) if self.kind == "csv" else self._parquet() if self.kind == "parquet" else self._npz()
         self._first = next(blocks, None)
         self._rest = blocks
         if self._first is None:  # no rows: the columns come from the header or metadata alone
@@ -370,10 +376,10 @@ class _FileReader:
                                   functools.partial(_csv_text_block, self.path, name, 0, self.block_bytes))
         return column
 
-    def _csv(self) -> Iterator[_Raw]:
+    def _csv(self, read_ahead: bool) -> Iterator[_Raw]:
         path = self.path
         column_types = self._csv_column_types()
-        schema, batches = _csv_batches(path, column_types, self.block_bytes)
+        schema, batches = _csv_batches(path, column_types, self.block_bytes, read_ahead=read_ahead)
         names = schema.names
         _check_unique_names(path, names)
         dtypes = {f.name: _arrow_dtype(f.type) or "string" for f in schema}  # dates, times...: text
@@ -700,6 +706,24 @@ def column_names(value: str | Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys(n for n in names if n))
 
 
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
+    """The cores this process may use, the default count of threads that read and encode: its CPU affinity,
+    capped by a cgroup v2 CPU quota (a pod's ``resources.limits.cpu``). ``os.cpu_count()`` is
+    the node's, so a part pod limited to 2 of 64 cores would start 64 threads that the quota
+    then throttles."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError, ZeroDivisionError):  # no cgroup v2 here, or a value it never writes
+        pass
+    return cores
+
+
 @dataclass
 class Block:
     """Consecutive rows of one input file, converted to the schema's dtypes."""
@@ -740,6 +764,7 @@ def open_inputs(  # noqa: PLR0917  public signature: callers pass these position
     keep_bytes: int | None = None,
     on_file: Callable[[int, int], None] | None = None,
     storage_options: StorageOptions | None = None,
+    schema_only: bool = False,
 ) -> Inputs:
     """Open and check every input file; the columns follow the declared schema or are inferred.
 
@@ -749,7 +774,9 @@ def open_inputs(  # noqa: PLR0917  public signature: callers pass these position
     values kept verbatim, e.g. zip codes with leading zeros). The first block of each file is
     kept for the stream while they fit in ``keep_bytes`` (default ``4 * block_bytes``), and read
     again otherwise. ``on_file(files_done, files_total)`` is called after each file is opened.
-    ``storage_options``: credentials and endpoints for ``s3://``/``gs://`` inputs, per scheme."""
+    ``storage_options``: credentials and endpoints for ``s3://``/``gs://`` inputs, per scheme.
+    ``schema_only``: only the schema and the row estimate are wanted now (a plan): the files'
+    first blocks are read side by side, one thread each, and none is kept."""
     string_columns = column_names(string_columns)
     if declared is not None and string_columns:
         raise SchemaError(
@@ -760,15 +787,22 @@ def open_inputs(  # noqa: PLR0917  public signature: callers pass these position
     keep = 4 * block_bytes if keep_bytes is None else keep_bytes
     readers: list[_FileReader] = []
     kept = 0
+    if schema_only:
+        with ThreadPoolExecutor(max_workers=min(len(paths), usable_cpus()), thread_name_prefix="airflow-tf-open") as pool:
+            first_blocks = list(pool.map(functools.partial(
+                _FileReader, declared=declared, string_columns=string_columns, block_bytes=block_bytes,
+                read_ahead=False), paths))
     for i, path in enumerate(paths):
-        reader = _FileReader(path, declared, string_columns, block_bytes)
+        # Only a reader that will be kept reads ahead: the others are read again in their turn.
+        reader = first_blocks[i] if schema_only else _FileReader(
+            path, declared, string_columns, block_bytes, read_ahead=i == 0 or kept < keep)
         unknown = [n for n in string_columns if n not in reader.columns]
         if unknown:
             raise SchemaError(
-                f"string_columns {unknown} are not columns of {path} (its columns: {', '.join(reader.columns)})"
+                f"string_columns {unknown} are not columns of {reader.path} (its columns: {', '.join(reader.columns)})"
             )
         kept += reader.first_bytes
-        if i > 0 and kept > keep:
+        if schema_only or (i > 0 and kept > keep):
             reader.release()
         readers.append(reader)
         if on_file:

@@ -25,12 +25,12 @@ from collections.abc import Callable, Sequence
 from ..cluster.names import path_component
 from ..files import read_json, strip_file_scheme, write_json
 from .errors import DataError, DatasetExistsError
-from .inputs import open_inputs, resolve_inputs
+from .inputs import open_inputs, resolve_inputs, usable_cpus
 from .object_store import InputPath, StorageOptions, is_remote
 from .prepare import (
     DEFAULT_BUFFER_MIB, DEFAULT_EVAL_FRACTION, Progress, _check_options, _chunk_bytes, _check_split_key, _commit, _commit_next,
     _fsync_dir, _make_root, _remove_stale_temporaries, _Reporter, _version_name, _with_label, _write_stream,
-    buffer_plan, shard_name, usable_cpus,
+    buffer_plan, shard_name,
 )
 from .schema import FORMAT_VERSION, SCHEMA_FILE, SUCCESS_FILE, Schema
 
@@ -94,7 +94,7 @@ def plan_parts(  # noqa: PLR0917  public signature: callers pass these positiona
         )
     declared = Schema.coerce(schema) if schema is not None else None
     block_bytes, _ = buffer_plan(buffer_mib)
-    inputs = open_inputs(input, declared, allow_nan, string_columns or (), block_bytes=block_bytes, keep_bytes=0,
+    inputs = open_inputs(input, declared, allow_nan, string_columns or (), block_bytes=block_bytes, schema_only=True,
                          storage_options=storage_options)
     decided = _with_label(inputs.schema, label)
     _check_split_key(decided, split_key)

@@ -37,7 +37,7 @@ from ..files import strip_file_scheme, write_json
 from . import object_store
 from .encode import encode_examples, record_lengths
 from .errors import DataError, DatasetExistsError, InputDataError, SchemaError
-from .inputs import Block, Inputs, open_inputs, resolve_inputs
+from .inputs import Block, Inputs, open_inputs, resolve_inputs, usable_cpus
 from .object_store import InputPath, StorageOptions, identity, is_remote, open_binary
 from .schema import FORMAT_VERSION, SCHEMA_FILE, SUCCESS_FILE, Schema
 from .vocabulary import VocabularyCounter, vocabulary_sizes
@@ -468,24 +468,6 @@ def _commit_next(temporary: Path, root: Path, first: int, write_marker: Callable
             _fsync_dir(root)
             return str(number)
         number = max([number, *existing_versions(root)]) + 1
-
-
-CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
-
-
-def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
-    """The cores this process may use, the default count of encoding threads: its CPU affinity,
-    capped by a cgroup v2 CPU quota (a pod's ``resources.limits.cpu``). ``os.cpu_count()`` is
-    the node's, so a part pod limited to 2 of 64 cores would start 64 threads that the quota
-    then throttles."""
-    cores = len(os.sched_getaffinity(0))
-    try:
-        quota, period = cpu_max.read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError, ZeroDivisionError):  # no cgroup v2 here, or a value it never writes
-        pass
-    return cores
 
 
 def _check_options(eval_fraction: float, shards: int | None, target_shard_mb: float | None,
