@@ -37,12 +37,14 @@ def _part(plan: dict, index: int, workers: int, pin: bool) -> None:
     prepare_part(plan, index, workers=workers)
 
 
-def run_parts(work: Path, name: str, partitions: int, workers: int, pin: bool) -> tuple[dict, float]:
-    """plan -> one process per part, all at once -> commit, as the mapped tasks run them."""
+def run_parts(work: Path, name: str, partitions: int, workers: int, pin: bool) -> tuple[dict, dict[str, float]]:
+    """plan -> one process per part, all at once -> commit, as the mapped tasks run them;
+    the summary and the seconds of each stage."""
     from airflow_tf.data.partitioned import commit_parts, plan_parts
 
     start = time.perf_counter()
     plan = plan_parts(work / "in", work / "out", name, partitions, label="label")
+    planned = time.perf_counter()
     context = multiprocessing.get_context("spawn")
     processes = [context.Process(target=_part, args=(plan, i, workers, pin)) for i in range(len(plan["parts"]))]
     for process in processes:
@@ -51,7 +53,10 @@ def run_parts(work: Path, name: str, partitions: int, workers: int, pin: bool) -
         process.join()
     if any(p.exitcode for p in processes):
         raise SystemExit(f"a part of {name} failed")
-    return commit_parts(plan), time.perf_counter() - start
+    parted = time.perf_counter()
+    summary = commit_parts(plan)
+    end = time.perf_counter()
+    return summary, {"total": end - start, "plan": planned - start, "parts": parted - planned, "commit": end - parted}
 
 
 def main() -> int:
@@ -79,13 +84,17 @@ def main() -> int:
         start = time.perf_counter()
         single = prepare_dataset(work / "in", work / "out", "single", label="label")
         single_s = time.perf_counter() - start
-        alone, alone_s = run_parts(work, "one-part", 1, workers, args.pin)
-        parted, parted_s = run_parts(work, "parted", args.partitions, workers, args.pin)
+        alone, alone_stages = run_parts(work, "one-part", 1, workers, args.pin)
+        parted, parted_stages = run_parts(work, "parted", args.partitions, workers, args.pin)
+        alone_s, parted_s = alone_stages["total"], parted_stages["total"]
 
         print(f"{'':32s} {'wall s':>8s} {'rows/s':>11s}")
         for what, seconds in (("1 prepare (all cores)", single_s), (f"1 part ({workers} thread(s)) + commit", alone_s),
                               (f"{args.partitions} parts in parallel + commit", parted_s)):
             print(f"{what:32s} {seconds:8.2f} {args.rows / seconds:11,.0f}")
+        for what, stages in (("1 part", alone_stages), (f"{args.partitions} parts", parted_stages)):
+            print(f"{what}: plan {stages['plan']:.2f} s, parts {stages['parts']:.2f} s (processes started, "
+                  f"ran, ended), commit {stages['commit']:.2f} s")
         print(f"speed-up against one part: {alone_s / parted_s:.2f}x "
               f"(goal >= 1.7x with 2 partitions on 2 cores)")
         print(f"speed-up against one prepare on all cores: {single_s / parted_s:.2f}x")
