@@ -17,6 +17,7 @@ The options hold secrets: they never appear in an error message, a manifest or a
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import io
 import json
@@ -312,11 +313,14 @@ def exists(uri: str, options: StorageOptions | None = None) -> bool:
 
 
 def child_directories(uri: str, options: StorageOptions | None = None) -> list[str]:
-    """Names of the prefixes directly under ``uri`` (none when it does not exist). Derived from
-    the objects under it: stores list an implicit directory's prefix in differing ways."""
+    """Names of the prefixes directly under ``uri`` that hold files (none when it does not
+    exist). Derived from the files under it: stores list an implicit directory's prefix in
+    differing ways, and an empty directory marker (pyarrow writes them to S3) outlives its files."""
+    import pyarrow.fs as pafs
+
     fs, path = filesystem(uri, options)
     names = {i.path[len(path) + 1:].split("/", 1)[0] for i in _listing(fs, path, uri, True, options)
-             if i.path.startswith(path + "/") and "/" in i.path[len(path) + 1:]}
+             if i.type == pafs.FileType.File and i.path.startswith(path + "/") and "/" in i.path[len(path) + 1:]}
     return sorted(names)
 
 
@@ -326,8 +330,8 @@ def delete(uri: str, options: StorageOptions | None = None) -> None:
     import pyarrow.fs as pafs
 
     fs, path = filesystem(uri, options)
-    objects = sorted((i.path for i in _listing(fs, path, uri, True, options) if i.type == pafs.FileType.File),
-                     key=lambda p: not p.endswith("/_SUCCESS"))
+    listing = _listing(fs, path, uri, True, options)
+    objects = sorted((i.path for i in listing if i.type == pafs.FileType.File), key=lambda p: not p.endswith("/_SUCCESS"))
     for name in objects:
         try:
             fs.delete_file(name)
@@ -336,6 +340,14 @@ def delete(uri: str, options: StorageOptions | None = None) -> None:
         except OSError as exc:
             raise DataError(_failure(f"cannot delete {scheme_of(uri)}://{name}", exc, scheme_of(uri),
                                      _conn_id(uri, options))) from None
+    # Then the empty directory markers pyarrow writes to S3, deepest first: left behind, the
+    # prefix would still exist. A store without markers has nothing left to delete.
+    markers = sorted((i.path for i in listing if i.type == pafs.FileType.Directory), key=len, reverse=True)
+    for marker in [*markers, path]:
+        with contextlib.suppress(OSError):
+            fs.delete_dir(marker)
+    if exists(uri, options):
+        raise DataError(f"cannot delete {uri}: objects are still listed under it after deleting them; delete them by hand")
 
 
 def upload_tree(directory: Path, uri: str, options: StorageOptions | None = None,

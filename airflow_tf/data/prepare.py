@@ -820,13 +820,27 @@ def _prepare_into_object_storage(output: str, name: str, version: int | str | No
             object_store.delete(final, storage_options)
         size = sum(p.stat().st_size for p in local.rglob("*") if p.is_file())
         log.info("Uploading dataset version %s (%.1f MB) to %s", version_name, size / 1e6, final)
-        uploaded = sum(1 for _ in object_store.upload_tree(local, final, storage_options, last=SUCCESS_FILE))
+        try:
+            uploaded = sum(1 for _ in object_store.upload_tree(local, final, storage_options, last=SUCCESS_FILE))
+        except DataError as exc:
+            raise DataError(f"{exc}; {_remove_partial_upload(final, storage_options)}") from None
         log.info("Uploaded %d files; %s is committed", uploaded, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     seconds = time.monotonic() - started
     return {**summary, "dataset_uri": final, "seconds": round(seconds, 3), "rows_per_sec": _rate(summary["rows"], seconds),
             **({"fingerprint": fingerprint} if fingerprint else {})}
+
+
+def _remove_partial_upload(final: str, storage_options: StorageOptions | None) -> str:
+    """Delete what a failed upload wrote (it has no ``_SUCCESS``, so no reader takes it, but it
+    would hold the version number); says what is left."""
+    try:
+        object_store.delete(final, storage_options)
+    except DataError:
+        return (f"the files uploaded so far are still under {final} without _SUCCESS (readers refuse them): "
+                "delete them, or prepare that version again with overwrite")
+    return f"nothing is left under {final}; prepare again"
 
 
 def _with_vocabularies(schema: Schema, counter: VocabularyCounter, directory: Path) -> Schema:

@@ -375,6 +375,39 @@ def test_a_failed_prepare_into_s3_leaves_no_version_and_names_what_failed(s3, tm
     assert not (tmp_path / "out" / "good").exists() or not any((tmp_path / "out" / "good").iterdir())
 
 
+@pytest.mark.slow
+def test_an_upload_that_fails_midway_removes_what_it_wrote_and_the_next_prepare_takes_that_version(
+        s3, tmp_path, monkeypatch):
+    fs, endpoint = s3
+    _s3_connection(monkeypatch, "training_s3", endpoint)
+    from airflow_tf.operators.prepare import storage_options
+
+    options = storage_options("training_s3", None)
+    source = write_linear_regression_csv(tmp_path / "in.csv", rows=2000, seed=4)
+    real_upload = object_store.upload_tree
+
+    def upload_losing_the_staged_files(directory, uri, *args, **kwargs):
+        # The store is real; what fails is the staging side: after the first object is
+        # written, the staged files not yet uploaded vanish (a full or lost local disk).
+        uploads = real_upload(directory, uri, *args, **kwargs)
+        yield next(uploads)
+        for staged in directory.rglob("*.tfrecord"):
+            staged.unlink()
+        yield from uploads
+
+    monkeypatch.setattr(object_store, "upload_tree", upload_losing_the_staged_files)
+    with pytest.raises(DataError, match=rf"uploading .* to s3://{BUCKET}/datasets/halfway/1/.* failed.*"
+                                        rf"nothing is left under s3://{BUCKET}/datasets/halfway/1; prepare again"):
+        prepare_dataset(source, f"s3://{BUCKET}/datasets", "halfway", label="y", shards=3, storage_options=options)
+    assert _objects(fs, "datasets/halfway") == [], "the first object written is removed again"
+
+    monkeypatch.setattr(object_store, "upload_tree", real_upload)
+    summary = prepare_dataset(source, f"s3://{BUCKET}/datasets", "halfway", label="y", shards=3,
+                              storage_options=options)
+    assert summary["dataset_uri"] == f"s3://{BUCKET}/datasets/halfway/1", "the failed attempt left no version behind"
+    assert f"{BUCKET}/datasets/halfway/1/_SUCCESS" in _objects(fs, "datasets/halfway")
+
+
 # -- bounded failures, no server needed -------------------------------------------------------
 def _closed_port() -> int:
     return _free_port()  # nothing listens there once the probe socket is closed
