@@ -14,13 +14,24 @@ TESTS = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(items):
-    """With ``-n`` (pytest-xdist, ``--dist loadgroup``): each file's tests run on one worker, so a
-    module's fixtures (trained groups, emulators) are built once; the whole of tests/stack runs
-    on one worker, sharing the session's one Airflow stack."""
+    """With ``-n`` (pytest-xdist, ``--dist loadgroup``): a test that uses a module's fixtures
+    (trained groups, emulators) runs on the worker that runs the rest of its file, so they are
+    built once; the whole of tests/stack runs on one worker, sharing the session's one Airflow
+    stack. Every other test goes to whichever worker is free."""
     for item in items:
         path = Path(str(item.path)).resolve()
-        group = "stack" if path.is_relative_to(TESTS / "stack") else path.as_posix()
-        item.add_marker(pytest.mark.xdist_group(group))
+        if path.is_relative_to(TESTS / "stack"):
+            item.add_marker(pytest.mark.xdist_group("stack"))
+        elif _uses_shared_fixtures(item):
+            item.add_marker(pytest.mark.xdist_group(path.as_posix()))
+
+
+def _uses_shared_fixtures(item) -> bool:
+    """Whether a fixture of the test lives longer than the test but not the whole session."""
+    definitions = getattr(item, "_fixtureinfo", None)
+    if definitions is None:
+        return True
+    return any(defs[-1].scope in ("class", "module", "package") for defs in definitions.name2fixturedefs.values())
 
 
 def _wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
