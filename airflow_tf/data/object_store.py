@@ -371,6 +371,25 @@ def upload_tree(directory: Path, uri: str, options: StorageOptions | None = None
         yield join(uri, relative)
 
 
+def copy_tree(source: str, target: str, options: StorageOptions | None = None, last: str | None = None) -> int:
+    """Copy every object under ``source`` to the same names under ``target`` inside the store
+    (server-side copies), the object named ``last`` after all others; returns how many."""
+    import pyarrow.fs as pafs
+
+    fs, source_path = filesystem(source, options)
+    _, target_path = filesystem(target, options)
+    names = sorted(i.path[len(source_path) + 1:] for i in _listing(fs, source_path, source, True, options)
+                   if i.type == pafs.FileType.File)
+    names.sort(key=lambda name: name.rsplit("/", 1)[-1] == last)  # stable: the marker moves to the end
+    for name in names:
+        try:
+            fs.copy_file(f"{source_path}/{name}", f"{target_path}/{name}")
+        except OSError as exc:
+            raise DataError(_failure(f"copying {join(source, name)} to {join(target, name)} failed", exc,
+                                     scheme_of(source), _conn_id(source, options))) from None
+    return len(names)
+
+
 # -- options from a connection's fields ------------------------------------------------------
 def _endpoint(url: str, what: str) -> dict[str, str]:
     """``http://host:port`` -> pyarrow's ``scheme`` and ``endpoint_override``."""

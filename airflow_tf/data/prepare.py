@@ -816,20 +816,37 @@ def _prepare_into_object_storage(output: str, name: str, version: int | str | No
         if fingerprint:  # the staged run had nothing to compare with: the manifest records it here
             manifest = json.loads((local / SUCCESS_FILE).read_text(encoding="utf-8"))
             write_json(local / SUCCESS_FILE, {**manifest, "fingerprint": fingerprint})
-        if overwrite:
-            object_store.delete(final, storage_options)
+        replacing = overwrite and object_store.exists(final, storage_options)
+        # The version being replaced stays whole until the new one is in the store: it is
+        # uploaded beside it (a name no reader takes for a version), then copied in there.
+        target = object_store.join(root, f".tmp-{version_name}-{uuid.uuid4().hex[:12]}") if replacing else final
         size = sum(p.stat().st_size for p in local.rglob("*") if p.is_file())
-        log.info("Uploading dataset version %s (%.1f MB) to %s", version_name, size / 1e6, final)
+        log.info("Uploading dataset version %s (%.1f MB) to %s", version_name, size / 1e6, target)
         try:
-            uploaded = sum(1 for _ in object_store.upload_tree(local, final, storage_options, last=SUCCESS_FILE))
+            uploaded = sum(1 for _ in object_store.upload_tree(local, target, storage_options, last=SUCCESS_FILE))
         except DataError as exc:
-            raise DataError(f"{exc}; {_remove_partial_upload(final, storage_options)}") from None
+            left = _remove_partial_upload(target, storage_options)
+            raise DataError(f"{exc}; {left}" + (f"; {final} is as it was" if replacing else "")) from None
+        if replacing:
+            _replace_version(target, final, storage_options)
         log.info("Uploaded %d files; %s is committed", uploaded, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     seconds = time.monotonic() - started
     return {**summary, "dataset_uri": final, "seconds": round(seconds, 3), "rows_per_sec": _rate(summary["rows"], seconds),
             **({"fingerprint": fingerprint} if fingerprint else {})}
+
+
+def _replace_version(staged: str, final: str, storage_options: StorageOptions | None) -> None:
+    """Swap an uploaded version in for the one at ``final``: delete that (``_SUCCESS`` first),
+    copy the staged objects in (``_SUCCESS`` last), then delete the staged ones."""
+    object_store.delete(final, storage_options)
+    try:
+        object_store.copy_tree(staged, final, storage_options, last=SUCCESS_FILE)
+    except DataError as exc:
+        raise DataError(f"{exc}; the new version is complete under {staged}: prepare again with overwrite, "
+                        f"or copy it to {final} (_SUCCESS last)") from None
+    object_store.delete(staged, storage_options)
 
 
 def _remove_partial_upload(final: str, storage_options: StorageOptions | None) -> str:

@@ -408,6 +408,55 @@ def test_an_upload_that_fails_midway_removes_what_it_wrote_and_the_next_prepare_
     assert f"{BUCKET}/datasets/halfway/1/_SUCCESS" in _objects(fs, "datasets/halfway")
 
 
+def _manifest_and_objects(fs, prefix: str) -> tuple[dict, list[str]]:
+    """A version's ``_SUCCESS`` manifest and the objects under its prefix."""
+    manifest = json.loads(fs.open_input_stream(f"{BUCKET}/{prefix}/_SUCCESS").read())
+    return manifest, _objects(fs, prefix)
+
+
+@pytest.mark.slow
+def test_an_overwrite_that_fails_midway_keeps_the_old_version_whole_and_a_good_one_replaces_it(
+        s3, tmp_path, monkeypatch):
+    fs, endpoint = s3
+    _s3_connection(monkeypatch, "training_s3", endpoint)
+    from airflow_tf.operators.prepare import storage_options
+
+    options = storage_options("training_s3", None)
+    output = f"s3://{BUCKET}/datasets"
+    old = prepare_dataset(write_linear_regression_csv(tmp_path / "old.csv", rows=2000, seed=5), output, "replaced",
+                          label="y", shards=2, storage_options=options)
+    assert old["dataset_uri"] == f"{output}/replaced/1"
+    before = _manifest_and_objects(fs, "datasets/replaced/1")
+    new_input = write_linear_regression_csv(tmp_path / "new.csv", rows=3000, seed=6)
+    real_upload = object_store.upload_tree
+
+    def upload_losing_the_staged_files(directory, uri, *args, **kwargs):
+        # As in the test above: the store is real, the staged files vanish after the first object.
+        uploads = real_upload(directory, uri, *args, **kwargs)
+        yield next(uploads)
+        for staged in directory.rglob("*.tfrecord"):
+            staged.unlink()
+        yield from uploads
+
+    monkeypatch.setattr(object_store, "upload_tree", upload_losing_the_staged_files)
+    with pytest.raises(DataError, match=rf"failed.*nothing is left under {output}/replaced/\.tmp-1-\w+; prepare "
+                                        rf"again; {output}/replaced/1 is as it was"):
+        prepare_dataset(new_input, output, "replaced", version=1, overwrite=True, label="y", shards=2,
+                        storage_options=options)
+    assert _manifest_and_objects(fs, "datasets/replaced/1") == before, "the old version is untouched"
+    assert _objects(fs, "datasets/replaced") == before[1], "nothing else is left beside it"
+
+    monkeypatch.setattr(object_store, "upload_tree", real_upload)
+    new = prepare_dataset(new_input, output, "replaced", version=1, overwrite=True, label="y", shards=2,
+                          storage_options=options)
+    manifest, objects = _manifest_and_objects(fs, "datasets/replaced/1")
+    assert new["dataset_uri"] == f"{output}/replaced/1" and manifest["source"]["rows"] == 3000
+    listed = {f"{BUCKET}/datasets/replaced/1/{split}/{shard['file']}"
+              for split, info in manifest["splits"].items() for shard in info["shards"]}
+    assert set(objects) == listed | {f"{BUCKET}/datasets/replaced/1/{n}" for n in ("_SUCCESS", "schema.json")}
+    assert _objects(fs, "datasets/replaced") == objects, "the staged upload is gone once copied in"
+
+
 # -- bounded failures, no server needed -------------------------------------------------------
 def _closed_port() -> int:
     return _free_port()  # nothing listens there once the probe socket is closed
