@@ -375,6 +375,19 @@ def test_a_failed_prepare_into_s3_leaves_no_version_and_names_what_failed(s3, tm
     assert not (tmp_path / "out" / "good").exists() or not any((tmp_path / "out" / "good").iterdir())
 
 
+def _losing_the_staged_files(upload):
+    """``upload`` (the real upload to the real stand-in store), failing on the staging side:
+    after the first object is written, the staged files not yet uploaded vanish (a full or
+    lost local disk)."""
+    def upload_tree(directory, uri, *args, **kwargs):
+        uploads = upload(directory, uri, *args, **kwargs)
+        yield next(uploads)
+        for staged in directory.rglob("*.tfrecord"):
+            staged.unlink()
+        yield from uploads
+    return upload_tree
+
+
 @pytest.mark.slow
 def test_an_upload_that_fails_midway_removes_what_it_wrote_and_the_next_prepare_takes_that_version(
         s3, tmp_path, monkeypatch):
@@ -385,17 +398,7 @@ def test_an_upload_that_fails_midway_removes_what_it_wrote_and_the_next_prepare_
     options = storage_options("training_s3", None)
     source = write_linear_regression_csv(tmp_path / "in.csv", rows=2000, seed=4)
     real_upload = object_store.upload_tree
-
-    def upload_losing_the_staged_files(directory, uri, *args, **kwargs):
-        # The store is real; what fails is the staging side: after the first object is
-        # written, the staged files not yet uploaded vanish (a full or lost local disk).
-        uploads = real_upload(directory, uri, *args, **kwargs)
-        yield next(uploads)
-        for staged in directory.rglob("*.tfrecord"):
-            staged.unlink()
-        yield from uploads
-
-    monkeypatch.setattr(object_store, "upload_tree", upload_losing_the_staged_files)
+    monkeypatch.setattr(object_store, "upload_tree", _losing_the_staged_files(real_upload))
     with pytest.raises(DataError, match=rf"uploading .* to s3://{BUCKET}/datasets/halfway/1/.* failed.*"
                                         rf"nothing is left under s3://{BUCKET}/datasets/halfway/1; prepare again"):
         prepare_dataset(source, f"s3://{BUCKET}/datasets", "halfway", label="y", shards=3, storage_options=options)
@@ -429,16 +432,7 @@ def test_an_overwrite_that_fails_midway_keeps_the_old_version_whole_and_a_good_o
     before = _manifest_and_objects(fs, "datasets/replaced/1")
     new_input = write_linear_regression_csv(tmp_path / "new.csv", rows=3000, seed=6)
     real_upload = object_store.upload_tree
-
-    def upload_losing_the_staged_files(directory, uri, *args, **kwargs):
-        # As in the test above: the store is real, the staged files vanish after the first object.
-        uploads = real_upload(directory, uri, *args, **kwargs)
-        yield next(uploads)
-        for staged in directory.rglob("*.tfrecord"):
-            staged.unlink()
-        yield from uploads
-
-    monkeypatch.setattr(object_store, "upload_tree", upload_losing_the_staged_files)
+    monkeypatch.setattr(object_store, "upload_tree", _losing_the_staged_files(real_upload))
     with pytest.raises(DataError, match=rf"failed.*nothing is left under {output}/replaced/\.tmp-1-\w+; prepare "
                                         rf"again; {output}/replaced/1 is as it was"):
         prepare_dataset(new_input, output, "replaced", version=1, overwrite=True, label="y", shards=2,
