@@ -581,7 +581,12 @@ class LocalBackend:
     def _ask_supervisor(self, group: GroupDir, state: dict[str, Any], roles: list[str] | None) -> list[str] | None:
         """Hand the request to a live supervisor and wait for its answer (None if it is gone)."""
         sup = state["supervisor"]
-        if sup["state"] != "running" or not is_running(sup["pid"], sup["start_time"]):
+        if not is_running(sup["pid"], sup["start_time"]):
+            return None
+        if sup["state"] != "running":
+            # Its tasks are stopped and it is making its last writes: a teardown that returned
+            # now would leave it running behind the caller, so wait for it to exit.
+            self._wait_gone(sup["pid"], sup["start_time"])
             return None
         request = uuid.uuid4().hex
         write_group_file(group.requests / f"{request}.json", {"roles": roles})

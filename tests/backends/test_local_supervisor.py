@@ -16,10 +16,13 @@ import time
 import pytest
 
 from airflow_tf.backends import GroupRef, backend_for
-from airflow_tf.backends.local import STOP_GRACE, LocalBackend, is_running, process_start_time, stop_processes
+from airflow_tf.backends.local import (
+    STATE_DIR_ENV, STOP_GRACE, LocalBackend, is_running, process_start_time, stop_processes, write_group_file,
+)
 from airflow_tf.backends.wait import failure_report, wait_for_group
 from airflow_tf.cluster import GroupSpec, Phase, RoleSpec, SpecError, TrainingConfig
 from airflow_tf.data import DatasetNotReadyError
+from airflow_tf.files import read_json
 
 
 def alive(pid: int) -> bool:
@@ -300,6 +303,29 @@ def test_teardown_is_prompt_even_for_a_task_that_ignores_sigterm(local_state_dir
     assert sorted(deleted) == ["stubborn-ps-0", "stubborn-worker-0", "stubborn-worker-1"]
     assert elapsed < PROMPT, f"teardown took {elapsed:.2f} s"
     assert not group_processes(local_state_dir)
+
+
+def test_teardown_waits_for_a_supervisor_that_is_still_exiting(local_state_dir, group_processes, wait_until):
+    """A supervisor writes "exited" before its last log copy and its interpreter's exit; a
+    teardown (the CLI's, the teardown task's) that returned in that window left it running behind
+    the caller. The window is made wide here: the recorded supervisor becomes a process with the
+    group's environment that takes a second to exit."""
+    backend = LocalBackend()
+    ref = backend.launch(group("exiting", program("pass"), ps=program("pass")))
+    wait_until(lambda: not group_processes(local_state_dir), SETTLE, what="the finished group's supervisor to exit")
+    state_file = backend._dir("exiting").state
+    state = read_json(state_file)
+    assert state["supervisor"]["state"] == "exited"
+    finishing = subprocess.Popen(program("import time\ntime.sleep(1)"), env=dict(os.environ, **{STATE_DIR_ENV: str(local_state_dir)}))
+    try:
+        state["supervisor"].update(pid=finishing.pid, start_time=process_start_time(finishing.pid))
+        write_group_file(state_file, state)
+        assert group_processes(local_state_dir) == [finishing.pid]
+        assert sorted(backend.teardown(ref)) == ["exiting-ps-0", "exiting-worker-0", "exiting-worker-1"]
+        assert not group_processes(local_state_dir), "teardown returned while the supervisor was still running"
+    finally:
+        finishing.kill()
+        finishing.wait()
 
 
 def test_group_stops_when_its_owner_process_dies(local_state_dir, group_processes, wait_until):
