@@ -23,6 +23,7 @@ import io
 import json
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -322,6 +323,21 @@ def child_directories(uri: str, options: StorageOptions | None = None) -> list[s
     names = {i.path[len(path) + 1:].split("/", 1)[0] for i in _listing(fs, path, uri, True, options)
              if i.type == pafs.FileType.File and i.path.startswith(path + "/") and "/" in i.path[len(path) + 1:]}
     return sorted(names)
+
+
+def abandoned_children(uri: str, prefix: str, max_age: float, options: StorageOptions | None = None) -> list[str]:
+    """Names of the prefixes directly under ``uri`` that start with ``prefix`` and whose newest
+    file was written more than ``max_age`` seconds ago (a younger one may still be in use)."""
+    import pyarrow.fs as pafs
+
+    fs, path = filesystem(uri, options)
+    newest: dict[str, float] = {}
+    for info in _listing(fs, path, uri, True, options):
+        child, _, rest = info.path[len(path) + 1:].partition("/")
+        if info.type == pafs.FileType.File and rest and child.startswith(prefix) and info.mtime is not None:
+            newest[child] = max(newest.get(child, 0.0), info.mtime.timestamp())
+    now = time.time()
+    return sorted(child for child, written in newest.items() if now - written > max_age)
 
 
 def delete(uri: str, options: StorageOptions | None = None) -> None:

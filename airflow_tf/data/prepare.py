@@ -423,13 +423,22 @@ def _make_root(root: Path) -> None:
         ) from None
 
 
-def _remove_stale_temporaries(root: Path, max_age: float = _STALE_AFTER) -> None:
-    """Delete temporary directories that a killed prepare run (SIGKILL, lost node) left behind.
-    Only old ones: a younger one may belong to a run still in progress."""
+def _remove_stale_temporaries(root: Path | str, storage_options: StorageOptions | None = None) -> None:
+    """Delete temporary directories (or, in object storage, staged uploads) that a killed
+    prepare run (SIGKILL, lost node) left behind. Only old ones: a younger one may belong to a
+    run still in progress."""
+    if isinstance(root, str):
+        try:
+            for child in object_store.abandoned_children(root, ".tmp-", _STALE_AFTER, storage_options):
+                log.info("Deleting %s, staged by a prepare that did not finish", object_store.join(root, child))
+                object_store.delete(object_store.join(root, child), storage_options)
+        except DataError as exc:  # tidying up must not fail the prepare that does it
+            log.warning("Could not delete an abandoned staged upload: %s", exc)
+        return
     now = time.time()
     for path in [*root.glob(".tmp-*"), *root.glob(".trash-*")]:
         try:
-            if now - path.stat().st_mtime > max_age:
+            if now - path.stat().st_mtime > _STALE_AFTER:
                 shutil.rmtree(path, ignore_errors=True)
         except OSError:
             pass
@@ -809,6 +818,7 @@ def _prepare_into_object_storage(output: str, name: str, version: int | str | No
             f"dataset version {final} already exists; choose another version, leave the version "
             "out to get the next one, or ask to overwrite it"
         )
+    _remove_stale_temporaries(root, storage_options)
     staging = Path(tempfile.mkdtemp(prefix="airflow-tf-stage-"))
     try:
         summary = stage(staging, name, version=version_name)

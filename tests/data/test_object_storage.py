@@ -451,6 +451,33 @@ def test_an_overwrite_that_fails_midway_keeps_the_old_version_whole_and_a_good_o
     assert _objects(fs, "datasets/replaced") == objects, "the staged upload is gone once copied in"
 
 
+def test_a_staged_upload_left_by_a_killed_prepare_is_deleted_once_it_is_old(s3, tmp_path, monkeypatch):
+    """An overwrite killed between its upload and the swap leaves ``<name>/.tmp-<version>-<id>/``:
+    no version to readers, but it stays in the bucket. The next prepare of that dataset deletes
+    it once it is older than a day (a younger one may be another prepare's, still uploading)."""
+    fs, endpoint = s3
+    _s3_connection(monkeypatch, "training_s3", endpoint)
+    from airflow_tf.data import prepare as prepare_module
+    from airflow_tf.operators.prepare import storage_options
+
+    options = storage_options("training_s3", None)
+    output = f"s3://{BUCKET}/datasets"
+    source = write_linear_regression_csv(tmp_path / "in.csv", rows=1000, seed=7)
+    staged = "datasets/tidy/.tmp-1-0123456789ab"
+    for name in ("train/part-00000-of-00001.tfrecord", "schema.json"):
+        with fs.open_output_stream(f"{BUCKET}/{staged}/{name}") as out:
+            out.write(b"left by a prepare killed mid-swap")
+    first = prepare_dataset(source, output, "tidy", label="y", shards=1, storage_options=options)
+    assert first["dataset_uri"] == f"{output}/tidy/1", "the staged prefix is not a version"
+    assert len(_objects(fs, staged)) == 2, "a young staged upload may be in use: it is kept"
+
+    monkeypatch.setattr(prepare_module, "_STALE_AFTER", 0.0)
+    second = prepare_dataset(source, output, "tidy", label="y", shards=1, storage_options=options)
+    assert second["dataset_uri"] == f"{output}/tidy/2"
+    assert _objects(fs, staged) == [], "the abandoned staged upload is deleted"
+    assert {p.split("/")[3] for p in _objects(fs, "datasets/tidy")} == {"1", "2"}
+
+
 # -- bounded failures, no server needed -------------------------------------------------------
 def _closed_port() -> int:
     return _free_port()  # nothing listens there once the probe socket is closed
