@@ -8,24 +8,35 @@ import time
 from pathlib import Path
 
 
-def group_processes_of(state_dir: Path) -> list[int]:
-    """Pids of live processes started for groups in ``state_dir`` (supervisors and tasks;
-    the local backend gives them ``AIRFLOW_TF_STATE_DIR`` in their environment)."""
-    marker = f"AIRFLOW_TF_STATE_DIR={Path(state_dir).resolve()}".encode()
-    found = []
+def _group_environments(state_dir: Path) -> dict[int, dict[str, str]]:
+    """The environments of the live processes started for groups in ``state_dir`` (supervisors
+    and tasks; the local backend gives them ``AIRFLOW_TF_STATE_DIR`` in their environment).
+    A process that exits while it is being read is left out."""
+    marker = str(Path(state_dir).resolve())
+    found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
+            environ = environ_of(int(entry))
             with open(f"/proc/{entry}/stat") as f:
                 state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if marker in environ and state not in ("Z", "X"):
-            found.append(int(entry))
+        if environ.get("AIRFLOW_TF_STATE_DIR") == marker and state not in ("Z", "X"):
+            found[int(entry)] = environ
     return found
+
+
+def group_processes_of(state_dir: Path) -> list[int]:
+    """Pids of live processes started for groups in ``state_dir``."""
+    return list(_group_environments(state_dir))
+
+
+def task_pid(state_dir: Path, task: str) -> int:
+    """The pid of the group task named ``task`` (``name-ps-0``), which must be running."""
+    (pid,) = [pid for pid, env in _group_environments(state_dir).items() if env.get("AIRFLOW_TF_TASK") == task]
+    return pid
 
 
 def kill_leftovers(state_dir: Path, grace: float = 3.0) -> list[int]:

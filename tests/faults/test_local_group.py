@@ -71,15 +71,21 @@ def test_nothing_reaches_the_group_from_outside_and_tasks_hold_no_secrets(local_
     backend = LocalBackend()
     ref = backend.launch(linear_group("walled", linear_dataset, tmp_path / "run", steps=600))
     try:
+        # A process's environment is fixed when it starts: read it at once, before a worker
+        # that has trained its steps can exit.
+        pids = wait_until(lambda: len(p := backend.processes(ref)) == 3 and p, 60, what="3 tasks")
+        for name, pid in pids.items():
+            env = environ_of(pid)
+            assert not set(env) & set(SECRETS) and not any(k.startswith(("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_"))
+                                                           for k in env), f"{name} holds an Airflow secret"
         wait_until(lambda: training(backend, ref, 0) and training(backend, ref, 1), 600, what="both workers to train")
         state = read_json(local_state_dir / "walled" / "state.json", missing_ok=True)
         assert state["isolation"]["network"] == "private"
-        for name, task in state["processes"].items():
-            env = environ_of(task["pid"])
-            assert not set(env) & set(SECRETS) and not any(k.startswith(("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_"))
-                                                           for k in env), f"{name} holds an Airflow secret"
-            if address is not None:  # the probe itself is checked in tests/backends/test_local_safety.py
-                assert not can_connect(address, task["port"]), f"{name}'s gRPC port is reachable at {address}"
+        ports = {name: task["port"] for name, task in state["processes"].items()}
+        assert "walled-ps-0" in ports, "the ps serves until teardown"
+        # The probe itself is checked in tests/backends/test_local_safety.py.
+        for name, port in ports.items() if address is not None else ():
+            assert not can_connect(address, port), f"{name}'s gRPC port is reachable at {address}"
         outcome, status = wait_for_group(backend, ref, timeout=600)
         assert outcome.succeeded, outcome.reason
         assert status.progress["global_step"] >= 600

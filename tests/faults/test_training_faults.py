@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from processes import environ_of, group_processes_of
+from processes import task_pid
 from runtime.conftest import train_group
 
 from airflow_tf.runtime import models
@@ -128,8 +128,7 @@ def test_a_step_stuck_on_a_stopped_ps_times_out_and_the_session_recovers(linear_
         with lock:
             if stopped or step < 200:
                 return
-            (ps,) = [pid for pid in group_processes_of(state_dir)
-                     if environ_of(pid).get("AIRFLOW_TF_TASK") == "fault-stuck-ps-0"]
+            ps = task_pid(state_dir, "fault-stuck-ps-0")
             os.kill(ps, signal.SIGSTOP)
             stopped.append(ps)
             threading.Timer(12.0, os.kill, (ps, signal.SIGCONT)).start()
@@ -172,8 +171,7 @@ def test_a_stuck_step_is_cut_at_the_bound_from_the_runs_own_step_times_and_the_r
         with lock:
             if stopped or step < 300:
                 return
-            (ps,) = [pid for pid in group_processes_of(state_dir)
-                     if environ_of(pid).get("AIRFLOW_TF_TASK") == "fault-bound-ps-0"]
+            ps = task_pid(state_dir, "fault-bound-ps-0")
             os.kill(ps, signal.SIGSTOP)
             stopped.append((ps, time.time()))
             threading.Timer(STALL_FLOOR_SECS + 10, os.kill, (ps, signal.SIGCONT)).start()
