@@ -456,11 +456,11 @@ def test_a_staged_upload_left_by_a_killed_prepare_is_deleted_once_it_is_old(s3, 
     no version to readers, but it stays in the bucket. The next prepare of that dataset deletes
     it once it is older than a day (a younger one may be another prepare's, still uploading)."""
     fs, endpoint = s3
-    _s3_connection(monkeypatch, "training_s3", endpoint)
     from airflow_tf.data import prepare as prepare_module
-    from airflow_tf.operators.prepare import storage_options
 
-    options = storage_options("training_s3", None)
+    # The options straight, not through an Airflow connection: this runs in the training image too.
+    options = {"s3": s3_options("testing", "testing", {"region_name": "us-east-1", "endpoint_url": endpoint},
+                                "stand-in")}
     output = f"s3://{BUCKET}/datasets"
     source = write_linear_regression_csv(tmp_path / "in.csv", rows=1000, seed=7)
     staged = "datasets/tidy/.tmp-1-0123456789ab"
