@@ -313,28 +313,30 @@ def exists(uri: str, options: StorageOptions | None = None) -> bool:
     return _info(fs, path, uri, options).type != pafs.FileType.NotFound
 
 
-def child_directories(uri: str, options: StorageOptions | None = None) -> list[str]:
-    """Names of the prefixes directly under ``uri`` that hold files (none when it does not
-    exist). Derived from the files under it: stores list an implicit directory's prefix in
-    differing ways, and an empty directory marker (pyarrow writes them to S3) outlives its files."""
+def _files_by_child(uri: str, options: StorageOptions | None) -> Iterator[tuple[str, Any]]:
+    """(name of a prefix directly under ``uri``, file info) for every file below such a prefix.
+    Derived from the files: stores list an implicit directory's prefix in differing ways, and an
+    empty directory marker (pyarrow writes them to S3) outlives its files."""
     import pyarrow.fs as pafs
 
     fs, path = filesystem(uri, options)
-    names = {i.path[len(path) + 1:].split("/", 1)[0] for i in _listing(fs, path, uri, True, options)
-             if i.type == pafs.FileType.File and i.path.startswith(path + "/") and "/" in i.path[len(path) + 1:]}
-    return sorted(names)
+    for info in _listing(fs, path, uri, True, options):
+        child, _, rest = info.path[len(path) + 1:].partition("/")
+        if info.type == pafs.FileType.File and info.path.startswith(path + "/") and rest:
+            yield child, info
+
+
+def child_directories(uri: str, options: StorageOptions | None = None) -> list[str]:
+    """Names of the prefixes directly under ``uri`` that hold files (none when it does not exist)."""
+    return sorted({child for child, _ in _files_by_child(uri, options)})
 
 
 def abandoned_children(uri: str, prefix: str, max_age: float, options: StorageOptions | None = None) -> list[str]:
     """Names of the prefixes directly under ``uri`` that start with ``prefix`` and whose newest
     file was written more than ``max_age`` seconds ago (a younger one may still be in use)."""
-    import pyarrow.fs as pafs
-
-    fs, path = filesystem(uri, options)
     newest: dict[str, float] = {}
-    for info in _listing(fs, path, uri, True, options):
-        child, _, rest = info.path[len(path) + 1:].partition("/")
-        if info.type == pafs.FileType.File and rest and child.startswith(prefix) and info.mtime is not None:
+    for child, info in _files_by_child(uri, options):
+        if child.startswith(prefix) and info.mtime is not None:
             newest[child] = max(newest.get(child, 0.0), info.mtime.timestamp())
     now = time.time()
     return sorted(child for child, written in newest.items() if now - written > max_age)

@@ -295,6 +295,12 @@ def _s3_connection(monkeypatch, name: str, endpoint: str) -> None:
         "extra": {"region_name": "us-east-1", "endpoint_url": endpoint}}))
 
 
+def _stand_in_options(endpoint: str) -> dict:
+    """The stand-in's options given directly, not through an Airflow connection, for tests of
+    prepare itself: they run where Airflow is not installed (a training image) too."""
+    return {"s3": s3_options("testing", "testing", {"region_name": "us-east-1", "endpoint_url": endpoint}, "stand-in")}
+
+
 def _put(fs, local: Path, key: str) -> str:
     pafs.copy_files(str(local), f"{BUCKET}/{key}", source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
     return f"s3://{BUCKET}/{key}"
@@ -392,10 +398,7 @@ def _losing_the_staged_files(upload):
 def test_an_upload_that_fails_midway_removes_what_it_wrote_and_the_next_prepare_takes_that_version(
         s3, tmp_path, monkeypatch):
     fs, endpoint = s3
-    _s3_connection(monkeypatch, "training_s3", endpoint)
-    from airflow_tf.operators.prepare import storage_options
-
-    options = storage_options("training_s3", None)
+    options = _stand_in_options(endpoint)
     source = write_linear_regression_csv(tmp_path / "in.csv", rows=2000, seed=4)
     real_upload = object_store.upload_tree
     monkeypatch.setattr(object_store, "upload_tree", _losing_the_staged_files(real_upload))
@@ -421,10 +424,7 @@ def _manifest_and_objects(fs, prefix: str) -> tuple[dict, list[str]]:
 def test_an_overwrite_that_fails_midway_keeps_the_old_version_whole_and_a_good_one_replaces_it(
         s3, tmp_path, monkeypatch):
     fs, endpoint = s3
-    _s3_connection(monkeypatch, "training_s3", endpoint)
-    from airflow_tf.operators.prepare import storage_options
-
-    options = storage_options("training_s3", None)
+    options = _stand_in_options(endpoint)
     output = f"s3://{BUCKET}/datasets"
     old = prepare_dataset(write_linear_regression_csv(tmp_path / "old.csv", rows=2000, seed=5), output, "replaced",
                           label="y", shards=2, storage_options=options)
@@ -458,9 +458,7 @@ def test_a_staged_upload_left_by_a_killed_prepare_is_deleted_once_it_is_old(s3, 
     fs, endpoint = s3
     from airflow_tf.data import prepare as prepare_module
 
-    # The options straight, not through an Airflow connection: this runs in the training image too.
-    options = {"s3": s3_options("testing", "testing", {"region_name": "us-east-1", "endpoint_url": endpoint},
-                                "stand-in")}
+    options = _stand_in_options(endpoint)
     output = f"s3://{BUCKET}/datasets"
     source = write_linear_regression_csv(tmp_path / "in.csv", rows=1000, seed=7)
     staged = "datasets/tidy/.tmp-1-0123456789ab"
