@@ -1,23 +1,64 @@
 """``airflow-tf``: prepare datasets, run a training group, evaluate and export it without
 Airflow, render Kubernetes manifests, and run the demo DAG. This module only parses arguments; the work is
-done by the rooms below it."""
+done by the rooms below it.
+
+Each command writes its result alone on stdout (JSON; ``render``: YAML manifests) and everything
+else on stderr, so its output can be redirected to a file and read by the next command."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
+import re
 import sys
-from typing import Any
-from collections.abc import Callable
+from typing import Any, TextIO
+from collections.abc import Callable, Iterator
 
 from airflow_tf.cluster.training import add_training_arguments
 from airflow_tf.files import read_json
 
 
-def _print_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2, sort_keys=True, default=str)
-    sys.stdout.write("\n")
+def _print_json(data: Any, out: TextIO) -> None:
+    json.dump(data, out, indent=2, sort_keys=True, default=str)
+    out.write("\n")
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """While a command runs, whatever is written to stdout goes to stderr: the library's log lines
+    (a training task's stdout is its log, see :mod:`airflow_tf.runtime.logs`), Keras, TensorFlow's
+    C++ code and child processes alike (file descriptor 1 itself is pointed at stderr), so the
+    command's result is all its stdout carries."""
+    stdout = sys.stdout
+    stdout.flush()
+    try:
+        saved: int | None = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no descriptor 1 or 2 (closed by the caller): Python's own writes are still moved
+        saved = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        stdout.flush()  # writes through a reference to stdout kept from before go to stderr too
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+_PARAMETER = re.compile(r"(\w+)(?=: | must )")
+
+
+def _naming_flags(message: str, args: argparse.Namespace) -> str:
+    """The library's message with the parameter it starts with (``buffer_mib must be ...``,
+    ``vocabularies: ...``) named as the command line's flag (``--buffer-mib``)."""
+    match = _PARAMETER.match(message)
+    if match is None or match.group(1) not in vars(args) or match.group(1) in ("func", "command"):
+        return message
+    return "--" + match.group(1).replace("_", "-") + message[match.end():]
 
 
 # -- prepare ------------------------------------------------------------------------------
@@ -55,11 +96,27 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
                    help="reuse the version made from the same input content and options instead of encoding again")
     p.add_argument("--partition-key", metavar="KEY",
                    help="the data partition this input is (e.g. a day): the version is named by it")
+    p.add_argument("--vocabularies", type=_vocabularies_arg, metavar="COL[,COL...]|JSON|@FILE",
+                   help="string or integer columns whose most frequent training values to keep with the dataset "
+                   "(vocabularies/<col>.txt, read by a model as schema.vocabulary(\"<col>\")): column names "
+                   "for the top 100,000 each, or a JSON object of sizes, e.g. '{\"user\": 50000}'")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=_cmd_prepare)
 
 
-def _cmd_prepare(args: argparse.Namespace) -> int:
+def _vocabularies_arg(text: str) -> Any:
+    """``--vocabularies``: column names separated by commas (as the operator takes them), or JSON
+    (inline or @FILE); ``prepare_dataset`` checks them against the input's columns."""
+    if not text.lstrip().startswith(("{", "[", "@")):
+        return text
+    value = _json_arg("--vocabularies")(text)
+    if not isinstance(value, dict | list):
+        raise argparse.ArgumentTypeError(
+            f"--vocabularies: {value!r} is neither an object of sizes ({{\"user\": 50000}}) nor a list of columns")
+    return value
+
+
+def _cmd_prepare(args: argparse.Namespace, out: TextIO) -> int:
     from airflow_tf.data import DataError, prepare_dataset
 
     def show(progress: Any) -> None:
@@ -73,11 +130,11 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
             seed=args.seed, split_key=args.split_key,
             overwrite=args.overwrite, allow_nan=args.allow_nan, workers=args.workers,
             buffer_mib=args.buffer_mib, cache=args.cache, partition_key=args.partition_key,
-            progress=None if args.quiet else show,
+            vocabularies=args.vocabularies, progress=None if args.quiet else show,
         )
     except DataError as err:
-        raise SystemExit(f"airflow-tf prepare: {err}") from err
-    _print_json(summary)
+        raise SystemExit(f"airflow-tf prepare: {_naming_flags(str(err), args)}") from err
+    _print_json(summary, out)
     return 0
 
 
@@ -104,7 +161,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_run)
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     import logging
     import os
     import signal
@@ -159,7 +216,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except (SpecError, BackendError, ValueError) as err:  # includes a dataset without _SUCCESS
         raise SystemExit(f"airflow-tf run: {err}") from err
     _record_launch(run_dir, spec, result.ref)
-    _print_json(_run_summary(result, name, run_dir, logs["dir"], started=started, started_at=started_at))
+    _print_json(_run_summary(result, name, run_dir, logs["dir"], started=started, started_at=started_at), out)
     return 0 if result.outcome.succeeded else 1
 
 
@@ -298,7 +355,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_evaluate)
 
 
-def _cmd_evaluate(args: argparse.Namespace) -> int:
+def _cmd_evaluate(args: argparse.Namespace, out: TextIO) -> int:
     from airflow_tf import serving
     from airflow_tf.serving import requests
 
@@ -315,7 +372,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         print(f"airflow-tf evaluate: refused: {e}", file=sys.stderr)
         return 2
     print("model " + ("BLESSED" if result["blessed"] else f"NOT blessed: {result['reasons']}"), file=sys.stderr)
-    _print_json(result)
+    _print_json(result, out)
     return 0
 
 
@@ -344,7 +401,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_export)
 
 
-def _cmd_export(args: argparse.Namespace) -> int:
+def _cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     from airflow_tf import serving
     from airflow_tf.cluster.results import EvaluationResult
     from airflow_tf.serving import requests
@@ -368,7 +425,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         print(f"airflow-tf export: refused: {e}", file=sys.stderr)
         return 2
     print(f"exported {result['model_name']} version {result['version']} to {result['path']}", file=sys.stderr)
-    _print_json(result)
+    _print_json(result, out)
     return 0
 
 
@@ -408,7 +465,7 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_render)
 
 
-def _cmd_render(args: argparse.Namespace) -> int:
+def _cmd_render(args: argparse.Namespace, out: TextIO) -> int:
     from airflow_tf.backends.kubernetes_manifests import render_group, to_yaml
     from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, dns1123_label
 
@@ -437,7 +494,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
     except (SpecError, ValueError) as e:
         sys.stderr.write(f"airflow-tf render: {e}\n")
         return 2
-    sys.stdout.write(to_yaml(objects))
+    out.write(to_yaml(objects))
     return 0
 
 
@@ -449,10 +506,10 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_demo)
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
+def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     from airflow_tf.demo import REPO_DAGS, run_demo
 
-    _print_json(run_demo(args.workdir, args.dags_folder or REPO_DAGS))
+    _print_json(run_demo(args.workdir, args.dags_folder or REPO_DAGS), out)
     return 0
 
 
@@ -466,7 +523,12 @@ def main(argv: list[str] | None = None) -> int:
     for add in SUBCOMMANDS:
         add(sub)
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    result = io.StringIO()
+    with _stdout_to_stderr():
+        status = int(args.func(args, result) or 0)
+    sys.stdout.write(result.getvalue())
+    sys.stdout.flush()
+    return status
 
 
 if __name__ == "__main__":

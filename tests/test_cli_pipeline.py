@@ -87,6 +87,51 @@ def test_prepare_run_evaluate_export_without_airflow(tmp_path, group_processes):
     assert not group_processes(tmp_path / "groups"), "no process of the group is left"
 
 
+USER_MODEL = """
+import keras
+
+
+def build():
+    return keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+"""
+
+
+def test_the_tutorials_commands_with_a_model_of_the_users(tmp_path, group_processes):
+    """getting-started's chain, run as written with the venv's ``airflow-tf`` and a model module in
+    the current directory (own-model): evaluate's output, redirected to a file, is the JSON export
+    reads, though the evaluation logs where the model's code came from."""
+    command = Path(sys.executable).with_name("airflow-tf")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "AIRFLOW_TF_STATE_DIR": str(tmp_path / "groups")}
+
+    def airflow_tf_to(stdout, *args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run([command, *args], cwd=tmp_path, env=env, text=True, stdout=stdout,
+                              stderr=subprocess.PIPE, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done
+
+    def result(*args: str) -> dict:
+        done = airflow_tf_to(subprocess.PIPE, *args)
+        return json.loads(done.stdout)  # the whole of stdout: the result alone
+
+    (tmp_path / "my_model.py").write_text(USER_MODEL)
+    write_linear_regression_csv(tmp_path / "linear.csv", rows=2000, seed=3)
+    prepared = result("prepare", "--input", "linear.csv", "--output", "data", "--name", "linear", "--label", "y")
+    assert prepared["dataset_uri"] == str(tmp_path / "data" / "linear" / "1")
+    run = result("run", "--dataset", "data/linear/1", "--model", "my_model:build", "--ps", "1", "--workers", "2",
+                 "--steps", "300", "--learning-rate", "0.1", "--run-dir", "runs/linear")
+    assert run["succeeded"], run
+    with open(tmp_path / "evaluation.json", "w") as evaluation:
+        evaluated = airflow_tf_to(evaluation, "evaluate", "--run-dir", "runs/linear",
+                                  "--thresholds", '{"mse": {"max": 1.0}}')
+    assert "airflow-tf model code my_model from" in evaluated.stderr, "the log line is on stderr"
+    assert json.loads((tmp_path / "evaluation.json").read_text())["blessed"]
+    exported = result("export", "--run-dir", "runs/linear", "--model-name", "linear", "--serving-base", "models",
+                      "--metrics", "@evaluation.json")
+    assert exported["path"] == str(tmp_path / "models" / "linear" / "1")
+    assert predict(exported["path"], {"x": [0.0, 1.0]}) == pytest.approx([10.0, 12.0], abs=0.5)
+    assert not group_processes(tmp_path / "groups"), "no process of the group is left"
+
+
 def test_evaluate_names_what_is_missing(tmp_path):
     done = airflow_tf(tmp_path, "evaluate", "--run-dir", "nowhere")
     assert done.returncode != 0 and "nowhere/launch.json does not exist" in done.stderr

@@ -8,7 +8,9 @@ from datetime import datetime, UTC
 
 
 def log(message: str) -> None:
-    """One line of the task's log, flushed at once (the log is read while the task runs)."""
+    """One line of the task's log, flushed at once (the log is read while the task runs). On
+    stdout: Airflow shows a task's stderr as errors; ``airflow-tf``, whose stdout is its result,
+    moves these lines to stderr while a command runs."""
     stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     # One write with its newline: print() writes the newline separately, and on an unbuffered
     # stdout TensorFlow's C++ logging (stderr, same file) could land in between.
