@@ -1,8 +1,9 @@
 """SavedModel export in the TensorFlow Serving layout, only for a blessed model, atomically.
 
-The export is built in a hidden staging directory beside the versions, verified (loaded back,
-its ``serving_default`` signature run on eval examples and compared with the checkpoint's
-model), and only then renamed to the next integer version."""
+The export is built in a hidden staging directory beside the versions, verified (loaded in a
+fresh process as TensorFlow Serving loads it and through ``tf.saved_model.load``, its
+``serving_default`` signature run on eval examples and compared with the checkpoint's model),
+and only then renamed to the next integer version."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import keyword
 import os
 import re
 import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -23,9 +27,12 @@ from airflow_tf.files import local_path, write_json
 from .evaluate import (EvaluationError, checkpoint_step, from_logits, read_metrics, refuse_non_finite, task_of,
                        training_config)
 from .versions import METADATA_FILE, WARM_START_DIR, model_dir, publish, staging_dir
+from .warmup import WARMUP_FILE, predict_requests, write_requests
 
 SIGNATURE = "serving_default"
 VERIFY_EXAMPLES = 64
+VERIFY_TIMEOUT = 600
+"""Seconds the fresh process that loads the staged export both ways may take."""
 METADATA_FORMAT = 1
 _INPUT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
@@ -42,14 +49,18 @@ def export_saved_model(  # noqa: PLR0917  public signature: callers pass these p
         run_dir: str | os.PathLike[str], dataset_uri: str, config: TrainingConfig | Mapping[str, Any],
         serving_base: str | os.PathLike[str], model_name: str,
         metrics: Mapping[str, Any] | str | None = None, force: bool = False,
-        checkpoint: str | None = None, *, verify_examples: int = VERIFY_EXAMPLES) -> dict[str, Any]:
+        checkpoint: str | None = None, *, verify_examples: int = VERIFY_EXAMPLES,
+        warmup_requests: bool = True) -> dict[str, Any]:
     """Export the evaluated checkpoint to ``<serving_base>/<model_name>/<version>/``.
 
     ``metrics``: the evaluation result (default: the run's ``metrics.json``). An unblessed or
     unevaluated model raises :class:`NotBlessedError` before anything is written, unless
     ``force``. A model with a non-finite metric, weight or prediction raises :class:`ExportError`,
     ``force`` or not. The version is 1 + the highest existing one; an existing version is never
-    replaced. Returns ``{"path", "version", "model_name", ...}``."""
+    replaced. Before the version is published, a fresh process loads it as TensorFlow Serving
+    does and through ``tf.saved_model.load``, and both must answer as the checkpoint's model.
+    ``warmup_requests``: write ``assets.extra/tf_serving_warmup_requests`` (eval rows the model
+    server replays before serving). Returns ``{"path", "version", "model_name", ...}``."""
     from airflow_tf.data import load_schema
     from airflow_tf.runtime import models
 
@@ -105,7 +116,11 @@ def export_saved_model(  # noqa: PLR0917  public signature: callers pass these p
         _write_saved_model(staged, model, schema, task, logits)
         _copy_checkpoint(checkpoint, staged / WARM_START_DIR)
         _write_metadata(staged, metadata)
-        _verify(staged, features, expected)
+        with tempfile.TemporaryDirectory(prefix="airflow-tf-requests-") as scratch:
+            # The verification's requests are the warm-up records; kept out of the export when turned off.
+            requests_file = staged / WARMUP_FILE if warmup_requests else Path(scratch) / "requests"
+            write_requests(requests_file, predict_requests(features, model_name, SIGNATURE))
+            _verify(staged, requests_file, expected)
         version, path = publish(staged, directory)
     return {
         "path": str(path),
@@ -193,27 +208,32 @@ def _eval_batch(dataset_uri: str, size: int) -> dict[str, Any]:
 
 
 def _write_saved_model(path: Path, model: Any, schema: Any, task: str, logits: bool) -> None:
-    """``tf.saved_model.save`` with a ``serving_default`` signature on the raw features."""
+    """A SavedModel with a ``serving_default`` signature on the raw features, written by Keras'
+    ``ExportArchive``: it saves the variables the signature reads and the lookup tables of the
+    model's layers themselves, so the MetaGraph's restore and init ops (what TensorFlow Serving
+    runs) restore them. (Saving the model as an attribute of a ``tf.Module`` does not: its Keras
+    variables then load through ``tf.saved_model.load`` only.)"""
+    import keras
     import tensorflow as tf
 
     specs = {
         name: tf.TensorSpec([None, *schema[name].shape], tf.as_dtype(schema[name].dtype), name=name)
         for name in schema.feature_names
     }
-    root = tf.Module()
-    root.model = model  # tracked, so its variables are saved with the signature
 
-    @tf.function(input_signature=[specs])
     def serve(features: Mapping[str, Any]) -> dict[str, Any]:
-        predictions = root.model(features, training=False)
+        predictions = model(features, training=False)
         outputs = {"predictions": predictions}
         if task == "classification":
             outputs["probabilities"] = tf.nn.softmax(predictions) if logits else predictions
             outputs["classes"] = tf.argmax(predictions, axis=-1, output_type=tf.int64)
         return outputs
 
+    archive = keras.export.ExportArchive()
+    archive.track(model)
     try:
-        tf.saved_model.save(root, str(path), signatures={SIGNATURE: serve})
+        archive.add_endpoint(SIGNATURE, serve, input_signature=[specs])
+        archive.write_out(str(path), verbose=False)
     except (ValueError, TypeError) as exc:
         raise ExportError(f"cannot write the SavedModel for inputs {', '.join(specs)}: {exc}") from exc
 
@@ -235,17 +255,25 @@ def _write_metadata(path: Path, metadata: Mapping[str, Any]) -> None:
     write_json(path / METADATA_FILE, metadata)
 
 
-def _verify(path: Path, features: Mapping[str, Any], expected: Any, rtol: float = 1e-4, atol: float = 1e-5) -> None:
-    """Load the export back and check its signature answers as the checkpoint's model did."""
-    import tensorflow as tf
+def _verify(path: Path, requests_file: Path, expected: Any) -> None:
+    """Answer the requests through the staged export, in a fresh process, both as TensorFlow
+    Serving loads it and through ``tf.saved_model.load``; the answers must agree with each
+    other and with the checkpoint's model (``expected``, the same rows)."""
+    import numpy as np
 
-    try:
-        signature = tf.saved_model.load(str(path)).signatures[SIGNATURE]
-        outputs = signature(**dict(features))
-    except Exception as exc:  # any failure to load or call means the export is unusable
-        raise ExportError(f"verification failed: the export does not load or its {SIGNATURE} signature "
-                          f"cannot be called ({type(exc).__name__}: {exc}); nothing was published") from exc
-    verify_outputs(outputs, expected, rtol=rtol, atol=atol)
+    with tempfile.TemporaryDirectory(prefix="airflow-tf-verify-") as scratch:
+        outputs = Path(scratch) / "predictions.npy"
+        command = [sys.executable, "-m", "airflow_tf.serving.loading", str(path), str(requests_file), str(outputs)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=VERIFY_TIMEOUT, check=False)
+        except subprocess.TimeoutExpired:
+            raise ExportError(f"verification failed: loading the export took over {VERIFY_TIMEOUT} s; "
+                              "nothing was published") from None
+        if done.returncode != 0:
+            reason = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
+            raise ExportError(f"verification failed: the export does not serve: {reason}; nothing was published")
+        predictions = np.load(outputs, allow_pickle=False)
+    verify_outputs({"predictions": predictions}, expected)
 
 
 def verify_outputs(outputs: Mapping[str, Any], expected: Any, rtol: float = 1e-4, atol: float = 1e-5) -> None:
