@@ -396,6 +396,9 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics", type=_json_arg("--metrics"), default=None, metavar="JSON|@FILE",
                    help="the evaluation result (the output of `airflow-tf evaluate`; default the run's metrics.json)")
     p.add_argument("--force", action="store_true", help="export even an unblessed model")
+    p.add_argument("--no-warmup-requests", dest="warmup_requests", action="store_false",
+                   help="do not write assets.extra/tf_serving_warmup_requests (eval rows TensorFlow Serving "
+                   "replays before serving the version)")
     p.add_argument("--on-unblessed", choices=["skip", "fail"], default="skip",
                    help=f"an unblessed model: skip (exit {NOT_EXPORTED}) or fail (exit 1)")
     p.set_defaults(func=_cmd_export)
@@ -415,7 +418,7 @@ def _cmd_export(args: argparse.Namespace, out: TextIO) -> int:
             raise SystemExit(f"airflow-tf export: --metrics: {e}") from e
     request = {"run_dir": launch.run_dir, "dataset": launch.dataset, "training": launch.training,
                "serving_base": _serving_base(args.serving_base), "model_name": args.model_name,
-               "metrics": metrics, "force": args.force}
+               "metrics": metrics, "force": args.force, "warmup_requests": args.warmup_requests}
     try:
         result = requests.export(request)
     except serving.NotBlessedError as e:

@@ -42,3 +42,39 @@ def request_rows(requests_file: Path) -> dict[str, np.ndarray]:
 
     batches = [request_inputs(request) for request in read_requests(requests_file)]
     return {name: np.concatenate([batch[name] for batch in batches]) for name in batches[0]}
+
+
+def export_and_serve_elsewhere(run_dir: str | Path, dataset: str, config, tmp_path: Path, probe=None,
+                               model_name: str = "model"):
+    """Export a private copy of a run (its newest checkpoint) and dataset, remember what the
+    checkpoint's model answers on the warm-up rows (and on ``probe``, a batch), move the export
+    away, delete the copies, and serve the export both ways in a fresh process; the answers
+    must be the checkpoint model's. Returns (export result, moved export, the model's answers
+    on ``probe``)."""
+    import tensorflow as tf
+
+    from airflow_tf.cluster import TrainingConfig
+    from airflow_tf.data import load_schema
+    from airflow_tf.runtime import models
+    from airflow_tf.serving import export_saved_model
+    from airflow_tf.serving.evaluate import training_config
+
+    source = tmp_path / "source"
+    run_copy = shutil.copytree(run_dir, source / "run")
+    dataset_path = Path(dataset.removeprefix("file://"))
+    dataset_copy = shutil.copytree(dataset_path, source / "datasets" / dataset_path.parent.name / dataset_path.name)
+    checkpoint = str(run_copy / Path(models.resolve_checkpoint(run_dir)).name)
+    config = TrainingConfig.from_dict({**training_config(config).to_dict(),
+                                       "run_dir": str(run_copy), "dataset": str(dataset_copy)})
+    exported = export_saved_model(run_copy, str(dataset_copy), config, tmp_path / "models", model_name, force=True,
+                                  checkpoint=checkpoint)
+    model = models.restore_model(checkpoint, config, load_schema(str(dataset_copy)))
+
+    def predict(rows):
+        return model({name: tf.constant(value) for name, value in rows.items()}, training=False).numpy()
+
+    expected = predict(request_rows(Path(exported["path"]) / WARMUP))
+    moved = move_export(exported["path"], tmp_path / "elsewhere")
+    shutil.rmtree(source)
+    np.testing.assert_allclose(serve_both_ways(moved, moved / WARMUP, tmp_path), expected, rtol=1e-5, atol=1e-6)
+    return exported, moved, None if probe is None else predict(probe)

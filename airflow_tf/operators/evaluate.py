@@ -110,24 +110,30 @@ class ExportSavedModelOperator(BaseOperator):
     :param serving_base: TensorFlow Serving's model base path; default ``<storage>/models``.
     :param force: export even an unblessed model.
     :param on_unblessed: ``skip`` (default) or ``fail``.
+    :param warmup_requests: write ``assets.extra/tf_serving_warmup_requests`` (eval rows that
+        TensorFlow Serving replays before it serves the version, so its first requests are not slow).
     """
 
     template_fields: Sequence[str] = ("launch", "metrics", "serving_base", "model_name")
     ui_color = "#90caf9"
 
     def __init__(self, *, launch: Any, model_name: str, metrics: Any = None, serving_base: str | None = None,
-                 force: bool = False, on_unblessed: str = "skip", **kwargs: Any) -> None:
+                 force: bool = False, on_unblessed: str = "skip", warmup_requests: bool = True,
+                 **kwargs: Any) -> None:
         if not is_template(model_name) and "outlets" not in kwargs:
             kwargs["outlets"] = [model_asset(model_name)]
         super().__init__(**kwargs)
         if on_unblessed not in ("skip", "fail"):
             raise ValueError(f"on_unblessed: {on_unblessed!r} is not 'skip' or 'fail'")
+        if not isinstance(warmup_requests, bool):
+            raise ValueError(f"warmup_requests: {warmup_requests!r} is not True or False")
         self.launch = launch
         self.model_name = model_name
         self.metrics = metrics
         self.serving_base = serving_base
         self.force = force
         self.on_unblessed = on_unblessed
+        self.warmup_requests = warmup_requests
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_tf import serving
@@ -143,7 +149,8 @@ class ExportSavedModelOperator(BaseOperator):
                 raise AirflowSkipException(message)
             raise AirflowFailException(message)
         options = {"serving_base": _serving_base(self.serving_base), "model_name": self.model_name,
-                   "metrics": None if metrics is None else metrics.to_dict(), "force": self.force}
+                   "metrics": None if metrics is None else metrics.to_dict(), "force": self.force,
+                   "warmup_requests": self.warmup_requests}
         with no_retry_for(ValueError, ComponentRefusedError, serving.NotBlessedError, what="export refused"):
             result = ExportResult.from_dict(_run_component(launch, "export", options))
         self.log.info("exported %s version %s to %s", self.model_name, result.version, result.path)

@@ -208,19 +208,21 @@ def _eval_batch(dataset_uri: str, size: int) -> dict[str, Any]:
 
 
 def _write_saved_model(path: Path, model: Any, schema: Any, task: str, logits: bool) -> None:
-    """A SavedModel with a ``serving_default`` signature on the raw features, written by Keras'
-    ``ExportArchive``: it saves the variables the signature reads and the lookup tables of the
-    model's layers themselves, so the MetaGraph's restore and init ops (what TensorFlow Serving
-    runs) restore them. (Saving the model as an attribute of a ``tf.Module`` does not: its Keras
-    variables then load through ``tf.saved_model.load`` only.)"""
-    import keras
+    """A SavedModel with a ``serving_default`` signature on the raw features.
+
+    Its root holds the TensorFlow variables the signature reads and the lookup tables of the
+    model's layers, each once, so the MetaGraph's restore op restores every variable and its
+    init op fills every table: what TensorFlow Serving runs. (With the Keras model itself as the
+    root's attribute, its variables load through ``tf.saved_model.load`` only.)"""
     import tensorflow as tf
+    from tensorflow.saved_model.experimental import TrackableResource
 
     specs = {
         name: tf.TensorSpec([None, *schema[name].shape], tf.as_dtype(schema[name].dtype), name=name)
         for name in schema.feature_names
     }
 
+    @tf.function(input_signature=[specs], autograph=False)
     def serve(features: Mapping[str, Any]) -> dict[str, Any]:
         predictions = model(features, training=False)
         outputs = {"predictions": predictions}
@@ -229,11 +231,13 @@ def _write_saved_model(path: Path, model: Any, schema: Any, task: str, logits: b
             outputs["classes"] = tf.argmax(predictions, axis=-1, output_type=tf.int64)
         return outputs
 
-    archive = keras.export.ExportArchive()
-    archive.track(model)
     try:
-        archive.add_endpoint(SIGNATURE, serve, input_signature=[specs])
-        archive.write_out(str(path), verbose=False)
+        signature = serve.get_concrete_function()
+        root = tf.Module()
+        root.served_variables = list(signature.variables)
+        root.lookup_tables = [trackable for trackable in tf.train.TrackableView(model).descendants()
+                              if isinstance(trackable, TrackableResource)]
+        tf.saved_model.save(root, str(path), signatures={SIGNATURE: signature})
     except (ValueError, TypeError) as exc:
         raise ExportError(f"cannot write the SavedModel for inputs {', '.join(specs)}: {exc}") from exc
 

@@ -8,8 +8,8 @@ launch returns, or what ``airflow-tf run`` records in ``<run_dir>/launch.json``)
 
 - evaluate: optionally ``thresholds``, ``compare_to_served`` with ``serving_base`` and
   ``model_name``, ``comparison_metric``;
-- export: ``serving_base``, ``model_name``, optionally ``metrics`` (the evaluation result) and
-  ``force``.
+- export: ``serving_base``, ``model_name``, optionally ``metrics`` (the evaluation result),
+  ``force`` and ``warmup_requests`` (default true).
 """
 
 from __future__ import annotations
@@ -54,7 +54,16 @@ def export(request: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError("export needs model_name and serving_base")
     return serving.export_saved_model(request["run_dir"], request["dataset"], request["training"],
                                       request["serving_base"], request["model_name"],
-                                      metrics=request.get("metrics"), force=bool(request.get("force")))
+                                      metrics=request.get("metrics"), force=bool(request.get("force")),
+                                      warmup_requests=_flag(request, "warmup_requests", default=True))
+
+
+def _flag(request: Mapping[str, Any], key: str, default: bool) -> bool:
+    """A true/false field; anything else is refused rather than read as one or the other."""
+    value = request.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key}: {value!r} is not true or false")
+    return value
 
 
 COMMANDS = {"evaluate": evaluate, "export": export}

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from serving_check import export_and_serve_elsewhere
 
 from airflow_tf.backends.local import LocalBackend
 from airflow_tf.backends.wait import wait_for_group
@@ -31,8 +32,8 @@ def coordinator_group(name, dataset, run_dir, steps, **training) -> GroupSpec:
 
 
 def checkpoint_step(run_dir) -> int:
-    from airflow_tf.serving.evaluate import checkpoint_step as step_of
     from airflow_tf.runtime.models import latest_checkpoint
+    from airflow_tf.serving.evaluate import checkpoint_step as step_of
 
     latest = latest_checkpoint(run_dir) if os.path.isdir(run_dir) else None
     return (step_of(latest) or 0) if latest else 0
@@ -71,10 +72,11 @@ def test_run_mode_coordinator_trains_the_seed_line_and_the_checkpoint_evaluates(
     for multiple in range(SUMMARY_EVERY_STEPS, 401, SUMMARY_EVERY_STEPS):
         assert any(multiple <= step < multiple + STEPS_PER_CLOSURE for step in loss_steps), (multiple, loss_steps)
 
-    result = evaluate_checkpoint(run_dir, linear_dataset, {"dataset": linear_dataset, "run_dir": str(run_dir),
-                                                           "steps": 400}, plot=False)
+    config = {"dataset": linear_dataset, "run_dir": str(run_dir), "steps": 400}
+    result = evaluate_checkpoint(run_dir, linear_dataset, config, plot=False)
     assert result["global_step"] >= 400
     assert result["metrics"]["mse"] < 1.0, result["metrics"]
+    export_and_serve_elsewhere(run_dir, linear_dataset, config, tmp_path / "served")
 
 
 def test_coordinator_mode_refuses_sync_updates(tmp_path, linear_dataset):

@@ -16,6 +16,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from serving_check import export_and_serve_elsewhere
 
 from airflow_tf.cluster import TrainingConfig
 from airflow_tf.cluster.model_code import snapshot_model_code
@@ -220,6 +221,8 @@ def test_evaluation_and_the_export_of_a_sharded_model_agree_on_raw_string_ids(sh
     model = models.restore_model(run_dir, TrainingConfig.from_dict(config), load_schema(dataset))
     expected = model({"user": users, "item": items}, training=False).numpy()
     np.testing.assert_allclose(outputs, expected, rtol=1e-5)
+    # As TensorFlow Serving loads it, elsewhere, with the run and the dataset gone.
+    export_and_serve_elsewhere(run_dir, dataset, config, tmp_path / "served")
 
 
 @pytest.mark.slow

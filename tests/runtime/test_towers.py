@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from serving_check import export_and_serve_elsewhere
 
 from airflow_tf.runtime.errors import TaskConfigError
 from airflow_tf.runtime.models import compute_loss
@@ -122,3 +123,4 @@ def test_a_worker_with_two_towers_trains_the_seed_line_with_variables_on_the_ps(
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(run.run_dir)))
     w, b = (float(reader.get_tensor(name).squeeze()) for name in ("model/000_kernel", "model/001_bias"))
     assert abs(w - 2.0) < 0.1 and abs(b - 10.0) < 0.1, f"learned y = {w:.3f}x + {b:.3f}"
+    export_and_serve_elsewhere(run.run_dir, linear_dataset, run.config, tmp_path_factory.mktemp("towers-served"))

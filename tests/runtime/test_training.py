@@ -13,6 +13,7 @@ from datetime import datetime
 import numpy as np
 import pytest
 import tensorflow as tf
+from serving_check import export_and_serve_elsewhere
 
 from airflow_tf.cluster.progress import parse_progress
 from airflow_tf.data import load_schema
@@ -208,3 +209,4 @@ def test_warm_start_takes_the_trained_weights_but_counts_steps_from_zero(async_r
     assert 20 <= int(checkpoint_values(run.run_dir)["global_step"]) <= 21
     first = parse_progress(run.lines("worker-0", "airflow-tf progress")[0])
     assert first["loss"] < 0.5, "the first step did not start from the trained weights"
+    export_and_serve_elsewhere(run.run_dir, linear_dataset, run.config, tmp_path / "served")

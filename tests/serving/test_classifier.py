@@ -3,6 +3,7 @@ that answers with classes and probabilities besides the raw predictions."""
 
 import numpy as np
 import pytest
+from serving_check import export_and_serve_elsewhere
 
 from airflow_tf.cluster import GroupSpec, TrainingConfig
 from airflow_tf.serving import evaluate_checkpoint, export_saved_model, served_baseline
@@ -58,6 +59,7 @@ def test_classifier_metrics_thresholds_and_signature(classifier_run, tmp_path):
     assert outputs["classes"].dtype == tf.int64
     assert outputs["classes"].numpy().tolist() == [0, 1, 2], "each blob's centre is its own class"
     np.testing.assert_allclose(outputs["probabilities"].numpy().sum(axis=1), 1.0, rtol=1e-5)
+    export_and_serve_elsewhere(run_dir, dataset, config, tmp_path / "served")
 
     baseline = served_baseline(tmp_path / "models", "blobs", dataset, config)
     assert (baseline["metric"], baseline["direction"]) == ("accuracy", "higher")
