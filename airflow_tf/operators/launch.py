@@ -12,7 +12,8 @@ from airflow.sdk import BaseOperator
 
 from airflow_tf.compat import task_state_store
 from airflow_tf.backends import BackendError, GroupRef, backend_for, get_backend
-from airflow_tf.backends.ownership import NotOurGroupError, check_ours, intent, record_of
+from airflow_tf.backends.ownership import (NotOurGroupError, RunDirTakenError, RunLaunch, check_ours, claim_run_dir,
+                                           intent, record_of)
 from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name
 from airflow_tf.cluster.results import LaunchResult
 from airflow_tf.cluster.model_code import snapshot_model_code
@@ -212,6 +213,9 @@ class LaunchTFClusterOperator(BaseOperator):
         run_dir = self.run_dir or os.path.join(runs_dir(), name)
         config = TrainingConfig(dataset=dataset_uri_of(self.dataset), run_dir=run_dir,
                                 sync=_flag(self.sync, "sync"), **self.training_options())
+        # Before the model's code is written there: the run directory's record of its launch is
+        # what the TensorBoard mount and the Training view trust to decide who may read the run.
+        claim_run_dir(run_dir, RunLaunch(ti.dag_id, ti.run_id, ti.task_id, map_index))
         config, code_hash = self._with_model_code(config)
         labels = {**launch_labels(ti.dag_id, ti.task_id, ti.run_id, map_index),
                   "airflow.try_number": str(ti.try_number)}
@@ -237,7 +241,7 @@ class LaunchTFClusterOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         # A bad option or spec, or a model that cannot be found, fails at once: retrying cannot fix it.
-        with no_retry_for(ValueError, SpecError, what="launch refused"):
+        with no_retry_for(ValueError, SpecError, RunDirTakenError, what="launch refused"):
             spec, code_hash = self._plan(context)
         backend = get_backend(self.backend, **resolved_backend_options(self.backend, self.backend_options))
         existing = backend.find(spec.name)

@@ -1,15 +1,19 @@
 """Who may see which training run: the one rule behind the TensorBoard mount and the Training view.
 
-A training run belongs to the DAG whose launch task recorded it: the launch's XCom result
-(``LaunchResult``: run directory, group, map index) is stored by Airflow under the launch's own
-``dag_id``, so the mapping comes from Airflow's metadata database, never from a name the client
-sends. A user may see a run when the auth manager lets them read every DAG that recorded it
+A training run belongs to the DAG run whose launch created it. Two records must agree: the
+launch's XCom result (``LaunchResult``: run directory, group, map index), which Airflow stores
+under the task that returned it, and the run directory's own launch record, which only the launch
+writes (:func:`airflow_tf.backends.ownership.claim_run_dir`). Any task can return a value shaped
+like a launch result; one whose run directory does not name that task as its launch is ignored
+(and logged), so a DAG cannot claim another DAG's run or a directory inside it. A user may see a run when the auth manager lets them read every DAG that recorded it
 (``get_authorized_dag_ids``, which asks per team where Airflow runs in multi-team mode). A run no
 launch recorded (e.g. ``airflow-tf run`` without Airflow, or a DAG run since deleted) is shown only
 to users who may read every DAG Airflow knows."""
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 from collections.abc import Iterable
@@ -18,9 +22,12 @@ from typing import Any
 
 from starlette.requests import Request
 
+from airflow_tf.backends.ownership import RunLaunch, run_launch
 from airflow_tf.cluster.results import LaunchResult
 
 from .links import run_name
+
+log = logging.getLogger(__name__)
 
 RECORDS_TTL_SECS = 5.0
 """How long the launches read from XCom are reused: TensorBoard's page sends many requests at once."""
@@ -67,9 +74,30 @@ def _read_launches() -> list[Launch]:
                 result = LaunchResult.from_dict(value)
             except (TypeError, ValueError):
                 continue
-            launches.append(Launch(row.dag_id, row.run_id, row.task_id, int(row.map_index), result,
-                                   row.timestamp.timestamp() if row.timestamp else 0.0))
+            launch = Launch(row.dag_id, row.run_id, row.task_id, int(row.map_index), result,
+                            row.timestamp.timestamp() if row.timestamp else 0.0)
+            if _launched_it(launch):
+                launches.append(launch)
     return launches
+
+
+_IGNORED: set[tuple[str, str, str, int, str]] = set()
+"""The claims already logged as ignored (the launches are read again every few seconds)."""
+
+
+def _launched_it(launch: Launch) -> bool:
+    """Whether the run directory's own record names this task instance as its launch."""
+    claimant = RunLaunch(launch.dag_id, launch.run_id, launch.task_id, launch.map_index)
+    recorded = run_launch(launch.result.run_dir)
+    if recorded == claimant:
+        return True
+    key = (launch.dag_id, launch.run_id, launch.task_id, launch.map_index, launch.result.run_dir)
+    if key not in _IGNORED:
+        _IGNORED.add(key)
+        log.warning("ignoring the launch result returned by %s: its run directory %s records %s as its launch, so "
+                    "the run is not shown as %s's", claimant, launch.result.run_dir,
+                    recorded or "no launch", launch.dag_id)
+    return False
 
 
 class _Records:
@@ -113,6 +141,8 @@ class Access:
     every_dag: bool
     """True when those are all the DAGs Airflow knows (the user may read unrecorded runs too)."""
     owners: dict[str, set[str]]
+    runs: str
+    """The directory TensorBoard's run names are relative to (``<storage>/runs``)."""
 
     def may_read_dag(self, dag_id: str) -> bool:
         return dag_id in self.dag_ids
@@ -122,10 +152,33 @@ class Access:
         one, e.g. ``<group>/eval``) may be shown."""
         parts = name.strip("/").split("/")
         for end in range(len(parts), 0, -1):
-            owners = self.owners.get("/".join(parts[:end]))
+            owner = "/".join(parts[:end])
+            owners = self.owners.get(owner)
             if owners is not None:
-                return owners <= self.dag_ids
-        return self.every_dag
+                return owners <= self.dag_ids and stays_inside(self.runs, name, owner)
+        return self.every_dag and stays_inside(self.runs, name, None)
+
+
+def _within(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def stays_inside(runs: str, name: str, owner: str | None) -> bool:
+    """Whether run ``name``'s directory, and each file directly in it (the event files
+    TensorBoard reads for this run; a directory is a run of its own, checked under its name),
+    resolve inside the directory of the run that owns it (``owner``, a prefix of ``name``; None:
+    inside ``runs``). A symbolic link out of a run would otherwise serve another run's files
+    under this run's name."""
+    boundary = os.path.realpath(os.path.join(runs, owner) if owner else runs)
+    directory = os.path.join(runs, name)
+    if not _within(os.path.realpath(directory), boundary):
+        return False
+    try:
+        with os.scandir(directory) as entries:
+            return all(_within(os.path.realpath(entry.path), boundary) for entry in entries
+                       if entry.is_symlink() and not entry.is_dir())
+    except OSError:  # gone or unreadable: nothing of it can be served either
+        return True
 
 
 def _all_dag_ids() -> set[str]:
@@ -144,8 +197,10 @@ def access_of(user: Any) -> Access:
     """The user's :class:`Access`, from the auth manager's own answer (blocking: database reads)."""
     from airflow.api_fastapi.app import get_auth_manager
 
+    from airflow_tf.storage import runs_dir
+
     dag_ids = frozenset(get_auth_manager().get_authorized_dag_ids(user=user, method="GET"))
-    return Access(dag_ids, _all_dag_ids() <= dag_ids, run_owners(recorded_launches()))
+    return Access(dag_ids, _all_dag_ids() <= dag_ids, run_owners(recorded_launches()), runs_dir())
 
 
 async def signed_in_user(request: Request) -> Any:

@@ -6,7 +6,9 @@ request the way Airflow's own API does (the JWT in ``Authorization: Bearer`` or 
 may read (:mod:`.access`): TensorBoard's plugins read their data through a data provider, and
 the one given to them (:class:`ReadableRunsProvider`) answers for the request's readable runs
 only, so the runs list, every data endpoint and every page see the same filtered logdir. A run
-the user may not read is not found, exactly like a run that does not exist. TensorBoard itself
+the user may not read is not found, exactly like a run that does not exist; so is a run reached
+through a symbolic link out of its owner's directory. Neither ``/data/logdir`` nor
+``/data/environment`` tells where the storage is. TensorBoard itself
 is built on the first authorised request (the API server starts fast, and works without
 ``tensorboard`` installed: then the mount answers how to enable it)."""
 
@@ -17,6 +19,7 @@ import contextvars
 import html
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +37,8 @@ from .training_view import TrainingViewApp
 
 log = logging.getLogger(__name__)
 
+HIDDEN_LOGDIR = re.compile(r"(^|/)data/logdir$")
+"""TensorBoard's core endpoint that answers its logdir (the storage's path): answered empty here."""
 DAG_RUN_VIEW = "/airflow/dag-run"
 """Inside the mount: redirects to the curves of one DAG run's launches (the DAG-run view)."""
 RELOAD_INTERVAL_SECS = 5
@@ -82,7 +87,11 @@ def readable_runs_provider(inner: Any) -> Any:
             return {run: tags for run, tags in result.items() if _readable(run)}
 
         def experiment_metadata(self, ctx=None, *, experiment_id):
-            return inner.experiment_metadata(ctx, experiment_id=experiment_id)
+            # Without data_location: the storage's path is not the viewers' to know (/data/environment).
+            found = inner.experiment_metadata(ctx, experiment_id=experiment_id)
+            return provider.ExperimentMetadata(experiment_name=found.experiment_name,
+                                               experiment_description=found.experiment_description,
+                                               creation_time=found.creation_time)
 
         def list_plugins(self, ctx=None, *, experiment_id):
             return inner.list_plugins(ctx, experiment_id=experiment_id)
@@ -161,7 +170,11 @@ def build_tensorboard(logdir: str) -> Callable:
     from tensorboard.backend import application
     from tensorboard.backend.event_processing import data_ingester
 
-    plugins = [p for p in default.get_plugins() if _plugin_name(p) in PLUGINS]
+    from tensorboard.plugins.core import core_plugin
+
+    # The core plugin without its debug information: that lists the flags, logdir included.
+    plugins = [core_plugin.CorePluginLoader(include_debug_info=False) if _plugin_name(p) == "core" else p
+               for p in default.get_plugins() if _plugin_name(p) in PLUGINS]
     board = program.TensorBoard(plugins=plugins)
     # path_prefix "": the mount's prefix reaches TensorBoard as SCRIPT_NAME. load_fast false:
     # read event files in this process instead of starting TensorBoard's data-server binary.
@@ -232,6 +245,9 @@ class TensorBoardApp:
             names = await run_in_threadpool(launch_runs, dag_id, run_id)
             target = scalars_url(names, scope.get("root_path", "").rstrip("/"))
             await RedirectResponse(target, status_code=307)(scope, receive, send)
+            return
+        if HIDDEN_LOGDIR.search(scope["path"]):
+            await JSONResponse({"logdir": ""})(scope, receive, send)
             return
         app = await run_in_threadpool(self._tensorboard)
         # Only TensorBoard's data endpoints (``/data/...``, ``/experiment/<id>/data/...``) read

@@ -11,7 +11,10 @@ import time
 
 from airflow_tf.cluster.progress import read_progress_file
 from airflow_tf.cluster.results import LaunchResult
-from airflow_tf.plugins.access import Access, Launch, run_owners
+import pytest
+
+from airflow_tf.backends.ownership import RunDirTakenError, RunLaunch, claim_run_dir, run_launch
+from airflow_tf.plugins.access import Access, Launch, _launched_it, run_owners
 from airflow_tf.plugins.training_view import Wait, training_rows
 
 
@@ -33,15 +36,63 @@ def test_a_run_is_readable_only_with_every_dag_that_recorded_it(tmp_path, monkey
         launch("team_a", str(tmp_path / "elsewhere" / "tf-out")),  # outside runs/: not a TensorBoard run
     ])
     assert owners == {"tf-a-1": {"team_a"}, "tf-b-1": {"team_b", "team_c"}}
-    alice = Access(frozenset({"team_a"}), every_dag=False, owners=owners)
+    alice = Access(frozenset({"team_a"}), every_dag=False, owners=owners, runs=str(runs))
     assert alice.may_read_run("tf-a-1") and alice.may_read_run("tf-a-1/eval")  # a directory inside the run
     assert not alice.may_read_run("tf-b-1") and not alice.may_read_run("tf-b-1/eval")
     assert not alice.may_read_run("tf-from-the-cli")  # recorded by no launch
     assert not alice.may_read_run("tf-a-10")  # a name that only starts like hers
-    bob = Access(frozenset({"team_b"}), every_dag=False, owners=owners)
+    bob = Access(frozenset({"team_b"}), every_dag=False, owners=owners, runs=str(runs))
     assert not bob.may_read_run("tf-b-1") and not bob.may_read_run("tf-a-1")
-    admin = Access(frozenset({"team_a", "team_b", "team_c"}), every_dag=True, owners=owners)
+    admin = Access(frozenset({"team_a", "team_b", "team_c"}), every_dag=True, owners=owners, runs=str(runs))
     assert all(admin.may_read_run(name) for name in ("tf-a-1", "tf-b-1", "tf-from-the-cli"))
+
+
+def test_a_launch_result_counts_only_when_the_run_directory_records_that_launch(tmp_path):
+    runs = tmp_path / "runs"
+    claim_run_dir(runs / "tf-b-1", RunLaunch("team_b", "manual__1", "training.launch", -1))
+    (runs / "tf-b-1" / "eval").mkdir()
+    assert _launched_it(launch("team_b", f"{runs}/tf-b-1"))
+    assert _launched_it(launch("team_b", f"file://{runs}/tf-b-1"))
+    # What any task of another DAG (or another run of the same one) can return: ignored.
+    assert not _launched_it(launch("team_a", f"{runs}/tf-b-1"))
+    assert not _launched_it(launch("team_b", f"{runs}/tf-b-1", run_id="manual__2"))
+    assert not _launched_it(launch("team_b", f"{runs}/tf-b-1", map_index=0))
+    assert not _launched_it(launch("team_a", f"{runs}/tf-b-1/eval"))  # a directory inside it
+    assert not _launched_it(launch("team_a", f"{runs}/tf-from-the-cli"))  # no record at all
+
+
+def test_a_launch_cannot_take_another_dags_run_directory_or_one_inside_a_run(tmp_path):
+    runs = tmp_path / "runs"
+    first = RunLaunch("team_b", "manual__1", "training.launch", -1)
+    claim_run_dir(runs / "tf-b-1", first)
+    with pytest.raises(RunDirTakenError, match=r"belongs to a run of DAG team_b .*not of team_a"):
+        claim_run_dir(runs / "tf-b-1", RunLaunch("team_a", "manual__1", "launch", -1))
+    with pytest.raises(RunDirTakenError, match=r"is inside the run directory .*tf-b-1 \(launched by team_b/"):
+        claim_run_dir(runs / "tf-b-1" / "eval", RunLaunch("team_a", "manual__1", "launch", -1))
+    assert run_launch(runs / "tf-b-1") == first and not (runs / "tf-b-1" / "eval").exists()
+    # The same DAG's next run resumes in place and now owns it.
+    later = RunLaunch("team_b", "scheduled__2", "training.launch", -1)
+    claim_run_dir(runs / "tf-b-1", later)
+    assert run_launch(runs / "tf-b-1") == later
+
+
+def test_a_link_out_of_a_run_is_not_readable_under_its_name(tmp_path):
+    runs = tmp_path / "runs"
+    for name in ("tf-a-1", "tf-b-1"):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "events.out.tfevents.1").write_bytes(b"")
+    (runs / "tf-a-1" / "link").symlink_to(runs / "tf-b-1")
+    (runs / "tf-a-1" / "copied").mkdir()
+    (runs / "tf-a-1" / "copied" / "events.out.tfevents.2").symlink_to(runs / "tf-b-1" / "events.out.tfevents.1")
+    (runs / "tf-a-1" / "inner").mkdir()
+    (runs / "tf-a-1" / "inner" / "events.out.tfevents.3").symlink_to(runs / "tf-a-1" / "events.out.tfevents.1")
+    owners = {"tf-a-1": {"team_a"}, "tf-b-1": {"team_b"}}
+    alice = Access(frozenset({"team_a"}), every_dag=False, owners=owners, runs=str(runs))
+    assert alice.may_read_run("tf-a-1") and alice.may_read_run("tf-a-1/inner")  # a link inside her run is fine
+    assert not alice.may_read_run("tf-a-1/link") and not alice.may_read_run("tf-a-1/copied")
+    admin = Access(frozenset({"team_a", "team_b"}), every_dag=True, owners={}, runs=str(runs))
+    (runs / "tf-out").symlink_to(tmp_path)
+    assert admin.may_read_run("tf-a-1/link") and not admin.may_read_run("tf-out")  # nothing outside runs/
 
 
 def write_progress(run_dir, **report) -> None:

@@ -108,10 +108,16 @@ def test_signed_in_user_reads_the_runs_scalars_and_others_are_refused(airflow_ho
         {"path": "/data/plugin/scalars/tags", "auth": "admin", "via": "cookie"},
         {**scalars, "auth": "viewer"},
         {"path": "/", "auth": "viewer"},
+        {"path": "/data/logdir", "auth": "viewer"},
+        {"path": "/data/environment", "auth": "viewer"},
     ], storage)
     assert [a["status"] for a in answers[:4]] == [401, 403, 403, 401]
     assert all("tensorboard" not in str(a["body"]).lower() for a in answers[:4])
-    tags, curve, page = answers[4:]
+    tags, curve, page, logdir, environment = answers[4:]
+    # Where the storage is stays on the server.
+    assert logdir == {"status": 200, "body": {"logdir": ""}, "location": None}, logdir
+    assert environment["status"] == 200 and environment["body"]["data_location"] == "", environment
+    assert str(tmp_path) not in json.dumps(environment["body"])
     assert tags["status"] == 200 and "loss" in tags["body"][run], tags
     assert curve["status"] == 200 and [row[1] for row in curve["body"]] == [0, 10, 20, 30, 40], curve
     assert page["status"] == 200 and "<tb-webapp>" in page["body"], str(page)[:500]

@@ -144,8 +144,9 @@ def test_airflows_own_api_grants_each_user_one_dag(team_stack, trained):
     for user, team in USERS.items():
         api = team_stack.api(user)
         dags = {d["dag_id"] for d in api.call("GET", "/dags")["dags"]}
-        assert dags == {f"tf_{team}"}, (user, dags)
-    assert {d["dag_id"] for d in team_stack.admin.call("GET", "/dags")["dags"]} == {"tf_team_a", "tf_team_b"}
+        assert dags == {f"tf_{team}", f"tf_{team}_returns"}, (user, dags)
+    assert {d["dag_id"] for d in team_stack.admin.call("GET", "/dags")["dags"]} == {
+        "tf_team_a", "tf_team_b", "tf_team_a_returns", "tf_team_b_returns"}
 
 
 def test_tensorboard_shows_each_user_only_the_runs_of_the_dags_they_may_read(team_stack, trained):
@@ -267,3 +268,69 @@ def test_in_chromium_a_signed_in_user_sees_a_running_groups_step_move_and_signed
 
     run = admin.wait_for_run("tf_team_a", run_id, timeout=1200)
     assert run["state"] == "success", admin.failure_report("tf_team_a", run_id)
+
+
+def returned_by_team_a(team_stack, value: dict) -> str:
+    """A run of team_a's ``tf_team_a_returns``, whose task returned ``value``; its run id."""
+    admin = team_stack.admin
+    admin.wait_for_dag("tf_team_a_returns", timeout=300)
+    admin.unpause("tf_team_a_returns")
+    run_id = admin.trigger("tf_team_a_returns", conf={"value": value})
+    run = admin.wait_for_run("tf_team_a_returns", run_id, timeout=600)
+    assert run["state"] == "success", admin.failure_report("tf_team_a_returns", run_id)
+    return run_id
+
+
+def scalars(team_stack, user: str, run: str) -> requests.Response:
+    return get(team_stack.api(user), f"{team_stack.url}/tensorboard/data/plugin/scalars/scalars",
+               params={"run": run, "tag": "loss"})
+
+
+def test_a_launch_result_returned_by_another_teams_task_claims_neither_the_run_nor_a_directory_in_it(
+        team_stack, trained):
+    """team_a's DAG author returns values shaped like launch results naming team_b's run (a
+    lock-out of bob) and a directory inside it (a way into its evaluation curves): both are
+    ignored, logged, and change nothing anyone sees."""
+    url, b = team_stack.url, trained["tf_team_b"]
+    eval_dir = Path(b["run_dir"]) / "eval"
+    eval_dir.mkdir()
+    for events in Path(b["run_dir"]).glob("events.out.tfevents.*"):
+        shutil.copy(events, eval_dir / events.name)  # curves inside team_b's run, as an evaluation writes them
+    genuine = launch_result(team_stack.admin, "tf_team_b", b["run_id"])
+    forged_runs = [returned_by_team_a(team_stack, {**genuine, "run_dir": run_dir})
+                   for run_dir in (b["run_dir"], str(eval_dir))]
+    time.sleep(6)  # past the plugin's 5 s reuse of the launches it read
+
+    for run in (b["name"], f"{b['name']}/eval"):
+        assert scalars(team_stack, "alice", run).status_code == 404, run
+        assert scalars(team_stack, "bob", run).status_code == 200, run  # bob keeps his run
+    listed = get(team_stack.api("alice"), f"{url}/tensorboard/data/runs").json()
+    assert not any(name.startswith(b["name"]) for name in listed), listed
+    assert {b["name"], f"{b['name']}/eval"} <= set(get(team_stack.api("bob"), f"{url}/tensorboard/data/runs").json())
+    for user, team in USERS.items():
+        groups = get(team_stack.api(user), f"{url}/training/api/groups").json()["groups"]
+        assert [g["dag_id"] for g in groups] == [f"tf_{team}"], (user, groups)  # no row carries team_b's progress
+    log = (team_stack.airflow.home / "logs" / "api-server.log").read_text(errors="replace")
+    for run_id in forged_runs:
+        assert f"ignoring the launch result returned by tf_team_a_returns/{run_id}/returns" in log, run_id
+
+
+def test_a_link_out_of_a_run_does_not_serve_the_other_run(team_stack, trained):
+    a, b = trained["tf_team_a"], trained["tf_team_b"]
+    link = Path(a["run_dir"]) / "link"
+    link.symlink_to(b["run_dir"])
+    try:
+        assert scalars(team_stack, "alice", f"{a['name']}/link").status_code == 404
+        assert scalars(team_stack, "alice", a["name"]).status_code == 200  # her own run still is
+        listed = get(team_stack.api("alice"), f"{team_stack.url}/tensorboard/data/runs").json()
+        assert f"{a['name']}/link" not in listed, listed
+    finally:
+        link.unlink()
+
+
+def test_the_storage_root_is_not_shown_to_viewers(team_stack, trained):
+    storage = str(team_stack.storage)
+    for path in ("/tensorboard/data/logdir", "/tensorboard/data/environment"):
+        answer = get(team_stack.api("alice"), f"{team_stack.url}{path}")
+        assert answer.status_code == 200 and storage not in answer.text, (path, answer.text)
+    assert get(team_stack.api("alice"), f"{team_stack.url}/tensorboard/data/logdir").json() == {"logdir": ""}

@@ -2,7 +2,8 @@
 DAG bundle folder per team (``team_a``, ``team_b``), and the folder's name makes the DAG id
 (``tf_team_a``, ``tf_team_b``) and so the team that owns it.
 
-prepare -> launch (1 ps + 1 worker, a progress report every second) -> wait -> teardown."""
+prepare -> launch (1 ps + 1 worker, a progress report every second) -> wait -> teardown; and
+``tf_<team>_returns``, whose one task returns the value it is triggered with."""
 
 from __future__ import annotations
 
@@ -45,3 +46,22 @@ with DAG(
                                   poke_interval=2, timeout=900)
     teardown = TeardownTFClusterOperator(task_id="teardown", group=launch.output)
     prepare >> launch >> wait >> teardown.as_teardown(setups=launch)
+
+
+with DAG(
+    dag_id=f"tf_{TEAM}_returns",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    params={"value": Param({}, type="object")},
+):
+    # What any task of a team's DAG can do: return whatever value it likes, here one shaped like
+    # a launch result naming another team's run (the ownership tests' forger).
+
+    @task
+    def returns() -> dict:
+        from airflow.sdk import get_current_context
+
+        return get_current_context()["params"]["value"]
+
+    returns()
