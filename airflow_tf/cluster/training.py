@@ -30,10 +30,36 @@ ON_NAN = ("fail", "stop")
 """What a loss that becomes NaN/inf does: fail the run, or stop and keep the last finite checkpoint."""
 
 
-def _option(default: Any = dataclasses.MISSING, doc: str = "") -> Any:
-    """A training option: its default and its one-line documentation, which the launch
-    operator's parameters and reference take over (``dataclasses.fields(TrainingConfig)``)."""
-    return field(default=default, metadata={"doc": doc})
+def _option(default: Any = dataclasses.MISSING, doc: str = "", *, bounds: tuple[float, float] | None = None,
+            choices: tuple[str, ...] | None = None) -> Any:
+    """A training option, declared once: its default, its one-line documentation, and for a
+    number the range it must lie in, for a name the values it may take. The launch operator's
+    parameters and reference, the command line's flags and the validation all read these
+    (``dataclasses.fields(TrainingConfig)``)."""
+    metadata: dict[str, Any] = {"doc": doc}
+    if bounds is not None:
+        metadata["bounds"] = bounds
+    if choices is not None:
+        metadata["choices"] = choices
+    return field(default=default, metadata=metadata)
+
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off", "none", "")
+"""``none`` and ``""``: a template that rendered an unset value."""
+
+
+def parse_bool(value: Any, name: str) -> bool:
+    """A true/false option as a template renders it (``"True"``, ``"false"``, ``"1"``) or as
+    given; anything else raises ValueError naming the option, never a silent False."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in TRUE_WORDS:
+        return True
+    if text in FALSE_WORDS:
+        return False
+    raise ValueError(f"{name}: expected true or false, got {value!r}")
 
 
 @dataclass
@@ -50,44 +76,48 @@ class TrainingConfig:
     loss: str | None = _option(None, "Keras loss name; None lets the model decide (mse for regression, sparse "
                                "categorical cross-entropy for classes)")
     optimizer: str = _option("sgd", "``sgd``, ``adam``, ``adagrad``, ``rmsprop``, ``lazy_adam`` (Adam updating "
-                             "only the embedding rows a step looked up) or ``ftrl``")
-    learning_rate: float = _option(0.01, "the optimizer's learning rate")
-    batch_size: int = _option(64, "examples per worker per step")
-    steps: int | None = _option(None, "target global step (set ``steps`` or ``epochs``; ``steps`` wins when both)")
-    epochs: float | None = _option(None, "passes over the training split, instead of ``steps``")
+                             "only the embedding rows a step looked up) or ``ftrl``", choices=OPTIMIZERS)
+    learning_rate: float = _option(0.01, "the optimizer's learning rate", bounds=(1e-12, 1e3))
+    batch_size: int = _option(64, "examples per worker per step", bounds=(1, 1 << 20))
+    steps: int | None = _option(None, "target global step (set ``steps`` or ``epochs``; ``steps`` wins when both)",
+                                bounds=(1, 10**12))
+    epochs: float | None = _option(None, "passes over the training split, instead of ``steps``", bounds=(1e-6, 1e6))
     sync: bool = _option(False, "synchronous updates (``SyncReplicasOptimizer``) instead of asynchronous")
     replicas_to_aggregate: int | None = _option(None, "sync mode: gradients aggregated per step (below the worker "
-                                                "count, a slow worker stalls no one); None: every worker's")
-    checkpoint_every_secs: float = _option(10.0, "seconds between checkpoints")
-    log_every_secs: float = _option(2.0, "seconds between progress lines in the task logs")
-    intra_op_threads: int = _option(1, "threads per TensorFlow op in each task")
-    inter_op_threads: int = _option(2, "TensorFlow ops run at once in each task")
-    seed: int = _option(0, "random seed of the model and the input pipeline")
+                                                "count, a slow worker stalls no one); None: every worker's",
+                                                bounds=(1, 10**4))
+    checkpoint_every_secs: float = _option(10.0, "seconds between checkpoints", bounds=(0.1, 86400.0))
+    log_every_secs: float = _option(2.0, "seconds between progress lines in the task logs", bounds=(0.05, 3600.0))
+    intra_op_threads: int = _option(1, "threads per TensorFlow op in each task", bounds=(0, 1024))
+    inter_op_threads: int = _option(2, "TensorFlow ops run at once in each task", bounds=(0, 1024))
+    seed: int = _option(0, "random seed of the model and the input pipeline", bounds=(0, 2**31 - 1))
     warm_start_from: str | None = _option(None, "run directory or checkpoint prefix to initialise the weights "
                                           "from (first start only; an export records one in its metadata's "
                                           "``warm_start_from``)")
     mode: str = _option("between_graph", "``between_graph`` (each worker drives itself) or ``coordinator`` (the "
-                        "chief drives the group with ``ParameterServerStrategy``; asynchronous only)")
+                        "chief drives the group with ``ParameterServerStrategy``; asynchronous only)", choices=MODES)
     devices_per_worker: int | None = _option(None, "towers per worker, gradients averaged before the update; "
-                                             "None: the worker's GPUs, else 1")
+                                             "None: the worker's GPUs, else 1", bounds=(1, 64))
     on_nan: str = _option("fail", "a loss that becomes NaN/inf fails the run (``fail``) or stops it keeping the "
-                          "last finite checkpoint (``stop``)")
+                          "last finite checkpoint (``stop``)", choices=ON_NAN)
     operation_timeout_secs: float = _option(300.0, "bound on one session step: a step stuck longer errors and "
-                                            "the session recovers")
+                                            "the session recovers", bounds=(1.0, 86400.0))
     summary_every_steps: int = _option(100, "TensorBoard summaries (loss, examples/s, learning rate) every N "
-                                       "global steps, besides every ``log_every_secs``")
+                                       "global steps, besides every ``log_every_secs``", bounds=(1, 10**9))
     code_dir: str | None = _option(None, "snapshot of the model's code (written by the launch into the run "
                                    "directory); imported first")
     min_shard_bytes: int = _option(DEFAULT_MIN_SHARD_BYTES, "embedding tables are split over the ps tasks in "
                                    "shards of at least this many bytes (one shard per ps until they reach "
-                                   "``max_shard_bytes``): a table under it stays in one piece")
+                                   "``max_shard_bytes``): a table under it stays in one piece", bounds=(1, 2**50))
     max_shard_bytes: int = _option(DEFAULT_MAX_SHARD_BYTES, "largest shard of an embedding table: a table larger "
                                    "than this times the ps count gets several shards per ps, so that a checkpoint "
-                                   "save (one shard at a time) needs this much memory over the tables at most")
+                                   "save (one shard at a time) needs this much memory over the tables at most",
+                                   bounds=(1, 2**50))
     ps_memory_limit: str | None = _option(None, "memory of one ps task (a quantity: ``4Gi``) to check embedding "
                                           "tables and their optimizer slots against before training; None: the ps "
                                           "role's ``resources`` (limits, else requests), else on a local group the "
                                           "memory available on the machine")
+
 
     def __post_init__(self) -> None:
         errors = self._coerce_types()
@@ -104,30 +134,28 @@ class TrainingConfig:
             errors.append("steps/epochs: set a target global step (steps) or a number of epochs")
         # Every number is checked for type, finiteness and range: a NaN learning rate would
         # otherwise train a NaN model and report success.
-        for name, low, high, whole, optional in _NUMERIC_OPTIONS:
-            value = getattr(self, name)
-            if value is None and optional:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if "bounds" not in f.metadata or (value is None and _optional(f)):
                 continue
-            problem = _number_problem(value, low, high, whole)
+            problem = _number_problem(value, *f.metadata["bounds"], whole=_kind(f) == "int")
             if problem:
-                errors.append(f"{name}: {problem}, got {value!r}")
+                errors.append(f"{f.name}: {problem}, got {value!r}")
         errors += self._choice_errors()
         if errors:
             raise ValueError("invalid training options:\n  " + "\n  ".join(errors))
 
     def _choice_errors(self) -> list[str]:
         """The options that name one of a fixed set (optimizer, model, mode, on_nan)."""
-        errors = []
-        if self.optimizer not in OPTIMIZERS:
-            errors.append(f"optimizer: {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        errors = [f"{f.name}: {getattr(self, f.name)!r} is not one of {', '.join(f.metadata['choices'])}"
+                  for f in dataclasses.fields(self)
+                  if "choices" in f.metadata and getattr(self, f.name) not in f.metadata["choices"]]
         if self.model not in BUILTIN_MODELS and ":" not in self.model:
             errors.append(
                 f"model: {self.model!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) "
                 "nor an import path 'package.module:function'"
             )
-        if self.mode not in MODES:
-            errors.append(f"mode: {self.mode!r} is not one of {', '.join(MODES)}")
-        elif self.mode == "coordinator" and self.optimizer == "lazy_adam":
+        if self.mode == "coordinator" and self.optimizer == "lazy_adam":
             errors.append("optimizer: 'lazy_adam' updates the embedding rows a step looked up on the ps, which only "
                           "mode='between_graph' does; use another optimizer or mode='between_graph'")
         elif self.mode == "coordinator" and self.sync:
@@ -142,8 +170,6 @@ class TrainingConfig:
                 memory_bytes(self.ps_memory_limit)
             except ValueError as err:
                 errors.append(f"ps_memory_limit: {err}")
-        if self.on_nan not in ON_NAN:
-            errors.append(f"on_nan: {self.on_nan!r} is not one of {', '.join(ON_NAN)}")
         return errors
 
     def _coerce_types(self) -> list[str]:
@@ -153,18 +179,18 @@ class TrainingConfig:
             value = getattr(self, f.name)
             if not isinstance(value, str) or value == "":
                 continue
-            kind = str(f.type)
+            kind = _kind(f)
             try:
-                if kind.startswith("int"):
+                if kind == "int":
                     setattr(self, f.name, int(value))
-                elif kind.startswith("float"):
+                elif kind == "float":
                     setattr(self, f.name, float(value))
                 elif kind == "bool":
-                    setattr(self, f.name, value.strip().lower() in ("1", "true", "yes", "on"))
-                elif kind.startswith("dict"):
+                    setattr(self, f.name, parse_bool(value, f.name))
+                elif kind == "dict":
                     setattr(self, f.name, json.loads(value))
-            except ValueError:
-                errors.append(f"{f.name}: {value!r} is not a valid {kind.split(' ', maxsplit=1)[0]}")
+            except ValueError as exc:
+                errors.append(str(exc) if kind == "bool" else f"{f.name}: {value!r} is not a valid {kind}")
         return errors
 
     def to_dict(self) -> dict[str, Any]:
@@ -206,27 +232,16 @@ class TrainingConfig:
         return cls(**{**values, **overrides})
 
 
-# (option, lowest, highest, whole number, may be None)
-_NUMERIC_OPTIONS = (
-    ("learning_rate", 1e-12, 1e3, False, False),
-    ("batch_size", 1, 1 << 20, True, False),
-    ("steps", 1, 10**12, True, True),
-    ("epochs", 1e-6, 1e6, False, True),
-    ("replicas_to_aggregate", 1, 10**4, True, True),
-    ("checkpoint_every_secs", 0.1, 86400.0, False, False),
-    ("log_every_secs", 0.05, 3600.0, False, False),
-    ("intra_op_threads", 0, 1024, True, False),
-    ("inter_op_threads", 0, 1024, True, False),
-    ("seed", 0, 2**31 - 1, True, False),
-    ("devices_per_worker", 1, 64, True, True),
-    ("operation_timeout_secs", 1.0, 86400.0, False, False),
-    ("summary_every_steps", 1, 10**9, True, False),
-    ("min_shard_bytes", 1, 2**50, True, False),
-    ("max_shard_bytes", 1, 2**50, True, False),
-)
+def _kind(option: dataclasses.Field) -> str:
+    """An option's type without ``| None`` and parameters: int, float, str, bool or dict."""
+    return str(option.type).split(" | ")[0].split("[")[0]
 
 
-def _number_problem(value: Any, low: float, high: float, whole: bool) -> str | None:
+def _optional(option: dataclasses.Field) -> bool:
+    return "None" in str(option.type).split(" | ")
+
+
+def _number_problem(value: Any, low: float, high: float, *, whole: bool) -> str | None:
     """Why ``value`` is not a usable option in [low, high], or None."""
     kind = "a whole number" if whole else "a number"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -252,56 +267,31 @@ def argument_parser() -> argparse.ArgumentParser:
 
 
 def add_training_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> None:
-    """Every training option as a command-line flag: the runtime's, ``airflow-tf run``'s and
-    ``airflow-tf render``'s. ``defaults`` overrides a default (and makes dataset or run_dir,
-    otherwise required, optional)."""
-    add = parser.add_argument
-    default = {f.name: f.default for f in dataclasses.fields(TrainingConfig) if f.default is not dataclasses.MISSING}
-    add("--dataset", required="dataset" not in defaults,
-        help="dataset directory written by PrepareTFRecords / airflow-tf prepare (must hold _SUCCESS)")
-    add("--run-dir", dest="run_dir", required="run_dir" not in defaults,
-        help="directory for checkpoints, event files and progress.json, shared by all tasks")
-    add("--model", default=default["model"],
-        help=f"built-in model ({', '.join(BUILTIN_MODELS)}) or package.module:function")
-    add("--model-kwargs", dest="model_kwargs", type=json.loads, default={}, metavar="JSON",
-        help="keyword arguments of the model function, as a JSON object")
-    add("--loss", default=default["loss"], help="Keras loss name (default: chosen from the label)")
-    add("--optimizer", default=default["optimizer"], choices=OPTIMIZERS)
-    add("--learning-rate", dest="learning_rate", type=float, default=default["learning_rate"])
-    add("--batch-size", dest="batch_size", type=int, default=default["batch_size"], help="examples per trainer per step")
-    add("--steps", type=int, default=default["steps"], help="target global step")
-    add("--epochs", type=float, default=default["epochs"], help="passes over the training split (instead of --steps)")
-    add("--sync", action="store_true", help="synchronous updates (SyncReplicasOptimizer)")
-    add("--replicas-to-aggregate", dest="replicas_to_aggregate", type=int, default=default["replicas_to_aggregate"],
-        help="sync mode: gradients per step (below the worker count, a slow worker stalls no one)")
-    add("--checkpoint-every-secs", dest="checkpoint_every_secs", type=float, default=default["checkpoint_every_secs"])
-    add("--log-every-secs", dest="log_every_secs", type=float, default=default["log_every_secs"])
-    add("--intra-op-threads", dest="intra_op_threads", type=int, default=default["intra_op_threads"], help="threads per op in each task")
-    add("--inter-op-threads", dest="inter_op_threads", type=int, default=default["inter_op_threads"], help="ops run at once in each task")
-    add("--seed", type=int, default=default["seed"])
-    add("--warm-start-from", dest="warm_start_from", default=default["warm_start_from"],
-        help="run directory or checkpoint prefix to initialise the model weights from (first start only)")
-    add("--mode", default=default["mode"], choices=MODES,
-        help="between_graph: each worker drives itself (async or sync); coordinator: the chief drives "
-        "the group with ParameterServerStrategy (async only)")
-    add("--devices-per-worker", dest="devices_per_worker", type=int, default=default["devices_per_worker"],
-        help="towers per worker, gradients averaged before the update (default: the worker's GPUs, else 1)")
-    add("--on-nan", dest="on_nan", default=default["on_nan"], choices=ON_NAN,
-        help="a loss that becomes NaN/inf fails the run (fail) or stops it keeping the last finite checkpoint (stop)")
-    add("--operation-timeout-secs", dest="operation_timeout_secs", type=float,
-        default=default["operation_timeout_secs"],
-        help="a session step stuck longer than this errors and the session recovers")
-    add("--summary-every-steps", dest="summary_every_steps", type=int, default=default["summary_every_steps"],
-        help="write summaries every N global steps (and every --log-every-secs)")
-    add("--code-dir", dest="code_dir", default=default["code_dir"],
-        help="snapshot of the model's code to import first (the launch writes it into the run directory)")
-    add("--min-shard-bytes", dest="min_shard_bytes", type=int, default=default["min_shard_bytes"],
-        help="embedding tables are split over the ps tasks in shards of at least this many bytes")
-    add("--max-shard-bytes", dest="max_shard_bytes", type=int, default=default["max_shard_bytes"],
-        help="largest shard of an embedding table (bigger tables get several shards per ps)")
-    add("--ps-memory-limit", dest="ps_memory_limit", default=default["ps_memory_limit"],
-        help="memory of one ps task (e.g. 4Gi) to check embedding tables against before training "
-        "(default: the ps role's resources, else the memory available on a local machine)")
+    """Every training option as a command-line flag (the runtime's, ``airflow-tf run``'s and
+    ``airflow-tf render``'s), made from its declaration: ``--learning-rate`` for
+    ``learning_rate``, its type, default, choices and documentation. ``defaults`` overrides a
+    default (and makes dataset or run_dir, otherwise required, optional)."""
+    for option in dataclasses.fields(TrainingConfig):
+        flag = "--" + option.name.replace("_", "-")
+        # argparse formats help with %: a literal one is doubled.
+        settings: dict[str, Any] = {"dest": option.name,
+                                    "help": option.metadata["doc"].replace("``", "").replace("%", "%%")}
+        kind = _kind(option)
+        if option.name in ("dataset", "run_dir"):
+            parser.add_argument(flag, required=option.name not in defaults, **settings)
+            continue
+        if kind == "bool":
+            parser.add_argument(flag, action="store_true", **settings)
+            continue
+        settings["default"] = option.default_factory() if option.default_factory is not dataclasses.MISSING \
+            else option.default
+        if kind == "dict":
+            settings.update(type=json.loads, metavar="JSON")
+        elif kind in ("int", "float"):
+            settings["type"] = int if kind == "int" else float
+        if "choices" in option.metadata:
+            settings["choices"] = option.metadata["choices"]
+        parser.add_argument(flag, **settings)
     parser.set_defaults(**defaults)
 
 

@@ -17,7 +17,7 @@ from airflow_tf.backends.ownership import (NotOurGroupError, RunDirTakenError, R
 from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name
 from airflow_tf.cluster.results import LaunchResult
 from airflow_tf.cluster.model_code import snapshot_model_code
-from airflow_tf.cluster.training import dataset_uri_of
+from airflow_tf.cluster.training import dataset_uri_of, parse_bool
 from airflow_tf.plugins.links import TensorBoardLink
 from airflow_tf.storage import runs_dir
 
@@ -39,17 +39,6 @@ def _whole(value: Any, name: str, low: int) -> int:
     if isinstance(number, bool) or not isinstance(number, int) or number < low:
         raise ValueError(f"{name}: expected a whole number >= {low}, got {value!r}")
     return number
-
-
-def _flag(value: Any, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off", "", "none"):
-        return False
-    raise ValueError(f"{name}: expected true or false, got {value!r}")
 
 
 class LaunchTFClusterOperator(BaseOperator):
@@ -212,7 +201,7 @@ class LaunchTFClusterOperator(BaseOperator):
         name = self.group_name or group_name(ti.dag_id, ti.task_id, ti.run_id, map_index)
         run_dir = self.run_dir or os.path.join(runs_dir(), name)
         config = TrainingConfig(dataset=dataset_uri_of(self.dataset), run_dir=run_dir,
-                                sync=_flag(self.sync, "sync"), **self.training_options())
+                                sync=parse_bool(self.sync, "sync"), **self.training_options())
         # Before the model's code is written there: the run directory's record of its launch is
         # what the TensorBoard mount and the Training view trust to decide who may read the run.
         claim_run_dir(run_dir, RunLaunch(ti.dag_id, ti.run_id, ti.task_id, map_index))

@@ -8,9 +8,10 @@ from collections.abc import Sequence
 
 from airflow.sdk import BaseOperator
 
+from airflow_tf.cluster.training import parse_bool
 from airflow_tf.storage import datasets_dir
 
-from .common import dataset_asset, is_template
+from .common import dataset_asset, is_template, no_retry_for
 
 
 def _optional(value: Any, kind: type) -> Any:
@@ -51,12 +52,6 @@ def storage_options(aws_conn_id: str | None, gcp_conn_id: str | None) -> dict[st
     if gcp_conn_id:
         options["gs"] = gcs_options(BaseHook.get_connection(gcp_conn_id).extra_dejson, gcp_conn_id)
     return options or None
-
-
-def _flag(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
 
 
 class PrepareTFRecordsOperator(BaseOperator):
@@ -160,6 +155,8 @@ class PrepareTFRecordsOperator(BaseOperator):
         from airflow_tf.data import prepare_dataset
 
         output = self.output_dir or datasets_dir()
+        with no_retry_for(ValueError, what="prepare refused"):  # a retry would read the same value again
+            flags = {name: parse_bool(getattr(self, name), name) for name in ("overwrite", "allow_nan", "cache")}
         self.log.info("Preparing dataset %r from %s into %s", self.dataset_name, self.input, output)
         summary = prepare_dataset(
             self.input, output, self.dataset_name,
@@ -173,15 +170,13 @@ class PrepareTFRecordsOperator(BaseOperator):
             string_columns=self.string_columns or None,
             seed=int(self.seed),
             split_key=_optional(self.split_key, str),
-            overwrite=_flag(self.overwrite),
-            allow_nan=_flag(self.allow_nan),
             workers=self.workers,
             progress=self._log_progress,
             progress_every=self.progress_every,
             buffer_mib=float(self.buffer_mib),
-            cache=_flag(self.cache),
             partition_key=_optional(self.partition_key, str),
             vocabularies=self.vocabularies or None,
+            **flags,
             storage_options=storage_options(_optional(self.aws_conn_id, str), _optional(self.gcp_conn_id, str)),
         )
         if summary.get("cached"):
@@ -234,7 +229,7 @@ class DatasetWindowOperator(BaseOperator):
         from airflow_tf.data.window import make_window
 
         summary = make_window(self.output_dir or datasets_dir(), self.dataset_name, last=int(self.last),
-                              version=_optional(self.version, str), overwrite=_flag(self.overwrite))
+                              version=_optional(self.version, str), overwrite=parse_bool(self.overwrite, "overwrite"))
         self.log.info("Window %s: partitions %s, %s examples (%s)", summary["dataset_uri"],
                       ", ".join(summary["partitions"]), summary["rows"],
                       ", ".join(f"{split} {count}" for split, count in summary["counts"].items()))
@@ -268,8 +263,6 @@ class PreparePartOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_tf.backends.base import ComponentRefusedError
         from airflow_tf.data.errors import DataError
-
-        from .common import no_retry_for
 
         index = int(self.job["index"])
         with no_retry_for(DataError, ComponentRefusedError, what=f"part {index} refused"):

@@ -80,6 +80,38 @@ def test_training_options_round_trip_through_runtime_arguments():
     assert TrainingConfig.from_args(config.to_args()) == config
 
 
+def test_each_training_option_is_one_flag_with_its_declared_default_help_and_range():
+    import argparse
+    import dataclasses
+
+    from airflow_tf.cluster.training import add_training_arguments
+
+    parser = argparse.ArgumentParser()
+    add_training_arguments(parser)
+    flags = {action.dest: action for action in parser._actions if action.option_strings}
+    for option in dataclasses.fields(TrainingConfig):
+        action = flags[option.name]
+        assert action.option_strings == ["--" + option.name.replace("_", "-")]
+        assert action.help.replace("%%", "%") == option.metadata["doc"].replace("``", ""), option.name
+        if option.name not in ("dataset", "run_dir"):
+            default = option.default_factory() if option.default_factory is not dataclasses.MISSING else option.default
+            assert action.default == default, option.name
+        assert tuple(action.choices or ()) == tuple(option.metadata.get("choices", ())), option.name
+    with pytest.raises(ValueError, match=r"learning_rate: must be between 1e-12 and 1000, got 5000"):
+        TrainingConfig.from_args(["--dataset", "/d", "--run-dir", "/r", "--steps", "1", "--learning-rate", "5000"])
+
+
+@pytest.mark.parametrize("value", ["ture", "2", "maybe"])
+def test_a_true_false_option_that_is_neither_is_refused_naming_it(value):
+    from airflow_tf.cluster.training import parse_bool
+
+    with pytest.raises(ValueError, match=rf"sync: expected true or false, got '{value}'"):
+        training(sync=value)
+    with pytest.raises(ValueError, match=rf"overwrite: expected true or false, got '{value}'"):
+        parse_bool(value, "overwrite")
+    assert training(sync="True").sync is True and training(sync="off").sync is False
+
+
 def test_exit_code_rule_retries_only_signals():
     assert is_retryable_exit("ExitCode", -9) and is_retryable_exit("ExitCode", 137)
     assert not is_retryable_exit("ExitCode", 1)
