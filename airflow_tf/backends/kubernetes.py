@@ -371,7 +371,7 @@ class KubernetesBackend:
             # Also what the root owns: a cascade is asynchronous, and an object created
             # by a launch that died before setting its owner would stay.
             if self._delete(kind, namespace, _name(obj)):
-                deleted.append(f"{obj.get('kind', kind).lower()}/{_name(obj)}")
+                deleted.append(f"{_KIND_OF[kind].lower()}/{_name(obj)}")
         if deleted:
             log.info("deleted from namespace %s: %s", namespace, ", ".join(deleted))
         return deleted

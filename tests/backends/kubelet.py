@@ -196,13 +196,13 @@ class Kubelet:
 
         self.set_status(namespace, name, change)
 
-    def _terminate(self, namespace: str, name: str, phase: str, exit_code: int, reason: str,
+    def _terminate(self, namespace: str, name: str, phase: str, exit_code: int, container_reason: str,
                    termination_message: str | None, **pod_fields: Any) -> None:
         extra_conditions = pod_fields.pop("extra_conditions", [])
 
         def change(status: dict, pod: dict) -> None:
             container = pod["spec"]["containers"][0]
-            terminated: dict[str, Any] = {"exitCode": exit_code, "reason": reason, "finishedAt": _now(),
+            terminated: dict[str, Any] = {"exitCode": exit_code, "reason": container_reason, "finishedAt": _now(),
                                           "startedAt": status.get("startTime") or _now()}
             if termination_message:
                 terminated["message"] = termination_message.encode()[-TERMINATION_MESSAGE_MAX_BYTES:].decode(

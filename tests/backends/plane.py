@@ -36,6 +36,8 @@ ROLE_FILE = Path(airflow_tf.__file__).parent / "rbac" / "role.yaml"
 CLUSTER_ENV = "AIRFLOW_TF_TEST_KUBECONFIG"
 BACKEND_ACCOUNT = "airflow-tf"
 TOKEN_SECONDS = 3600
+VOLUME_CLASS = "airflow-tf-test"
+VOLUME_NAMESPACE_LABEL = "airflow-tf-test/namespace"  # on the volumes a test's claims are bound to
 
 
 def wait_for(predicate, timeout: float = 30.0, what: str = "condition", interval: float = 0.1):
@@ -174,6 +176,7 @@ class Plane:
         """Delete a test's namespace; the namespace controller removes what is left in it."""
         with _ignore_missing():
             self.core.delete_namespace(name)
+        self.core.delete_collection_persistent_volume(label_selector=f"{VOLUME_NAMESPACE_LABEL}={name}")
 
 
 class TestNamespace:
@@ -220,6 +223,29 @@ class TestNamespace:
         return [c for c in self.plane.calls(self.ns, self.user)
                 if (verb is None or c.verb == verb) and (resource is None or c.resource == resource)
                 and c.time >= since]
+
+    def volume_claim(self, claim: str) -> None:
+        """A PersistentVolumeClaim ``claim``, bound to a volume of its own, so that the scheduler
+        places the pods that mount it (the kubelet the tests play mounts nothing)."""
+        from kubernetes.client.exceptions import ApiException
+
+        volume = f"{self.ns}-{claim}"
+        try:
+            self.plane.core.create_persistent_volume({
+                "metadata": {"name": volume, "labels": {VOLUME_NAMESPACE_LABEL: self.ns}},
+                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
+                         "storageClassName": VOLUME_CLASS, "hostPath": {"path": f"/nonexistent/{volume}"},
+                         "claimRef": {"namespace": self.ns, "name": claim}}})
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            return
+        self.plane.core.create_namespaced_persistent_volume_claim(self.ns, {
+            "metadata": {"name": claim},
+            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": VOLUME_CLASS, "volumeName": volume,
+                     "resources": {"requests": {"storage": "1Gi"}}}})
+        wait_for(lambda: self.plane.core.read_namespaced_persistent_volume_claim(claim, self.ns).status.phase
+                 == "Bound", 30, f"the persistent volume controller to bind claim {claim}")
 
     def gone(self, resource: str, selector: str | None = None) -> bool:
         """Whether nothing of ``resource`` is left (pods the kubelet has yet to remove count)."""

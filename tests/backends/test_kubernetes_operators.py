@@ -194,7 +194,7 @@ def test_a_refused_evaluation_fails_without_retries_naming_the_pod(kube, kubelet
     ref = get_backend("kubernetes", **_options(kube)).launch(make_spec())
     thread = _kubelet(kube, kubelet, "evaluate", "evaluate refused: no checkpoint in /runs/tf-mnist\n", outcome=2)
     with pytest.raises(AirflowFailException, match=r"(?s)evaluation refused: evaluate Job tf-mnist-evaluate failed "
-                                                   r"\(pod tf-mnist-evaluate-0-\w+: exit code 2, phase Failed\).*no checkpoint"):
+                                                   r"\(pod tf-mnist-evaluate-\w+: exit code 2, phase Failed\).*no checkpoint"):
         EvaluateModelOperator(task_id="evaluate", launch=_launch_result(ref)).execute({})
     thread.join()
 
@@ -227,7 +227,7 @@ def test_a_missing_or_bad_result_fails_the_evaluation_naming_the_pod(kube, kubel
 
     ref = get_backend("kubernetes", **_options(kube)).launch(make_spec())
     thread = _kubelet(kube, kubelet, "evaluate", "evaluating\n", message=message)
-    with pytest.raises(BackendError, match=rf"evaluate pod tf-mnist-evaluate-0-\w+ \(namespace {kube.ns}\).*{complaint}"):
+    with pytest.raises(BackendError, match=rf"evaluate pod tf-mnist-evaluate-\w+ \(namespace {kube.ns}\).*{complaint}"):
         EvaluateModelOperator(task_id="evaluate", launch=_launch_result(ref)).execute({})
     thread.join()
     assert [j["metadata"]["name"] for j in kube.objects("jobs", "airflow-tf/component=evaluate")] == [

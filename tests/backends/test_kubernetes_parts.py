@@ -145,6 +145,7 @@ def _records(uri: str, split: str) -> Counter:
 
 
 def _options(kube, **extra) -> KubernetesPartOptions:
+    kube.volume_claim("datasets")
     return KubernetesPartOptions.coerce({
         "image": "registry.example/tf:2.21", "namespace": kube.ns, "kubernetes_conn_id": None,
         "config_file": str(kube.kubeconfig),
@@ -414,7 +415,7 @@ def test_a_part_whose_image_cannot_be_pulled_fails_at_once_naming_the_pod(kube, 
     helper = threading.Thread(target=cannot_pull)
     helper.start()
     started = time.monotonic()
-    with pytest.raises(BackendError, match=r"failed \(pod prep-clicks-0123456789ab-0-0-\w+: ImagePullBackOff: "
+    with pytest.raises(BackendError, match=r"failed \(pod prep-clicks-0123456789ab-0-\w+: ImagePullBackOff: "
                                            r".*phase Pending\)"):
         run_part(pods, plan=str(tmp_path / ".parts-0123456789ab"), index=0, dataset="clicks",
                  token=".parts-0123456789ab")
