@@ -318,7 +318,8 @@ def test_pod_states_give_the_right_outcome(kube, kubelet, backend, scenario, pat
         assert word in outcome.reason, f"{word!r} not in {outcome.reason!r}"
 
 
-def test_unschedulable_pod_is_failed_when_its_timeout_passes_during_the_watch(kube, backend):
+def test_unschedulable_pod_is_failed_when_its_timeout_passes_during_the_watch(kube, kubelet, backend):
+    # The scheduler's words depend on the nodes: here, the one node the test plays, with no GPU.
     ref = backend.launch(_unschedulable_spec(3))
     seen = collect(backend, ref, timeout=20.0)
     outcome = group_outcome(seen[-1])

@@ -391,6 +391,7 @@ def test_a_dag_prepares_with_its_parts_as_pods(kube, kubelet, tmp_path):
         result=str(result))))
     env = airflow_env(tmp_path, dags)
     init_airflow(env)
+    kube.volume_claim("datasets")
     with LocalKubelet(kube, kubelet, tmp_path) as node:
         run = dags_test(env, "parted_pods")
     assert "state=success" in run.stdout, run.stdout[-4000:]
