@@ -13,6 +13,7 @@ from processes import group_processes_of, kill_leftovers
 TESTS = Path(__file__).resolve().parent
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items):
     """With ``-n`` (pytest-xdist, ``--dist loadgroup``): a test that uses a module's fixtures
     (trained groups, emulators) runs on the worker that runs the rest of its file, so they are
