@@ -13,15 +13,19 @@ from processes import group_processes_of, kill_leftovers
 TESTS = Path(__file__).resolve().parent
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items):
     """With ``-n`` (pytest-xdist, ``--dist loadgroup``): a test that uses a module's fixtures
     (trained groups, emulators) runs on the worker that runs the rest of its file, so they are
     built once; the whole of tests/stack runs on one worker, sharing the session's one Airflow
-    stack. Every other test goes to whichever worker is free."""
+    stack; every test on the Kubernetes control plane (tests/backends/conftest.py) runs on one
+    worker, so a run starts one plane. Every other test goes to whichever worker is free."""
     for item in items:
         path = Path(str(item.path)).resolve()
         if path.is_relative_to(TESTS / "stack"):
             item.add_marker(pytest.mark.xdist_group("stack"))
+        elif "plane" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("kubernetes-plane"))
         elif _uses_shared_fixtures(item):
             item.add_marker(pytest.mark.xdist_group(path.as_posix()))
 

@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 PROGRESS_TAIL_LINES = 20
 _STARTED_PHASES = ("Running", "Succeeded", "Failed")
 _KINDS = ("jobs", "services", "networkpolicies")
+_KIND_OF = {"jobs": "Job", "services": "Service", "networkpolicies": "NetworkPolicy"}
 # Deleting a Job through the API orphans its pods unless told otherwise (kubectl defaults
 # to background); Background deletes the Job at once and its dependents right after.
 _PROPAGATION = "Background"
@@ -288,7 +289,9 @@ class KubernetesBackend:
             raise BackendError(str(e)) from e
         namespace = self.namespace
         kinds = ["jobs", "services"] + (["networkpolicies"] if self.network_policy else [])
-        existing = {(o["kind"], _name(o)): o for kind in kinds for o in self._list(kind, namespace, group_selector(spec.name))}
+        # Keyed by the kind listed: a real API server's list items carry no kind of their own.
+        existing = {(_KIND_OF[kind], _name(o)): o for kind in kinds
+                    for o in self._list(kind, namespace, group_selector(spec.name))}
         # The root first: everything else is owned by it, so deleting it removes the group.
         root_body, rest = objects[0], objects[1:]
         root = existing.get(("Job", _name(root_body)))
@@ -368,7 +371,7 @@ class KubernetesBackend:
             # Also what the root owns: a cascade is asynchronous, and an object created
             # by a launch that died before setting its owner would stay.
             if self._delete(kind, namespace, _name(obj)):
-                deleted.append(f"{obj.get('kind', kind).lower()}/{_name(obj)}")
+                deleted.append(f"{_KIND_OF[kind].lower()}/{_name(obj)}")
         if deleted:
             log.info("deleted from namespace %s: %s", namespace, ", ".join(deleted))
         return deleted

@@ -156,7 +156,9 @@ class _RoleJob:
     @classmethod
     def read(cls, name: str, job: dict) -> _RoleJob:
         status = job.get("status") or {}
-        return cls(name=name, job=job, failed=_condition(job, "Failed"),
+        # FailureTarget and SuccessCriteriaMet are the Job controller's decision; Failed and
+        # Complete follow only once the Job's pods are gone, and no pod event comes after them.
+        return cls(name=name, job=job, failed=_condition(job, "Failed") or _condition(job, "FailureTarget"),
                    complete=bool(_condition(job, "Complete") or _condition(job, "SuccessCriteriaMet")),
                    failed_indexes=_indexes(status.get("failedIndexes")),
                    completed_indexes=_indexes(status.get("completedIndexes")),

@@ -1,10 +1,11 @@
 """A small Kubernetes API server for tests, over real HTTP on 127.0.0.1, with the Job
 controller and the garbage collector the backend relies on.
 
-No cluster can run on the test machines, so the Kubernetes backend is exercised against
-this emulator: the real ``kubernetes`` / ``kubernetes_asyncio`` clients, reached through
-the cncf-kubernetes provider's hooks with a kubeconfig written by the test, send real
-requests here. It implements only what the backend uses:
+The Kubernetes tests run on a real control plane (tests/backends/conftest.py); this emulator
+is kept for what that plane cannot show: an API server failing one chosen request (HTTP 500
+to a watch, :meth:`fail_next`), in test_kubernetes_watch_errors.py. There the real
+``kubernetes`` / ``kubernetes_asyncio`` clients, reached through the cncf-kubernetes provider's
+hooks with a kubeconfig written by the test, send real requests here. It implements only what the backend uses:
 
 - jobs (batch/v1), pods, services (core/v1) and networkpolicies (networking.k8s.io/v1):
   create, get, list (label selectors), delete (``preconditions.uid``, ``propagationPolicy``),

@@ -1,4 +1,4 @@
-"""Durable re-attach on Kubernetes, against the API emulator: the launch records the root Job's
+"""Durable re-attach on Kubernetes, on the real control plane (test_kubernetes.py): the launch records the root Job's
 uid in the task state store; its retry re-attaches to that group and creates nothing; a group of
 the same name it did not create (another run's, or one recreated by someone else) is refused,
 naming it; without a task state store (Airflow before 3.3) a retry re-attaches by name.
@@ -15,10 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 from airflow.providers.common.compat.sdk import AirflowFailException
-from test_kubernetes import NS, emulator, kubeconfig, make_spec  # noqa: F401 (fixtures)
+from test_kubernetes import backend, kubeconfig, make_spec  # noqa: F401 (fixtures)
 
 from airflow_tf import compat
-from airflow_tf.backends import get_backend
 from airflow_tf.backends.kubernetes_manifests import GROUP_LABEL, ROOT_ANNOTATION
 from airflow_tf.operators.launch import GROUP_RECORD_KEY
 
@@ -46,7 +45,7 @@ class TaskStateStore:
         self.values[key] = value
 
 
-def _launch(kubeconfig):
+def _launch(kubeconfig, namespace):
     from airflow.sdk import DAG
 
     from airflow_tf.operators import LaunchTFClusterOperator
@@ -54,7 +53,7 @@ def _launch(kubeconfig):
     with DAG("train_k8s", schedule=None):
         return LaunchTFClusterOperator(
             task_id="launch", dataset="/data/mnist/1", backend="kubernetes", image="registry.example/tf:2.21",
-            backend_options={"kubernetes_conn_id": None, "config_file": kubeconfig, "namespace": NS},
+            backend_options={"kubernetes_conn_id": None, "config_file": kubeconfig, "namespace": namespace},
             group_name=NAME, steps=100)
 
 
@@ -66,61 +65,57 @@ def _context(store, try_number=1):
     return context
 
 
-def _root_uid(emulator) -> str:
-    [root] = [j for j in emulator.objects("jobs", NS, f"{GROUP_LABEL}={NAME}")
+def _root_uid(kube) -> str:
+    [root] = [j for j in kube.objects("jobs", f"{GROUP_LABEL}={NAME}")
               if (j["metadata"].get("annotations") or {}).get(ROOT_ANNOTATION) == "true"]
     return root["metadata"]["uid"]
 
 
-def test_a_retry_reattaches_to_the_root_job_it_recorded(emulator, kubeconfig):
-    store, launch = TaskStateStore(), _launch(kubeconfig)
+def test_a_retry_reattaches_to_the_root_job_it_recorded(kube, kubeconfig, backend):
+    store, launch = TaskStateStore(), _launch(kubeconfig, kube.ns)
     first = launch.execute(_context(store))
     record = store.values[GROUP_RECORD_KEY]
     assert record["name"] == NAME and record["uid"] == first["group"]["uid"]
-    assert record["uid"] == _root_uid(emulator), "the root Job's uid"
-    jobs = {j["metadata"]["uid"] for j in emulator.objects("jobs", NS, f"{GROUP_LABEL}={NAME}")}
+    assert record["uid"] == _root_uid(kube), "the root Job's uid"
+    jobs = {j["metadata"]["uid"] for j in kube.objects("jobs", f"{GROUP_LABEL}={NAME}")}
 
-    again = _launch(kubeconfig).execute(_context(store, try_number=2))
+    again = _launch(kubeconfig, kube.ns).execute(_context(store, try_number=2))
     assert again["reattached"] and again["group"]["uid"] == record["uid"]
-    assert {j["metadata"]["uid"] for j in emulator.objects("jobs", NS, f"{GROUP_LABEL}={NAME}")} == jobs, \
+    assert {j["metadata"]["uid"] for j in kube.objects("jobs", f"{GROUP_LABEL}={NAME}")} == jobs, \
         "nothing created again"
 
 
-def test_a_same_named_group_it_did_not_create_is_refused(emulator, kubeconfig):
+def test_a_same_named_group_it_did_not_create_is_refused(kube, kubeconfig, backend):
     # Another run (or deployment) started a group under this name first.
-    theirs = get_backend("kubernetes", kubernetes_conn_id=None, config_file=kubeconfig, namespace=NS).launch(
-        make_spec(name=NAME))
+    theirs = backend.launch(make_spec(name=NAME))
     store = TaskStateStore()
     with pytest.raises(AirflowFailException, match=rf"launch refused: training group {NAME} \(kubernetes backend, "
-                       rf"namespace {NS}, uid {theirs.uid}\) already exists, but this launch \(dag train_k8s, run "
+                       rf"namespace {kube.ns}, uid {theirs.uid}\) already exists, but this launch \(dag train_k8s, run "
                        rf"{re.escape(RUN_ID)}, task launch, map index -1\) did not create it"):
-        _launch(kubeconfig).execute(_context(store))
+        _launch(kubeconfig, kube.ns).execute(_context(store))
     assert GROUP_RECORD_KEY not in store.values, "nothing recorded: nothing was created"
 
 
-def test_a_group_recreated_by_someone_else_under_its_name_is_refused(emulator, kubeconfig):
-    store, launch = TaskStateStore(), _launch(kubeconfig)
+def test_a_group_recreated_by_someone_else_under_its_name_is_refused(kube, kubeconfig, backend):
+    store, launch = TaskStateStore(), _launch(kubeconfig, kube.ns)
     ours = launch.execute(_context(store))["group"]["uid"]
-    backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=kubeconfig, namespace=NS)
     backend.teardown(backend.find(NAME))
     theirs = backend.launch(make_spec(name=NAME)).uid
     assert theirs != ours
     with pytest.raises(AirflowFailException, match=rf"has uid {theirs}, this launch .* created uid {ours}"):
-        _launch(kubeconfig).execute(_context(store, try_number=2))
+        _launch(kubeconfig, kube.ns).execute(_context(store, try_number=2))
 
 
-def test_a_retry_whose_first_try_was_lost_before_recording_the_uid_reattaches(emulator, kubeconfig):
+def test_a_retry_whose_first_try_was_lost_before_recording_the_uid_reattaches(kube, kubeconfig, backend):
     """The first try recorded its intent, created the group and was lost before recording the uid."""
     store = TaskStateStore()
     store.set(GROUP_RECORD_KEY, {"name": NAME, "uid": None})
-    created = get_backend("kubernetes", kubernetes_conn_id=None, config_file=kubeconfig, namespace=NS).launch(
-        make_spec(name=NAME))
-    result = _launch(kubeconfig).execute(_context(store, try_number=2))
+    created = backend.launch(make_spec(name=NAME))
+    result = _launch(kubeconfig, kube.ns).execute(_context(store, try_number=2))
     assert result["reattached"] and store.values[GROUP_RECORD_KEY]["uid"] == created.uid
 
 
-def test_without_a_task_state_store_a_retry_reattaches_by_name(emulator, kubeconfig):
+def test_without_a_task_state_store_a_retry_reattaches_by_name(kube, kubeconfig, backend):
     """Airflow before 3.3: today's behaviour."""
-    get_backend("kubernetes", kubernetes_conn_id=None, config_file=kubeconfig, namespace=NS).launch(
-        make_spec(name=NAME))
-    assert _launch(kubeconfig).execute(_context(None))["reattached"]
+    backend.launch(make_spec(name=NAME))
+    assert _launch(kubeconfig, kube.ns).execute(_context(None))["reattached"]

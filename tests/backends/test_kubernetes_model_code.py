@@ -2,7 +2,7 @@
 directory on shared storage, without rebuilding the training image: the launch snapshots it,
 every pod is told where the snapshot is, and the runtime imports the model from there first.
 
-The API server is the emulator of test_kubernetes.py (no cluster runs here); the runtime's
+The pods are the real Job controller's (the control plane of test_kubernetes.py); the runtime's
 import runs for real in a fresh interpreter that has no path to the DAG folder."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import pytest
 from airflow_tf.cluster import GroupSpec, TrainingConfig
 from airflow_tf.cluster.model_code import snapshot_model_code
 
-from test_kubernetes import NS, backend, emulator, kubeconfig  # noqa: F401  (fixtures)
+from plane import wait_for
+from test_kubernetes import backend, kubeconfig  # noqa: F401  (fixtures)
 
 MODEL = textwrap.dedent('''
     import keras
@@ -38,7 +39,7 @@ def snapshot(tmp_path):
     return run_dir, code
 
 
-def test_every_pod_of_the_group_is_pointed_at_the_snapshot_on_shared_storage(emulator, backend, snapshot):
+def test_every_pod_of_the_group_is_pointed_at_the_snapshot_on_shared_storage(kube, backend, snapshot):
     run_dir, code = snapshot
     assert os.path.commonpath([code.path, run_dir]) == str(run_dir), "the snapshot lives in the run directory"
     training = TrainingConfig(dataset="/data/sales/1", run_dir=str(run_dir), steps=100,
@@ -46,8 +47,7 @@ def test_every_pod_of_the_group_is_pointed_at_the_snapshot_on_shared_storage(emu
     spec = GroupSpec.for_training("tf-sales", training, ps=1, workers=2, image="registry.example/tf:2.21")
     backend.launch(spec)
 
-    pods = emulator.objects("pods", NS)
-    assert len(pods) == 3
+    pods = wait_for(lambda: len(p := kube.objects("pods")) == 3 and p, 30, "the Job controller's three pods")
     for pod in pods:
         container = pod["spec"]["containers"][0]
         argv = [*container.get("command", []), *container.get("args", [])]
@@ -72,7 +72,7 @@ def test_the_runtime_imports_the_model_from_the_snapshot_without_any_path_to_the
 
 
 def test_the_launch_returns_the_hash_of_the_code_it_snapshotted_and_none_for_a_built_in_model(
-        emulator, kubeconfig, tmp_path, monkeypatch):
+        kube, kubeconfig, tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     from airflow.sdk import DAG
@@ -85,7 +85,7 @@ def test_the_launch_returns_the_hash_of_the_code_it_snapshotted_and_none_for_a_b
     (dags / "my_models.py").write_text(MODEL)
     monkeypatch.syspath_prepend(str(dags))  # the DAG folder, where Airflow finds the DAG's own modules
     monkeypatch.setenv("AIRFLOW_TF_STORAGE", str(tmp_path / "storage"))
-    options = {"kubernetes_conn_id": None, "config_file": kubeconfig, "namespace": NS}
+    options = {"kubernetes_conn_id": None, "config_file": kubeconfig, "namespace": kube.ns}
     with DAG("sales", schedule=None):
         own = LaunchTFClusterOperator(task_id="own", dataset="/data/sales/1", model="my_models:build", steps=10,
                                       backend="kubernetes", backend_options=options, image="registry.example/tf:2.21")

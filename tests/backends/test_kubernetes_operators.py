@@ -1,11 +1,11 @@
-"""The operators with backend="kubernetes", against the Kubernetes API emulator: the teardown
+"""The operators with backend="kubernetes", on the real control plane (test_kubernetes.py): the teardown
 of a launch that died before returning, on_finish_action, and evaluation and export run as
 Jobs on the training image so that Airflow needs no TensorFlow.
 
 The operators' ``execute`` is called directly, in a DAG, with the few context entries they
 read (a task instance's ids and XCom counts, the outlet events) standing in for Airflow's
-task runner: what is under test is what they do on the cluster, which the emulator checks
-request by request against the shipped Role."""
+task runner: what is under test is what they do on the cluster, as a service account bound only
+to the shipped Role."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
-from test_kubernetes import NS, emulator, kubeconfig, make_spec, pod, tasks_of  # noqa: F401 (fixtures)
+from plane import wait_for
+from test_kubernetes import kubeconfig, make_spec, pod, tasks_of  # noqa: F401 (fixtures)
 
 from airflow_tf.backends import BackendError, get_backend
 from airflow_tf.backends.kubernetes_manifests import GROUP_LABEL
@@ -33,48 +34,49 @@ class _TaskInstance(SimpleNamespace):
         return 1
 
 
-def _options(kubeconfig):
-    return {"kubernetes_conn_id": None, "config_file": kubeconfig, "namespace": NS, "poll_interval": 0.05}
+def _options(kube):
+    return {"kubernetes_conn_id": None, "config_file": str(kube.kubeconfig), "namespace": kube.ns, "poll_interval": 0.05}
 
 
-def _dag_with_launch(kubeconfig, **teardown_args):
+def _dag_with_launch(kube, **teardown_args):
     from airflow.sdk import DAG
 
     from airflow_tf.operators import LaunchTFClusterOperator, TeardownTFClusterOperator
 
     with DAG("train_k8s", schedule=None) as dag:
         launch = LaunchTFClusterOperator(task_id="launch", dataset="/data/mnist/1", backend="kubernetes",
-                                         backend_options=_options(kubeconfig), image="registry.example/tf:2.21")
+                                         backend_options=_options(kube), image="registry.example/tf:2.21")
         teardown = TeardownTFClusterOperator(task_id="teardown", launch=launch, **teardown_args)
     return dag, teardown
 
 
-def test_teardown_of_a_launch_that_died_before_returning_removes_its_group(emulator, kubeconfig):
-    dag, teardown = _dag_with_launch(kubeconfig)
+def test_teardown_of_a_launch_that_died_before_returning_removes_its_group(kube, kubelet):
+    dag, teardown = _dag_with_launch(kube)
     assert teardown.backend == "kubernetes", "the launch's backend, never a fallback to the local one"
     run_id = "manual__2026-11-22T00:00:00+00:00"
     # The launch created the group (with its labels), then its process was killed: no XCom was ever pushed.
     name = group_name("train_k8s", "launch", run_id, -1)
     labels = launch_labels("train_k8s", "launch", run_id, -1)
-    get_backend("kubernetes", **_options(kubeconfig)).launch(make_spec(name=name, labels=labels))
-    assert len(emulator.objects("pods", NS)) == 3
+    get_backend("kubernetes", **_options(kube)).launch(make_spec(name=name, labels=labels))
+    wait_for(lambda: len(tasks_of(kube, f"{GROUP_LABEL}={name}")) == 3, 30, "the group's three pods")
 
     deleted = teardown.execute({"ti": _TaskInstance(dag_id="train_k8s", run_id=run_id)})
     assert deleted[0] == f"job/{name}-worker"
     for kind in ("jobs", "pods", "services"):
-        assert emulator.objects(kind, NS, f"{GROUP_LABEL}={name}") == []
+        wait_for(lambda: kube.gone(kind, f"{GROUP_LABEL}={name}"), 30, f"the group's {kind} to be gone")
 
 
-def test_teardown_leaves_alone_a_same_named_group_its_launch_did_not_start(emulator, kubeconfig):
-    dag, teardown = _dag_with_launch(kubeconfig)
+def test_teardown_leaves_alone_a_same_named_group_its_launch_did_not_start(kube, kubelet):
+    dag, teardown = _dag_with_launch(kube)
     run_id = "manual__2026-11-22T00:00:00+00:00"
     name = group_name("train_k8s", "launch", run_id, -1)
     # Someone else's group under the name this launch would have used (another run's labels).
     other = launch_labels("train_k8s", "launch", "manual__another", -1)
-    get_backend("kubernetes", **_options(kubeconfig)).launch(make_spec(name=name, labels=other))
+    get_backend("kubernetes", **_options(kube)).launch(make_spec(name=name, labels=other))
 
     assert teardown.execute({"ti": _TaskInstance(dag_id="train_k8s", run_id=run_id)}) == []
-    assert len(emulator.objects("pods", NS, f"{GROUP_LABEL}={name}")) == 3, "not ours: not deleted"
+    time.sleep(1.5)  # time enough for a deletion to show
+    assert len(tasks_of(kube, f"{GROUP_LABEL}={name}")) == 3, "not ours: not deleted"
 
 
 @pytest.mark.parametrize("action, succeeded, kept", [
@@ -83,24 +85,28 @@ def test_teardown_leaves_alone_a_same_named_group_its_launch_did_not_start(emula
     ("delete_succeeded_pod", True, []),
     ("keep_pod", True, [("worker", 0), ("worker", 1)]),
 ])
-def test_on_finish_action_keeps_the_trainers_as_asked_and_always_stops_the_ps(emulator, kubeconfig, action,
+def test_on_finish_action_keeps_the_trainers_as_asked_and_always_stops_the_ps(kube, kubelet, action,
                                                                               succeeded, kept):
     from airflow_tf.operators import TeardownTFClusterOperator
 
-    ref = get_backend("kubernetes", **_options(kubeconfig)).launch(make_spec())
-    emulator.set_log(NS, pod(emulator, "worker", 0), "worker 0 says goodbye\n")
-    emulator.run(NS, pod(emulator, "worker", 0))
-    emulator.succeed(NS, pod(emulator, "worker", 0))
+    ref = get_backend("kubernetes", **_options(kube)).launch(make_spec())
+    worker0, worker1 = pod(kubelet, "worker", 0), pod(kubelet, "worker", 1)
+    pod(kubelet, "ps", 0)
+    kubelet.set_log(worker0, "worker 0 says goodbye\n")
+    kubelet.run(worker0)
+    kubelet.succeed(worker0)
     if succeeded:
-        emulator.succeed(NS, pod(emulator, "worker", 1))
+        kubelet.succeed(worker1)
     else:
-        emulator.fail(NS, pod(emulator, "worker", 1), exit_code=2)
+        kubelet.fail(worker1, exit_code=2)
+    wait_for(lambda: (kube.get("jobs", "tf-mnist-worker").get("status") or {}).get("conditions"), 30,
+             "the worker Job to finish")
     teardown = TeardownTFClusterOperator(task_id=f"teardown_{action}", group=ref.to_dict(), backend="kubernetes",
                                          on_finish_action=action)
     messages = []
     teardown.log.info = lambda message, *args: messages.append(message % args)  # what the task log shows
     teardown.execute({"ti": _TaskInstance(dag_id="d", run_id="r")})
-    assert tasks_of(emulator) == kept
+    wait_for(lambda: tasks_of(kube) == kept, 30, f"the pods left to be {kept}")
     assert any("worker 0 says goodbye" in m for m in messages), "logs are copied before anything is deleted"
 
 
@@ -112,21 +118,22 @@ def test_on_finish_action_must_be_one_the_provider_knows():
         TeardownTFClusterOperator(task_id="t", group={"backend": "local", "name": "g"}, on_finish_action="keep_failed")
 
 
-def _kubelet(emulator, component, log, outcome="succeed", message=None):
+def _kubelet(kube, kubelet, component, log, outcome="succeed", message=None, created=None):
     """Plays the kubelet for the one-off Job's pod: prints ``log``, then ends it, the container
-    having written ``message`` to its termination-log file."""
+    having written ``message`` to its termination-log file. ``created`` gets the Job as created
+    (it is deleted once finished)."""
 
     def run():
         selector = f"airflow-tf/component={component}"
-        deadline = time.monotonic() + 30
-        while not emulator.objects("pods", NS, selector) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        name = emulator.objects("pods", NS, selector)[0]["metadata"]["name"]
-        emulator.set_log(NS, name, log)
+        name = wait_for(lambda: next((p["metadata"]["name"] for p in kube.objects("pods", selector)
+                                      if p["spec"].get("nodeName")), None), 30, f"the {component} pod")
+        if created is not None:
+            created.append(kube.get("jobs", f"tf-mnist-{component}"))
+        kubelet.set_log(name, log)
         if outcome == "succeed":
-            emulator.succeed(NS, name, termination_message=message)
+            kubelet.succeed(name, termination_message=message)
         else:
-            emulator.fail(NS, name, exit_code=outcome, termination_message=message)
+            kubelet.fail(name, exit_code=outcome, termination_message=message)
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -138,32 +145,28 @@ def _launch_result(ref):
             "training": {"dataset": "/data/mnist/1", "run_dir": "/runs/tf-mnist", "steps": 200}, "reattached": False}
 
 
-def _created_job(emulator, name):
-    return next(o for _, resource, kind, o in list(emulator._history)
-                if resource == "jobs" and kind == "ADDED" and o["metadata"]["name"] == name)
-
-
-def test_evaluation_and_export_run_as_jobs_and_their_results_come_back(emulator, kubeconfig):
+def test_evaluation_and_export_run_as_jobs_and_their_results_come_back(kube, kubelet):
     from airflow_tf.operators import EvaluateModelOperator, ExportSavedModelOperator
 
-    ref = get_backend("kubernetes", **_options(kubeconfig)).launch(make_spec())
-    get_backend("kubernetes", **_options(kubeconfig)).teardown(ref)  # evaluation runs after the teardown
+    ref = get_backend("kubernetes", **_options(kube)).launch(make_spec())
+    get_backend("kubernetes", **_options(kube)).teardown(ref)  # evaluation runs after the teardown
     metrics = {"run_dir": "/runs/tf-mnist", "checkpoint": "/runs/tf-mnist/model.ckpt-200",
                "metrics": {"mse": 0.01}, "blessed": True, "global_step": 200}
     # The log's result line is for people: the result is what the container wrote to its termination message.
-    thread = _kubelet(emulator, "evaluate", "evaluating\n" + RESULT_MARKER + '{"blessed": false}\n',
-                      message=json.dumps(metrics))
+    created = []
+    thread = _kubelet(kube, kubelet, "evaluate", "evaluating\n" + RESULT_MARKER + '{"blessed": false}\n',
+                      message=json.dumps(metrics), created=created)
     result = EvaluateModelOperator(task_id="evaluate", launch=_launch_result(ref),
                                    thresholds={"mse": {"max": 1.0}}).execute({})
     thread.join()
     assert result["blessed"] is True and result["metrics"] == {"mse": 0.01}
-    command = _created_job(emulator, "tf-mnist-evaluate")["spec"]["template"]["spec"]["containers"][0]["command"]
+    command = created[0]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[:5] == ["python", "-m", "airflow_tf.serving", "evaluate", "--request"]
     assert json.loads(command[5])["thresholds"] == {"mse": {"max": 1.0}}
 
     exported = {"path": "/models/mnist/3", "version": 3, "model_name": "mnist", "metrics": metrics["metrics"],
                 "blessed": True}
-    thread = _kubelet(emulator, "export", "exporting\n", message=json.dumps(exported))
+    thread = _kubelet(kube, kubelet, "export", "exporting\n", message=json.dumps(exported), created=created)
     # Keyed by the asset's name, as Airflow's own accessor is (an Asset is unhashable on Airflow 3.1).
     events = defaultdict(SimpleNamespace)
 
@@ -177,21 +180,21 @@ def test_evaluation_and_export_run_as_jobs_and_their_results_come_back(emulator,
     thread.join()
     assert (result["version"], result["path"]) == (3, "/models/mnist/3")
     assert events["airflow_tf.model.mnist"].extra["version"] == 3, "the model asset's event names the version"
-    request = json.loads(_created_job(emulator, "tf-mnist-export")["spec"]["template"]["spec"]["containers"][0]
+    request = json.loads(created[1]["spec"]["template"]["spec"]["containers"][0]
                          ["command"][5])
     assert request["serving_base"] == "/models" and request["metrics"]["blessed"] is True
-    assert emulator.objects("jobs", NS) == [], "finished one-off Jobs are deleted"
+    wait_for(lambda: kube.gone("jobs"), 30, "finished one-off Jobs to be deleted")
 
 
-def test_a_refused_evaluation_fails_without_retries_naming_the_pod(emulator, kubeconfig):
+def test_a_refused_evaluation_fails_without_retries_naming_the_pod(kube, kubelet):
     from airflow.providers.common.compat.sdk import AirflowFailException
 
     from airflow_tf.operators import EvaluateModelOperator
 
-    ref = get_backend("kubernetes", **_options(kubeconfig)).launch(make_spec())
-    thread = _kubelet(emulator, "evaluate", "evaluate refused: no checkpoint in /runs/tf-mnist\n", outcome=2)
+    ref = get_backend("kubernetes", **_options(kube)).launch(make_spec())
+    thread = _kubelet(kube, kubelet, "evaluate", "evaluate refused: no checkpoint in /runs/tf-mnist\n", outcome=2)
     with pytest.raises(AirflowFailException, match=r"(?s)evaluation refused: evaluate Job tf-mnist-evaluate failed "
-                                                   r"\(pod tf-mnist-evaluate-0-\w+: exit code 2, phase Failed\).*no checkpoint"):
+                                                   r"\(pod tf-mnist-evaluate-\w+: exit code 2, phase Failed\).*no checkpoint"):
         EvaluateModelOperator(task_id="evaluate", launch=_launch_result(ref)).execute({})
     thread.join()
 
@@ -200,13 +203,13 @@ LARGE_RESULT = {"run_dir": "/runs/tf-mnist", "checkpoint": "/runs/tf-mnist/model
                 "metrics": {f"metric_{i}": 0.5 for i in range(400)}}
 
 
-def test_a_result_too_large_for_the_termination_message_is_read_from_the_log(emulator, kubeconfig):
+def test_a_result_too_large_for_the_termination_message_is_read_from_the_log(kube, kubelet):
     from airflow_tf.operators import EvaluateModelOperator
 
-    ref = get_backend("kubernetes", **_options(kubeconfig)).launch(make_spec())
+    ref = get_backend("kubernetes", **_options(kube)).launch(make_spec())
     text = json.dumps(LARGE_RESULT, sort_keys=True)
     assert len(text) > 4096
-    thread = _kubelet(emulator, "evaluate", f"evaluating\n{RESULT_MARKER}{text}\n", message=text)
+    thread = _kubelet(kube, kubelet, "evaluate", f"evaluating\n{RESULT_MARKER}{text}\n", message=text)
     result = EvaluateModelOperator(task_id="evaluate", launch=_launch_result(ref)).execute({})
     thread.join()
     assert result["metrics"] == LARGE_RESULT["metrics"], "the whole result, not the kubelet's cut-short end"
@@ -219,15 +222,15 @@ def test_a_result_too_large_for_the_termination_message_is_read_from_the_log(emu
     (json.dumps(LARGE_RESULT), r"its result is larger than a termination message holds \(4096 bytes.*which is not "
                                r"JSON either"),
 ])
-def test_a_missing_or_bad_result_fails_the_evaluation_naming_the_pod(emulator, kubeconfig, message, complaint):
+def test_a_missing_or_bad_result_fails_the_evaluation_naming_the_pod(kube, kubelet, message, complaint):
     from airflow_tf.operators import EvaluateModelOperator
 
-    ref = get_backend("kubernetes", **_options(kubeconfig)).launch(make_spec())
-    thread = _kubelet(emulator, "evaluate", "evaluating\n", message=message)
-    with pytest.raises(BackendError, match=rf"evaluate pod tf-mnist-evaluate-0-\w+ \(namespace {NS}\).*{complaint}"):
+    ref = get_backend("kubernetes", **_options(kube)).launch(make_spec())
+    thread = _kubelet(kube, kubelet, "evaluate", "evaluating\n", message=message)
+    with pytest.raises(BackendError, match=rf"evaluate pod tf-mnist-evaluate-\w+ \(namespace {kube.ns}\).*{complaint}"):
         EvaluateModelOperator(task_id="evaluate", launch=_launch_result(ref)).execute({})
     thread.join()
-    assert [j["metadata"]["name"] for j in emulator.objects("jobs", NS, "airflow-tf/component=evaluate")] == [
+    assert [j["metadata"]["name"] for j in kube.objects("jobs", "airflow-tf/component=evaluate")] == [
         "tf-mnist-evaluate"], "the Job is kept, so its pod's log can be read"
 
 

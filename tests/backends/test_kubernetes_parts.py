@@ -1,9 +1,9 @@
 """The parts of a partitioned prepare as Kubernetes Jobs (``tf_prepare(kubernetes=...)``),
-against the Kubernetes API emulator, through the provider's KubernetesHook and the real
-``kubernetes`` client; every request is checked against the shipped RBAC Role.
+on the real control plane (test_kubernetes.py), through the provider's KubernetesHook and the
+real ``kubernetes`` client, as a service account bound only to the shipped RBAC Role.
 
-The emulator is an API server with a Job controller: it makes pods but runs nothing in
-them. The ``LocalKubelet`` below stands in for the kubelet of a node: it runs each part pod's
+The plane's Job controller makes the pods; no container runtime runs them. The
+``LocalKubelet`` below plays the kubelet of the test's node for them: it runs each part pod's
 container command (the command line from the Job manifest, unchanged but for the
 interpreter's path) as a local process, on this machine's file system standing in for the
 shared volume (the plan's directory has the same path in the pod and in the Airflow worker,
@@ -26,7 +26,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from test_kubernetes import NS, emulator, kubeconfig  # noqa: F401 (fixtures)
+from plane import wait_for
+from test_kubernetes import kubeconfig  # noqa: F401 (fixtures)
 
 from airflow_tf.backends import BackendError
 from airflow_tf.backends.base import ComponentRefusedError
@@ -44,11 +45,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 class LocalKubelet:
     """Runs the container command of every part pod the Job controller makes, as a process
-    of this machine (see the module's docstring)."""
+    of this machine (see the module's docstring); ``jobs`` are their Jobs as created."""
 
-    def __init__(self, emu, scratch: Path):
-        self.emu, self.scratch = emu, scratch
+    def __init__(self, kube, kubelet, scratch: Path):
+        self.kube, self.kubelet, self.scratch = kube, kubelet, scratch
         self.started: list[str] = []
+        self.jobs: list[dict] = []
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._watcher = threading.Thread(target=self._watch, daemon=True)
@@ -65,14 +67,20 @@ class LocalKubelet:
 
     def _watch(self) -> None:
         while not self._stop.is_set():
-            for pod in self.emu.objects("pods", NS, PARTS):
+            for pod in self.kube.objects("pods", PARTS):
                 name = pod["metadata"]["name"]
-                if name not in self.started:
+                if name not in self.started and pod["spec"].get("nodeName") and \
+                        not pod["metadata"].get("deletionTimestamp"):
                     self.started.append(name)
+                    self.jobs.append(self.kube.get("jobs", pod["metadata"]["labels"]["batch.kubernetes.io/job-name"]))
                     thread = threading.Thread(target=self._run, args=(pod,), daemon=True)
                     self._threads.append(thread)
                     thread.start()
             time.sleep(0.05)
+
+    def _deleted(self, name: str) -> bool:
+        pod = self.kube.get("pods", name)
+        return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
 
     def _run(self, pod: dict) -> None:
         name = pod["metadata"]["name"]
@@ -83,7 +91,7 @@ class LocalKubelet:
                    str(message) if arg == container["terminationMessagePath"] else arg
                    for i, arg in enumerate(container["command"])]
         env = {**os.environ, **{e["name"]: e["value"] for e in container.get("env") or [] if "value" in e}}
-        self.emu.run(NS, name)
+        self.kubelet.run(name)
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                    cwd=self.scratch)
         lines: list[str] = []
@@ -92,23 +100,23 @@ class LocalKubelet:
             assert process.stdout is not None
             for line in process.stdout:
                 lines.append(line)
-                self.emu.set_log(NS, name, "".join(lines))
+                self.kubelet.set_log(name, "".join(lines), container["name"])
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
         while process.poll() is None:
-            if self.emu.get("pods", NS, name) is None:  # deleted: the kubelet stops the container
+            if self._deleted(name):  # the kubelet stops the container of a deleted pod
                 process.kill()
                 process.wait()
                 return
-            time.sleep(0.05)
+            time.sleep(0.1)
         reader.join()
-        if self.emu.get("pods", NS, name) is None:
+        if self._deleted(name):
             return
         if process.returncode == 0:
-            self.emu.succeed(NS, name, termination_message=message.read_text())
+            self.kubelet.succeed(name, termination_message=message.read_text())
         else:
-            self.emu.fail(NS, name, exit_code=process.returncode)
+            self.kubelet.fail(name, exit_code=process.returncode)
 
 
 def _inputs(folder: Path) -> Path:
@@ -136,24 +144,27 @@ def _records(uri: str, split: str) -> Counter:
     return Counter(r for f in sorted(Path(uri, split).glob("part-*")) for r in _tfrecords(f))
 
 
-def _options(kubeconfig: str, **extra) -> KubernetesPartOptions:
+def _options(kube, **extra) -> KubernetesPartOptions:
+    kube.volume_claim("datasets")
     return KubernetesPartOptions.coerce({
-        "image": "registry.example/tf:2.21", "namespace": NS, "kubernetes_conn_id": None, "config_file": kubeconfig,
+        "image": "registry.example/tf:2.21", "namespace": kube.ns, "kubernetes_conn_id": None,
+        "config_file": str(kube.kubeconfig),
         "poll_interval": 0.1, "volumes": [{"claim": "datasets", "mount_path": "/data"}],
         "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}, **extra})
 
 
-def _created_jobs(emu) -> list[dict]:
-    return [o for _, resource, kind, o in emu._history if resource == "jobs" and kind == "ADDED"]
+def _jobs_created(kube) -> int:
+    """How many Jobs the backend created (a create refused as already done does not count)."""
+    return len([c for c in kube.calls("create", "jobs") if c.code == 201])
 
 
-def test_parts_run_as_jobs_and_the_committed_version_equals_a_local_prepare(emulator, kubeconfig, tmp_path):
+def test_parts_run_as_jobs_and_the_committed_version_equals_a_local_prepare(kube, kubelet, tmp_path):
     folder = _inputs(tmp_path / "raw")
     options = dict(label="y", eval_fraction=0.25, seed=7)
     plan = plan_parts(folder, tmp_path / "datasets", "clicks", partitions=2, **options)
-    pods = _options(kubeconfig)
+    pods = _options(kube)
     lines: list[str] = []
-    with LocalKubelet(emulator, tmp_path):
+    with LocalKubelet(kube, kubelet, tmp_path) as node:
         results = [run_part(pods, plan=plan["directory"], index=i, dataset="clicks", token=plan["token"],
                             progress_every=0, on_log=lines.append) for i in range(2)]
     assert [r["index"] for r in results] == [0, 1] and sum(r["rows"] for r in results) == 2400, \
@@ -161,7 +172,7 @@ def test_parts_run_as_jobs_and_the_committed_version_equals_a_local_prepare(emul
     assert any(line.startswith("part 0: ") for line in lines) and any(line.startswith("part 1: ") for line in lines), \
         "the parts' progress reaches the task log"
     assert len(lines) == len(set(lines)), "each log line is shown once"
-    assert emulator.objects("jobs", NS) == [], "a finished part's Job is deleted"
+    wait_for(lambda: kube.gone("jobs"), 30, "each finished part's Job to be deleted")
 
     summary = commit_parts(plan)
     single = prepare_dataset(folder, tmp_path / "single", "single", **options)
@@ -169,7 +180,7 @@ def test_parts_run_as_jobs_and_the_committed_version_equals_a_local_prepare(emul
     for split in ("train", "eval"):
         assert _records(summary["dataset_uri"], split) == _records(single["dataset_uri"], split)
 
-    job = _created_jobs(emulator)[0]
+    job = node.jobs[0]
     name = job["metadata"]["name"]
     assert name == part_job_name("clicks", plan["token"], 0) and is_dns1123_label(name)
     assert job["spec"]["backoffLimit"] == 0 and job["spec"]["ttlSecondsAfterFinished"] == 3600
@@ -178,67 +189,69 @@ def test_parts_run_as_jobs_and_the_committed_version_equals_a_local_prepare(emul
     assert container["image"] == "registry.example/tf:2.21"
     assert container["command"] == ["python", "-m", "airflow_tf.data", "part", "--plan", plan["directory"],
                                     "--index", "0", "--progress-every", "0", "--result-file", TERMINATION_MESSAGE_PATH]
-    assert container["volumeMounts"] == [{"name": "volume-0", "mountPath": "/data", "readOnly": False}]
-    assert pod["volumes"] == [{"name": "volume-0", "persistentVolumeClaim": {"claimName": "datasets",
-                                                                          "readOnly": False}}]
+    assert container["volumeMounts"] == [{"name": "volume-0", "mountPath": "/data"}]
+    assert pod["volumes"] == [{"name": "volume-0", "persistentVolumeClaim": {"claimName": "datasets"}}]
     assert container["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}
     assert pod["securityContext"]["runAsNonRoot"] and not pod["automountServiceAccountToken"]
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert job["metadata"]["labels"]["airflow-tf/dataset"] == "clicks"
 
 
-def test_a_retried_part_reattaches_to_its_running_job_and_replaces_a_finished_one(emulator, kubeconfig, tmp_path):
-    pods = _options(kubeconfig)
+def test_a_retried_part_reattaches_to_its_running_job_and_replaces_a_finished_one(kube, kubelet, tmp_path):
+    pods = _options(kube)
     plan_dir, token = str(tmp_path / ".parts-0123456789ab"), ".parts-0123456789ab"
-    earlier = part_job(pods, NS, plan=plan_dir, index=0, dataset="clicks", token=token)
+    earlier = part_job(pods, kube.ns, plan=plan_dir, index=0, dataset="clicks", token=token)
     backend = pods.backend()
     backend._create(earlier)  # the first try of the task started it, then its worker was lost
-    first = emulator.objects("pods", NS, PARTS)[0]["metadata"]["name"]
-    emulator.run(NS, first)
+    first = wait_for(lambda: next((p["metadata"]["name"] for p in kube.objects("pods", PARTS)
+                                   if p["spec"].get("nodeName")), None), 30, "the part's pod")
+    kubelet.run(first)
 
     def finish():
-        while not [r for r in emulator.calls("create", "jobs") if r.time > started]:  # the retry's, refused
-            time.sleep(0.02)
-        emulator.set_log(NS, first, "part 0: write 100%\n")
-        emulator.succeed(NS, first, termination_message='{"counts":{"train":5},"index":0,"rows":5}')
+        wait_for(lambda: [c for c in kube.calls("create", "jobs") if c.time > started and c.code == 409], 30,
+                 "the retry's create, refused")
+        kubelet.set_log(first, "part 0: write 100%\n")
+        kubelet.succeed(first, termination_message='{"counts":{"train":5},"index":0,"rows":5}')
 
-    started = time.monotonic()
+    started = time.time()
     helper = threading.Thread(target=finish)
     helper.start()
     result = run_part(pods, plan=plan_dir, index=0, dataset="clicks", token=token)
     helper.join()
     assert result == {"counts": {"train": 5}, "index": 0, "rows": 5}
-    assert len(_created_jobs(emulator)) == 1, "the retry re-attached to the running Job instead of starting another"
+    assert _jobs_created(kube) == 1, "the retry re-attached to the running Job instead of starting another"
 
     backend._create(earlier)  # a try that failed left its finished Job behind
-    failed = [p for p in emulator.objects("pods", NS, PARTS) if p["metadata"]["name"] != first][0]["metadata"]["name"]
-    emulator.fail(NS, failed, exit_code=1)
+    failed = wait_for(lambda: next((p["metadata"]["name"] for p in kube.objects("pods", PARTS)
+                                    if p["metadata"]["name"] != first and p["spec"].get("nodeName")), None), 30,
+                      "the second try's pod")
+    kubelet.fail(failed, exit_code=1)
+    wait_for(lambda: "Failed" in [c["type"] for c in (kube.objects("jobs", PARTS)[0].get("status") or {}).get(
+        "conditions") or []], 30, "the second try's Job to fail")
 
     def succeed_new():
-        while True:
-            fresh = [p["metadata"]["name"] for p in emulator.objects("pods", NS, PARTS)
-                     if p["metadata"]["name"] not in (first, failed)]
-            if fresh:
-                emulator.succeed(NS, fresh[0], termination_message='{"counts":{"train":7},"index":0,"rows":7}')
-                return
-            time.sleep(0.02)
+        fresh = wait_for(lambda: next((p["metadata"]["name"] for p in kube.objects("pods", PARTS)
+                                       if p["metadata"]["name"] not in (first, failed) and p["spec"].get("nodeName")),
+                                      None), 60, "the third try's pod")
+        kubelet.succeed(fresh, termination_message='{"counts":{"train":7},"index":0,"rows":7}')
 
     helper = threading.Thread(target=succeed_new)
     helper.start()
     assert run_part(pods, plan=plan_dir, index=0, dataset="clicks", token=token)["rows"] == 7, \
         "the finished Job of an earlier try was replaced by a new one"
     helper.join()
-    assert len(_created_jobs(emulator)) == 3 and emulator.objects("jobs", NS) == []
+    assert _jobs_created(kube) == 3
+    wait_for(lambda: kube.gone("jobs"), 30, "the finished Jobs to be deleted")
 
 
-def test_a_failed_part_names_its_pod_phase_reason_and_log_and_nothing_commits(emulator, kubeconfig, tmp_path):
+def test_a_failed_part_names_its_pod_phase_reason_and_log_and_nothing_commits(kube, kubelet, tmp_path):
     folder = _inputs(tmp_path / "raw")
     plan = plan_parts(folder, tmp_path / "datasets", "clicks", partitions=2, label="y", eval_fraction=0.25)
     bad = next(i for i, files in enumerate(plan["parts"]) if files[0].endswith("day-1.csv"))
     with open(folder / "day-1.csv", "a") as handle:  # a row the plan did not see: only the part reads it
         handle.write("9999,0.5,w1,oops\n")
-    pods = _options(kubeconfig)
-    with LocalKubelet(emulator, tmp_path):
+    pods = _options(kube)
+    with LocalKubelet(kube, kubelet, tmp_path):
         run_part(pods, plan=plan["directory"], index=1 - bad, dataset="clicks", token=plan["token"])
         with pytest.raises(ComponentRefusedError) as failure:
             run_part(pods, plan=plan["directory"], index=bad, dataset="clicks", token=plan["token"])
@@ -246,19 +259,19 @@ def test_a_failed_part_names_its_pod_phase_reason_and_log_and_nothing_commits(em
     assert f"Job {part_job_name('clicks', plan['token'], bad)} failed (pod " in message
     assert "exit code 2, phase Failed" in message, "the refused part's exit status and phase are named"
     assert "day-1.csv line 902, column 'y'" in message, "the last lines of its log say which value is wrong"
-    assert emulator.objects("jobs", NS) == [], "a failed part's Job is deleted too"
+    wait_for(lambda: kube.gone("jobs"), 30, "the failed part's Job to be deleted too")
     with pytest.raises(DataError, match=f"part {bad} of 2 of dataset 'clicks' did not finish"):
         commit_parts(plan)
     assert not (tmp_path / "datasets" / "clicks" / "1").exists()
 
 
-def test_a_killed_part_task_deletes_its_job_and_its_pod(emulator, kubeconfig, tmp_path):
+def test_a_killed_part_task_deletes_its_job_and_its_pod(kube, kubelet, tmp_path):
     from airflow_tf.operators.prepare import PreparePartOperator
 
     folder = _inputs(tmp_path / "raw")
     plan = plan_parts(folder, tmp_path / "datasets", "clicks", partitions=2, label="y")
     job = {"plan": plan["directory"], "index": 0, "name": "clicks", "token": plan["token"]}
-    operator = PreparePartOperator(task_id="part", job=job, kubernetes=_options(kubeconfig).to_dict())
+    operator = PreparePartOperator(task_id="part", job=job, kubernetes=_options(kube).to_dict())
     outcome: list[BaseException] = []
 
     def execute():
@@ -270,12 +283,11 @@ def test_a_killed_part_task_deletes_its_job_and_its_pod(emulator, kubeconfig, tm
     # No kubelet: the pod stays Pending, as on a busy cluster, until the task is killed.
     runner = threading.Thread(target=execute)
     runner.start()
-    while not emulator.objects("pods", NS, PARTS):
-        time.sleep(0.02)
+    wait_for(lambda: kube.objects("pods", PARTS), 30, "the part's pod")
     operator.on_kill()
     runner.join(timeout=30)
-    assert emulator.objects("jobs", NS) == [] and emulator.objects("pods", NS) == [], \
-        "killing the task deletes the part's Job and, with it, its pod"
+    wait_for(lambda: kube.gone("jobs") and kube.gone("pods"), 30,
+             "killing the task to delete the part's Job and, with it, its pod")
     assert outcome and isinstance(outcome[0], BackendError) and "disappeared before it finished" in str(outcome[0])
     with pytest.raises(DataError, match="part 0 of 2 of dataset 'clicks' did not finish"):
         commit_parts(plan)
@@ -368,45 +380,46 @@ with DAG("parted_pods", schedule=None, start_date=datetime(2024, 1, 1), catchup=
 
 
 @pytest.mark.slow
-def test_a_dag_prepares_with_its_parts_as_pods(emulator, kubeconfig, tmp_path):
+def test_a_dag_prepares_with_its_parts_as_pods(kube, kubelet, tmp_path):
     from airflow_tf.demo import airflow_env, dags_test, init_airflow
 
     folder = _inputs(tmp_path / "raw")
     output, result, dags = tmp_path / "datasets", tmp_path / "xcom.json", tmp_path / "dags"
     dags.mkdir()
     (dags / "parted_pods.py").write_text(textwrap.dedent(DAG_FILE.format(
-        source=str(folder), output=str(output), namespace=NS, kubeconfig=kubeconfig, result=str(result))))
+        source=str(folder), output=str(output), namespace=kube.ns, kubeconfig=str(kube.kubeconfig),
+        result=str(result))))
     env = airflow_env(tmp_path, dags)
     init_airflow(env)
-    with LocalKubelet(emulator, tmp_path) as kubelet:
+    kube.volume_claim("datasets")
+    with LocalKubelet(kube, kubelet, tmp_path) as node:
         run = dags_test(env, "parted_pods")
     assert "state=success" in run.stdout, run.stdout[-4000:]
-    assert len(kubelet.started) == 2, "each part ran in a pod of its own"
+    assert len(node.started) == 2, "each part ran in a pod of its own"
     assert "| part 1: " in run.stdout, "a part's progress is in its Airflow task log"
     summary = json.loads(result.read_text())
     single = prepare_dataset(folder, tmp_path / "single", "single", label="y", eval_fraction=0.25, seed=7)
     assert summary["parts"] == 2 and summary["counts"] == single["counts"]
     for split in ("train", "eval"):
         assert _records(summary["dataset_uri"], split) == _records(single["dataset_uri"], split)
-    assert emulator.objects("jobs", NS) == []
+    wait_for(lambda: kube.gone("jobs"), 30, "the parts' Jobs to be deleted")
 
 
-def test_a_part_whose_image_cannot_be_pulled_fails_at_once_naming_the_pod(emulator, kubeconfig, tmp_path):
-    pods = _options(kubeconfig)
+def test_a_part_whose_image_cannot_be_pulled_fails_at_once_naming_the_pod(kube, kubelet, tmp_path):
+    pods = _options(kube)
 
     def cannot_pull():
-        while not emulator.objects("pods", NS, PARTS):
-            time.sleep(0.02)
-        emulator.waiting(NS, emulator.objects("pods", NS, PARTS)[0]["metadata"]["name"], "ImagePullBackOff",
-                         'Back-off pulling image "registry.example/tf:2.21"')
+        name = wait_for(lambda: next((p["metadata"]["name"] for p in kube.objects("pods", PARTS)
+                                      if p["spec"].get("nodeName")), None), 30, "the part's pod")
+        kubelet.waiting(name, "ImagePullBackOff", 'Back-off pulling image "registry.example/tf:2.21"')
 
     helper = threading.Thread(target=cannot_pull)
     helper.start()
     started = time.monotonic()
-    with pytest.raises(BackendError, match=r"failed \(pod prep-clicks-0123456789ab-0-0-\w+: ImagePullBackOff: "
+    with pytest.raises(BackendError, match=r"failed \(pod prep-clicks-0123456789ab-0-\w+: ImagePullBackOff: "
                                            r".*phase Pending\)"):
         run_part(pods, plan=str(tmp_path / ".parts-0123456789ab"), index=0, dataset="clicks",
                  token=".parts-0123456789ab")
     helper.join()
     assert time.monotonic() - started < 30, "the task does not wait for the Job's deadline (a day)"
-    assert emulator.objects("jobs", NS) == []
+    wait_for(lambda: kube.gone("jobs"), 30, "the part's Job to be deleted")

@@ -1,0 +1,289 @@
+"""The Kubernetes control plane the Kubernetes tests run against, and one test's view of it.
+
+``scripts/kube up`` starts a private plane (etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler, built from kube/go.mod) once per test session; ``AIRFLOW_TF_TEST_KUBECONFIG``
+names an existing cluster instead (an admin kubeconfig), where the tests that play the kubelet
+skip. Each test gets a namespace of its own, a service account bound only to the shipped
+``airflow_tf/rbac/role.yaml``, and a kubeconfig holding that account's token: the backend runs
+with it, so the real authorizer decides what it may do.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import yaml
+
+import airflow_tf
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBE_SCRIPT = ROOT / "scripts" / "kube"
+ROLE_FILE = Path(airflow_tf.__file__).parent / "rbac" / "role.yaml"
+CLUSTER_ENV = "AIRFLOW_TF_TEST_KUBECONFIG"
+BACKEND_ACCOUNT = "airflow-tf"
+TOKEN_SECONDS = 3600
+VOLUME_CLASS = "airflow-tf-test"
+VOLUME_NAMESPACE_LABEL = "airflow-tf-test/namespace"  # on the volumes a test's claims are bound to
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition", interval: float = 0.1):
+    """The predicate's first truthy value, or AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class Call:
+    """One request of the backend's service account, from the API server's audit log."""
+
+    verb: str
+    resource: str
+    """``pods``, ``pods/log``, ``jobs`` ..."""
+    api_group: str
+    namespace: str
+    name: str | None
+    query: dict[str, str]
+    time: float
+    """When the API server received it (seconds since the epoch)."""
+    code: int | None = None
+    """The HTTP status of its answer; None until answered (a watch, while it runs)."""
+
+
+class Plane:
+    """A control plane: the private one of ``scripts/kube up`` (``directory`` set), or a cluster."""
+
+    def __init__(self, admin_kubeconfig: Path, directory: Path | None = None) -> None:
+        from kubernetes import client, config
+
+        self.admin_kubeconfig = admin_kubeconfig
+        self.directory = directory
+        self.info = json.loads((directory / "plane.json").read_text()) if directory else {}
+        self.api = config.new_client_from_config(config_file=str(admin_kubeconfig))
+        self.core = client.CoreV1Api(self.api)
+        self.batch = client.BatchV1Api(self.api)
+        self.rbac = client.RbacAuthorizationV1Api(self.api)
+        self.networking = client.NetworkingV1Api(self.api)
+        self.server = self.api.configuration.host
+
+    @property
+    def private(self) -> bool:
+        """Whether this is the session's own plane (the tests may play its kubelet)."""
+        return self.directory is not None
+
+    @classmethod
+    def start(cls, directory: Path) -> Plane:
+        subprocess.run([sys.executable, str(KUBE_SCRIPT), "up", str(directory), "--owner-pid", str(os.getpid())],
+                       check=True, stdout=subprocess.DEVNULL)
+        return cls(directory / "kubeconfig", directory)
+
+    def stop(self) -> None:
+        if self.directory is not None:
+            subprocess.run([sys.executable, str(KUBE_SCRIPT), "down", str(self.directory)], check=True)
+
+    def keep_logs(self, destination: Path) -> Path | None:
+        """Copy the plane's logs (components and audit) to ``destination``; None on a cluster."""
+        if self.directory is None:
+            return None
+        shutil.copytree(self.directory / "logs", destination, dirs_exist_ok=True)
+        audit = self.directory / "audit.log"
+        if audit.exists():
+            shutil.copy(audit, destination / "audit.log")
+        return destination
+
+    # -- etcd ---------------------------------------------------------------------------------
+    def _etcd(self, path: str, body: dict) -> dict:
+        context = ssl.create_default_context(cafile=self.info["ca"])
+        context.load_cert_chain(*self.info["etcd_client"])
+        request = urllib.request.Request(self.info["etcd"] + path, data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, context=context, timeout=10) as response:
+            return json.loads(response.read())
+
+    def compact_etcd(self) -> int:
+        """Compact etcd up to its current revision, as the API server does every few minutes:
+        every older resource version is gone. Returns that revision."""
+        revision = int(self._etcd("/v3/kv/range", {"key": base64.b64encode(b"/").decode()})["header"]["revision"])
+        self._etcd("/v3/kv/compaction", {"revision": revision, "physical": True})
+        return revision
+
+    # -- the audit log ------------------------------------------------------------------------
+    def calls(self, namespace: str, user: str) -> list[Call]:
+        """Every request ``user`` made in ``namespace``, in order."""
+        path = Path(self.info["audit_log"])
+        calls: dict[str, Call] = {}  # by audit id: the request's events, received then answered
+        for line in path.read_text().splitlines() if path.exists() else []:
+            event = json.loads(line)
+            ref = event.get("objectRef") or {}
+            if event["user"]["username"] != user or ref.get("namespace") != namespace:
+                continue
+            if event["stage"] == "ResponseComplete" and event["auditID"] in calls:
+                calls[event["auditID"]].code = (event.get("responseStatus") or {}).get("code")
+                continue
+            resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+            query = {k: v[-1] for k, v in parse_qs(urlsplit(event["requestURI"]).query).items()}
+            received = dt.datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
+            calls[event["auditID"]] = Call(event["verb"], resource, ref.get("apiGroup", ""), namespace,
+                                           ref.get("name"), query, received.timestamp())
+        return list(calls.values())
+
+    # -- namespaces ---------------------------------------------------------------------------
+    def new_namespace(self, prefix: str, directory: Path) -> TestNamespace:
+        """A fresh namespace with the backend's service account, bound only to role.yaml, and
+        a kubeconfig for that account written into ``directory``."""
+        from kubernetes import client
+
+        name = f"{prefix[:40].rstrip('-')}-{uuid.uuid4().hex[:6]}"
+        self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        # Pods can only be made once the namespace's default service account exists.
+        wait_for(lambda: _exists(lambda: self.core.read_namespaced_service_account("default", name)), 30,
+                 f"the default service account of namespace {name}")
+        self.core.create_namespaced_service_account(name, client.V1ServiceAccount(
+            metadata=client.V1ObjectMeta(name=BACKEND_ACCOUNT)))
+        role = yaml.safe_load(ROLE_FILE.read_text())
+        role["metadata"]["namespace"] = name
+        self.rbac.create_namespaced_role(name, role)
+        self.rbac.create_namespaced_role_binding(name, {
+            "metadata": {"name": BACKEND_ACCOUNT},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]},
+            "subjects": [{"kind": "ServiceAccount", "name": BACKEND_ACCOUNT, "namespace": name}]})
+        token = self.core.create_namespaced_service_account_token(BACKEND_ACCOUNT, name, {
+            "spec": {"expirationSeconds": TOKEN_SECONDS}}).status.token
+        kubeconfig = directory / "kubeconfig"
+        _write_kubeconfig(kubeconfig, self.api.configuration, token, name)
+        return TestNamespace(self, name, kubeconfig)
+
+    def delete_namespace(self, name: str) -> None:
+        """Delete a test's namespace; the namespace controller removes what is left in it."""
+        with _ignore_missing():
+            self.core.delete_namespace(name)
+        self.core.delete_collection_persistent_volume(label_selector=f"{VOLUME_NAMESPACE_LABEL}={name}")
+
+
+class TestNamespace:
+    """One test's namespace, what is in it, and what the backend asked of the API server."""
+
+    __test__ = False  # not a test class, for pytest
+
+    def __init__(self, plane: Plane, name: str, kubeconfig: Path) -> None:
+        self.plane, self.ns, self.kubeconfig = plane, name, kubeconfig
+        self.user = f"system:serviceaccount:{name}:{BACKEND_ACCOUNT}"
+
+    def objects(self, resource: str, selector: str | None = None, namespace: str | None = None) -> list[dict]:
+        """The objects of ``resource`` (jobs, pods, services, networkpolicies), by name; pods
+        marked for deletion are there until the kubelet removes them."""
+        namespace = namespace or self.ns
+        lister = {"jobs": self.plane.batch.list_namespaced_job, "pods": self.plane.core.list_namespaced_pod,
+                  "services": self.plane.core.list_namespaced_service,
+                  "networkpolicies": self.plane.networking.list_namespaced_network_policy}[resource]
+        items = lister(namespace, label_selector=selector or "").items
+        plain = [self.plane.api.sanitize_for_serialization(item) for item in items]
+        return sorted(plain, key=lambda o: o["metadata"]["name"])
+
+    def get(self, resource: str, name: str) -> dict | None:
+        return next((o for o in self.objects(resource) if o["metadata"]["name"] == name), None)
+
+    def remove(self, resource: str, name: str, propagation: str = "Background") -> None:
+        """Delete an object behind the backend's back, as ``kubectl delete`` does."""
+        from kubernetes import client
+
+        delete = {"jobs": self.plane.batch.delete_namespaced_job, "pods": self.plane.core.delete_namespaced_pod,
+                  "services": self.plane.core.delete_namespaced_service}[resource]
+        delete(name, self.ns, body=client.V1DeleteOptions(propagation_policy=propagation))
+
+    def admit(self, job: str) -> None:
+        """Unsuspend a Job, as Kueue does when its queue admits it."""
+        self.plane.batch.patch_namespaced_job(job, self.ns, {"spec": {"suspend": False}})
+
+    def calls(self, verb: str | None = None, resource: str | None = None, since: float = 0.0) -> list[Call]:
+        """The backend's requests in this namespace, from the audit log (the private plane only)."""
+        import pytest
+
+        if not self.plane.private:
+            pytest.skip("the backend's requests are read from the private plane's audit log")
+        return [c for c in self.plane.calls(self.ns, self.user)
+                if (verb is None or c.verb == verb) and (resource is None or c.resource == resource)
+                and c.time >= since]
+
+    def volume_claim(self, claim: str) -> None:
+        """A PersistentVolumeClaim ``claim``, bound to a volume of its own, so that the scheduler
+        places the pods that mount it (the kubelet the tests play mounts nothing)."""
+        from kubernetes.client.exceptions import ApiException
+
+        volume = f"{self.ns}-{claim}"
+        try:
+            self.plane.core.create_persistent_volume({
+                "metadata": {"name": volume, "labels": {VOLUME_NAMESPACE_LABEL: self.ns}},
+                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
+                         "storageClassName": VOLUME_CLASS, "hostPath": {"path": f"/nonexistent/{volume}"},
+                         "claimRef": {"namespace": self.ns, "name": claim}}})
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            return
+        self.plane.core.create_namespaced_persistent_volume_claim(self.ns, {
+            "metadata": {"name": claim},
+            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": VOLUME_CLASS, "volumeName": volume,
+                     "resources": {"requests": {"storage": "1Gi"}}}})
+        wait_for(lambda: self.plane.core.read_namespaced_persistent_volume_claim(claim, self.ns).status.phase
+                 == "Bound", 30, f"the persistent volume controller to bind claim {claim}")
+
+    def gone(self, resource: str, selector: str | None = None) -> bool:
+        """Whether nothing of ``resource`` is left (pods the kubelet has yet to remove count)."""
+        return not self.objects(resource, selector)
+
+
+def _exists(read) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        read()
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    return True
+
+
+class _ignore_missing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, value, traceback) -> bool:
+        from kubernetes.client.exceptions import ApiException
+
+        return isinstance(value, ApiException) and value.status == 404
+
+
+def _write_kubeconfig(path: Path, configuration: Any, token: str, namespace: str) -> None:
+    cluster: dict[str, Any] = {"server": configuration.host}
+    if configuration.ssl_ca_cert:
+        cluster["certificate-authority-data"] = base64.b64encode(Path(configuration.ssl_ca_cert).read_bytes()).decode()
+    elif not configuration.verify_ssl:
+        cluster["insecure-skip-tls-verify"] = True
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "backend",
+        "clusters": [{"name": "plane", "cluster": cluster}],
+        "users": [{"name": BACKEND_ACCOUNT, "user": {"token": token}}],
+        "contexts": [{"name": "backend", "context": {"cluster": "plane", "user": BACKEND_ACCOUNT,
+                                                      "namespace": namespace}}]}))
+    path.chmod(0o600)
