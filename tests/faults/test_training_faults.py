@@ -27,6 +27,8 @@ pytestmark = pytest.mark.slow
 DIVERGING = dict(learning_rate=1e3, steps=3000)
 """The seed's linear regression with a learning rate a million times too big: the loss
 overflows within a few steps (a learning rate of nan/inf itself is refused by the options)."""
+NOT_ASKED = {"health_timeout": None}
+"""The trainers' own stuck-step bound is under test: the supervisor must not replace the frozen ps first."""
 NON_FINITE = re.compile(r"(loss|variables) became (NaN|inf)[^ ]* at global step (\d+)")
 
 
@@ -135,7 +137,8 @@ def test_a_step_stuck_on_a_stopped_ps_times_out_and_the_session_recovers(linear_
 
     try:
         run = train_group("fault-stuck", linear_dataset, run_dir, state_dir, workers=2, steps=4000,
-                          operation_timeout_secs=3.0, checkpoint_every_secs=0.5, on_status=stop_ps_once)
+                          operation_timeout_secs=3.0, checkpoint_every_secs=0.5, on_status=stop_ps_once,
+                          group_options=NOT_ASKED)
     finally:
         for pid in stopped:
             try:
@@ -178,7 +181,7 @@ def test_a_stuck_step_is_cut_at_the_bound_from_the_runs_own_step_times_and_the_r
 
     try:
         run = train_group("fault-bound", linear_dataset, run_dir, state_dir, workers=2, steps=3000,
-                          checkpoint_every_secs=2.0, on_status=stop_ps_once)
+                          checkpoint_every_secs=2.0, on_status=stop_ps_once, group_options=NOT_ASKED)
     finally:
         for pid, _ in stopped:
             try:
