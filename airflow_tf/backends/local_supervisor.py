@@ -40,6 +40,7 @@ from airflow_tf.cluster import (
     tf_config_json,
 )
 from airflow_tf.cluster.progress import describe, parse_progress
+from airflow_tf.cluster.status import GROUP_RESTARTED
 from airflow_tf.cluster.spec import HEALTH_ANSWERED
 from airflow_tf.files import read_json
 
@@ -324,7 +325,7 @@ class Supervisor:
             group = [task, *others]
             for t in group:
                 t.restarts += 1
-                t.reason = f"group restarted: {task.name} {why}" if t is not task else why
+                t.reason = f"{GROUP_RESTARTED}{task.name} {why}" if t is not task else why
             self.start(group, new_ports=True)
         else:
             task.restarts += 1

@@ -17,7 +17,7 @@ import pytest
 from test_local_group import SESSION_READY, linear_group
 
 from airflow_tf.backends.local import LocalBackend
-from airflow_tf.backends.wait import wait_for_group
+from airflow_tf.backends.wait import wait_for_group, waiting_message
 from airflow_tf.cluster import GroupStatus
 from airflow_tf.cluster.progress import parse_progress
 from airflow_tf.files import read_json
@@ -61,6 +61,9 @@ def heal(linear_dataset, tmp_path, wait_until, name: str, fault: Callable[[Local
         replaced_status = wait_until(lambda: (t := next(t for t in backend.status(ref).tasks if t.name == replaced))
                                      .restarts and t, 120, what=f"{replaced} to be replaced")
         assert STUCK.search(replaced_status.reason or ""), replaced_status.reason
+        # What the sensor logs while it waits.
+        assert f"; replaced: {replaced} restarted 1 time(s), last: stuck: its TensorFlow server" in waiting_message(
+            backend.status(ref), "AllWorkers")
         detected = time.monotonic() - faulted_at
         if repair is not None:
             repair(backend, ref)

@@ -194,6 +194,7 @@ def test_a_stuck_step_is_cut_at_the_bound_from_the_runs_own_step_times_and_the_r
 
     (stuck,) = run.lines("worker-0", "airflow-tf step stuck")
     assert f"past its bound of {STALL_FLOOR_SECS:g} s (max of the {STALL_FLOOR_SECS:g} s floor" in stuck, stuck
+    assert re.search(r"; waiting on ps:0 \(127\.0\.0\.1:\d+ no answer within 5 s\)$", stuck), "names the frozen ps"
     noticed = datetime.fromisoformat(stuck.split(" ", 1)[0].replace("Z", "+00:00")).timestamp()
     after_stop = noticed - stopped[0][1]
     # Cut at the bound (plus the watcher's 1 s tick and a loaded machine's slack), far from 300 s.
