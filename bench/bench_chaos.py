@@ -19,7 +19,7 @@ import argparse
 import os
 import random
 import signal
-import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -33,6 +33,9 @@ from airflow_tf.data.samples import write_linear_regression_csv
 from airflow_tf.files import read_json
 from airflow_tf.serving.evaluate import evaluate_checkpoint
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from processes import can_cut, cut_port, restore_network  # noqa: E402  the tests' way to cut a task off
+
 KINDS = ("SIGKILL", "SIGSTOP", "network cut")
 TASKS = ("ps-0", "worker-0", "worker-1")
 CUT_AT_MOST = 60.0
@@ -43,23 +46,6 @@ def spec(name: str, dataset: str, run_dir: Path, steps: int) -> GroupSpec:
                             checkpoint_every_secs=1.0, log_every_secs=1.0)
     # A budget for every fault the schedule may aim at one task, and one to spare.
     return GroupSpec.for_training(name, config, ps=1, workers=2, backoff_limit=10)
-
-
-def tc(supervisor: int, *args: str) -> None:
-    subprocess.run(["nsenter", "-t", str(supervisor), "-n", "tc", *args], check=True, capture_output=True)
-
-
-def cut(supervisor: int, port: int) -> None:
-    """Every packet to or from ``port`` through a one-byte-a-second class with a one-packet queue
-    (this kernel has no tc drop action; on loopback that is the task cut off)."""
-    tc(supervisor, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "20", "r2q", "1")
-    tc(supervisor, "class", "add", "dev", "lo", "parent", "1:", "classid", "1:10", "htb", "rate", "8bit", "ceil",
-       "8bit", "burst", "1b", "cburst", "1b")
-    tc(supervisor, "class", "add", "dev", "lo", "parent", "1:", "classid", "1:20", "htb", "rate", "10gbit")
-    tc(supervisor, "qdisc", "add", "dev", "lo", "parent", "1:10", "pfifo", "limit", "1")
-    for way in ("dport", "sport"):
-        tc(supervisor, "filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match",
-           "ip", way, str(port), "0xffff", "flowid", "1:10")
 
 
 class Chaos:
@@ -92,14 +78,14 @@ class Chaos:
             before, landed = self.restarts(task), time.monotonic()
             supervisor = state["supervisor"]["pid"]
             if kind == "network cut":
-                cut(supervisor, process["port"])
+                cut_port(supervisor, process["port"])
             else:
                 os.kill(process["pid"], signal.SIGKILL if kind == "SIGKILL" else signal.SIGSTOP)
             while self.restarts(task) == before and time.monotonic() - landed < CUT_AT_MOST + 60:
                 time.sleep(0.5)
             replaced = time.monotonic() - landed
             if kind == "network cut":
-                tc(supervisor, "qdisc", "del", "dev", "lo", "root")
+                restore_network(supervisor)
             outcome = f"replaced after {replaced:.1f} s" if self.restarts(task) > before else "not replaced"
             self.report.append(f"  {at:6.0f} s  {kind:11} {task:8}  {outcome}")
 
@@ -134,7 +120,8 @@ def main() -> None:
 
     rng = random.Random(args.seed)
     times = sorted(rng.uniform(0.1, 0.7) * calm_secs for _ in range(args.faults))
-    schedule = [(at, rng.choice(KINDS), rng.choice(TASKS)) for at in times]
+    kinds = KINDS if can_cut() else tuple(k for k in KINDS if k != "network cut")
+    schedule = [(at, rng.choice(kinds), rng.choice(TASKS)) for at in times]
     print(f"chaos: the same run with {args.faults} faults (seed {args.seed}) ...", flush=True)
     wild = spec("chaos", dataset, workdir / "chaos", args.steps)
     chaos = Chaos(backend, "chaos", schedule)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 
 import pytest
+from processes import can_cut, cut_port, restore_network
 from test_local_group import SESSION_READY, linear_group
 
 from airflow_tf.backends.local import LocalBackend
@@ -106,32 +106,15 @@ def test_a_frozen_chief_is_replaced_and_training_moves_again(local_state_dir, li
     assert status.task("ps", 0).restarts == 0 and status.task("worker", 1).restarts == 0, "only the chief is replaced"
 
 
-def tc(backend, ref, *args: str) -> None:
-    """``tc`` inside the group's private network namespace (its supervisor's)."""
-    subprocess.run(["nsenter", "-t", str(backend.supervisor_pid(ref)), "-n", "tc", *args], check=True,
-                   capture_output=True)
-
-
 def test_a_ps_cut_off_from_the_network_is_replaced_and_training_moves_again(local_state_dir, linear_dataset,
                                                                            tmp_path, wait_until):
-    if subprocess.run(["which", "nsenter", "tc"], capture_output=True).returncode:
-        pytest.skip("needs nsenter and tc")
+    if not can_cut():
+        pytest.skip("cutting a task off needs root, nsenter and tc")
+
     def cut_ps(backend, ref) -> None:
-        # Every packet to or from the ps's port goes to a class that sends one byte a second
-        # through a one-packet queue: on loopback, where every task of the group talks, that
-        # is the ps cut off (this kernel has no tc drop action to load).
         port = read_json(local_state_dir / "cut-ps" / "state.json")["processes"]["cut-ps-ps-0"]["port"]
-        tc(backend, ref, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "20", "r2q", "1")
-        tc(backend, ref, "class", "add", "dev", "lo", "parent", "1:", "classid", "1:10", "htb", "rate", "8bit",
-           "ceil", "8bit", "burst", "1b", "cburst", "1b")
-        tc(backend, ref, "class", "add", "dev", "lo", "parent", "1:", "classid", "1:20", "htb", "rate", "10gbit")
-        tc(backend, ref, "qdisc", "add", "dev", "lo", "parent", "1:10", "pfifo", "limit", "1")
-        for way in ("dport", "sport"):
-            tc(backend, ref, "filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-               "match", "ip", way, str(port), "0xffff", "flowid", "1:10")
+        cut_port(backend.supervisor_pid(ref), port)
 
-    def restore(backend, ref) -> None:
-        tc(backend, ref, "qdisc", "del", "dev", "lo", "root")
-
-    # The namespace, and the cut with it, ends with the group whatever happens.
-    heal(linear_dataset, tmp_path, wait_until, "cut-ps", cut_ps, "cut-ps-ps-0", repair=restore)
+    # Restored once the ps was replaced; the namespace, and the cut with it, ends with the group anyway.
+    heal(linear_dataset, tmp_path, wait_until, "cut-ps", cut_ps, "cut-ps-ps-0",
+         repair=lambda backend, ref: restore_network(backend.supervisor_pid(ref)))
