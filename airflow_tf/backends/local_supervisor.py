@@ -41,7 +41,7 @@ from airflow_tf.cluster import (
 )
 from airflow_tf.cluster.progress import describe, parse_progress
 from airflow_tf.cluster.status import GROUP_RESTARTED
-from airflow_tf.cluster.spec import HEALTH_ANSWERED
+from airflow_tf.cluster.spec import HEALTH_ANSWERED, HEALTH_STARTUP_SECS
 from airflow_tf.files import read_json
 
 from .local import (
@@ -166,6 +166,10 @@ class TaskProcess:
     """Health questions in a row it left unanswered."""
     stuck: str | None = None
     """Why the supervisor killed it as stuck (it stopped answering its health question)."""
+    started: float = 0.0
+    """Monotonic time its process started."""
+    start_ticks: int | None = None
+    """Its CPU time at the last question it left unanswered before its first answer."""
 
     def status(self) -> TaskStatus:
         return TaskStatus(self.role, self.index, self.name, self.phase, self.restarts, self.exit_code, self.reason)
@@ -270,6 +274,7 @@ class Supervisor:
         task.start_step = (self.progress or {}).get("global_step")
         task.last_progress, task.progress_mark, task.stepping, task.stalled = time.monotonic(), None, False, False
         task.answered, task.unanswered, task.stuck = False, 0, None
+        task.started, task.start_ticks = time.monotonic(), None
 
     def stop(self, tasks: list[TaskProcess], grace: float = STOP_GRACE) -> None:
         """SIGTERM, then SIGKILL after ``grace`` (at once for 0); returns when every one is reaped."""
@@ -452,14 +457,27 @@ class Supervisor:
         if answer.startswith(HEALTH_ANSWERED):
             task.answered, task.unanswered = True, 0
             return
-        if not task.answered:  # still starting: its server may not listen yet
-            return
-        task.unanswered += 1
-        if task.unanswered < self.health.failures:
-            return
-        task.stuck = (f"stuck: its TensorFlow server left {task.unanswered} health questions in a row unanswered "
-                      f"(last: {answer}; each has {self.health.timeout_secs:g} s, one every "
-                      f"{self.health.period_secs:g} s, health_timeout), so it was killed and restarted")
+        if task.answered:
+            task.unanswered += 1
+            if task.unanswered < self.health.failures:
+                return
+            task.stuck = (f"stuck: its TensorFlow server left {task.unanswered} health questions in a row unanswered "
+                          f"(last: {answer}; each has {self.health.timeout_secs:g} s, one every "
+                          f"{self.health.period_secs:g} s, health_timeout), so it was killed and restarted")
+        else:
+            # Still starting, its server perhaps not listening yet: starting (importing
+            # TensorFlow) uses CPU time; a task stopped or blocked before its first answer uses none.
+            ticks = cpu_ticks(task.proc.pid) if task.proc is not None else None
+            task.unanswered = 0 if ticks != task.start_ticks else task.unanswered + 1
+            task.start_ticks = ticks
+            starting = time.monotonic() - task.started
+            if task.unanswered < self.health.failures and starting < HEALTH_STARTUP_SECS:
+                return
+            idle = f"used no CPU time for {task.unanswered} questions in a row" if task.unanswered else (
+                f"did not answer within {HEALTH_STARTUP_SECS:g} s")
+            task.stuck = (f"stuck while starting: it never answered its health question and {idle} "
+                          f"(last: {answer}; health_timeout {self.health.timeout_secs:g} s), so it was killed "
+                          "and restarted")
         print(f"{task.name} {task.stuck}", flush=True)
         self.stop([task], grace=0)
         assert task.exit_code is not None  # stop() reaped it

@@ -118,3 +118,22 @@ def test_a_ps_cut_off_from_the_network_is_replaced_and_training_moves_again(loca
     # Restored once the ps was replaced; the namespace, and the cut with it, ends with the group anyway.
     heal(linear_dataset, tmp_path, wait_until, "cut-ps", cut_ps, "cut-ps-ps-0",
          repair=lambda backend, ref: restore_network(backend.supervisor_pid(ref)))
+
+
+def test_a_worker_frozen_while_it_starts_is_replaced(local_state_dir, linear_dataset, tmp_path, wait_until):
+    """Before its first answer a task may simply not listen yet; one that also uses no CPU time
+    (stopped while importing TensorFlow) is stuck all the same."""
+    backend = LocalBackend()
+    ref = backend.launch(linear_group("frozen-start", linear_dataset, tmp_path / "run", steps=1500))
+    try:
+        pid = wait_until(lambda: backend.processes(ref).get("frozen-start-worker-1"), 60, what="worker 1 to start")
+        os.kill(pid, signal.SIGSTOP)
+        assert not SESSION_READY.search(backend.logs(ref, "worker", 1)), "frozen before it trained"
+        outcome, status = wait_for_group(backend, ref, timeout=900)
+        assert outcome.succeeded, outcome.reason
+        worker = status.task("worker", 1)
+        assert worker.restarts == 1 and worker.reason.startswith(
+            "stuck while starting: it never answered its health question and used no CPU time for 3 questions"), \
+            worker.reason
+    finally:
+        backend.teardown(ref)
