@@ -7,9 +7,10 @@ notice by itself) or a network cut (every packet to or from the task's port thro
 second inside the group's network namespace, restored once the task was replaced or after 120 s),
 each of a random task (the ps or a worker). Prints whether each run finished, their final eval
 loss and its ratio, each fault with how long until the task was replaced, and the time lost per
-fault ((chaos wall time - baseline wall time) / faults).
+fault ((chaos wall time - baseline wall time) / faults); exits 1 unless both runs finished with
+final eval losses within ``--tolerance`` of each other.
 
-Usage: ``.venv/bin/python bench/bench_chaos.py [--steps 40000] [--faults 4] [--seed 1] [--workdir DIR]``
+Usage: ``.venv/bin/python bench/bench_chaos.py [--steps 40000] [--faults 4] [--seed 1] [--tolerance 0.05] [--workdir DIR]``
 (root, for the network cuts: ``nsenter`` and ``tc`` in the group's namespace).
 """
 
@@ -102,11 +103,13 @@ def timed_run(backend: LocalBackend, group: GroupSpec, dataset: str, chaos: Chao
     return True, took, metrics.get("loss", metrics.get("mse"))
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40_000)
     parser.add_argument("--faults", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--tolerance", type=float, default=0.05,
+                        help="largest relative difference of the final eval losses that passes (default 0.05)")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-chaos-"))
@@ -135,7 +138,10 @@ def main() -> None:
     print(f"final eval loss: baseline {calm_loss}, chaos {wild_loss}, ratio {ratio}")
     print(f"time lost per fault: {(wild_secs - calm_secs) / max(1, args.faults):.1f} s "
           f"(wall {calm_secs:.0f} s -> {wild_secs:.0f} s)")
+    close = bool(calm_loss and wild_loss is not None and abs(wild_loss / calm_loss - 1) <= args.tolerance)
+    print(f"within {args.tolerance:.0%} of the fault-free loss: {close}")
+    return 0 if calm_ok and wild_ok and close else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
