@@ -17,6 +17,7 @@ import sys
 from typing import Any, TextIO
 from collections.abc import Callable, Iterator
 
+from airflow_tf.cluster.spec import DEFAULT_HEALTH_TIMEOUT, HEALTH_FAILURES
 from airflow_tf.cluster.training import add_training_arguments
 from airflow_tf.files import read_json
 
@@ -156,6 +157,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--state-dir", default=None, help="where groups keep their state (default $AIRFLOW_TF_STATE_DIR)")
     p.add_argument("--progress-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="restart a training task with no progress for this long (default 300; 0 never)")
+    p.add_argument("--health-timeout", type=float, default=DEFAULT_HEALTH_TIMEOUT, metavar="SECONDS",
+                   help="seconds each ps and worker has to answer its health question, asked this often; "
+                        f"{HEALTH_FAILURES} unanswered in a row restart it (default {DEFAULT_HEALTH_TIMEOUT:g}; 0 never)")
     p.add_argument("--pass-env", action="append", default=[], metavar="NAME",
                    help="pass this variable of your environment on to the tasks (they get a minimal one); may be repeated")
     p.set_defaults(func=_cmd_run)
@@ -237,7 +241,8 @@ def _run_spec(args: argparse.Namespace, name: str, run_dir: str) -> Any:
                 print(f"model code of {training.model} copied to {code.path} (sha256 {code.sha256})", file=sys.stderr)
         return GroupSpec.for_training(name, training, ps=args.ps, workers=args.workers,
                                       backoff_limit=args.backoff_limit, active_deadline_seconds=args.deadline,
-                                      progress_timeout=args.progress_timeout or None, pass_env=args.pass_env)
+                                      progress_timeout=args.progress_timeout or None,
+                                      health_timeout=args.health_timeout or None, pass_env=args.pass_env)
     except ValueError as err:  # SpecError and bad training options
         raise SystemExit(f"airflow-tf run: {err}") from err
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -87,3 +89,32 @@ def can_connect(host: str, port: int, timeout: float = 2.0) -> bool:
             return True
     except OSError:
         return False
+
+
+def _tc(supervisor: int, *args: str) -> None:
+    """``tc`` inside a local group's private network namespace (its supervisor's)."""
+    subprocess.run(["nsenter", "-t", str(supervisor), "-n", "tc", *args], check=True, capture_output=True)
+
+
+def cut_port(supervisor: int, port: int) -> None:
+    """Cut the task listening on ``port`` off from its group: every packet to or from that port,
+    on the group's loopback, goes through a class of 8 bit/s with a one-packet queue (this kernel
+    has neither a tc drop action nor iptables), which holds them as a cut cable would. Root only."""
+    _tc(supervisor, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "20", "r2q", "1")
+    _tc(supervisor, "class", "add", "dev", "lo", "parent", "1:", "classid", "1:10", "htb", "rate", "8bit", "ceil",
+        "8bit", "burst", "1b", "cburst", "1b")
+    _tc(supervisor, "class", "add", "dev", "lo", "parent", "1:", "classid", "1:20", "htb", "rate", "10gbit")
+    _tc(supervisor, "qdisc", "add", "dev", "lo", "parent", "1:10", "pfifo", "limit", "1")
+    for way in ("dport", "sport"):
+        _tc(supervisor, "filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip", "prio", "1", "u32", "match",
+            "ip", way, str(port), "0xffff", "flowid", "1:10")
+
+
+def restore_network(supervisor: int) -> None:
+    """Undo :func:`cut_port` (the namespace, and any cut, also ends with the group)."""
+    _tc(supervisor, "qdisc", "del", "dev", "lo", "root")
+
+
+def can_cut() -> bool:
+    """Whether this machine can cut a task off (:func:`cut_port`): root, ``nsenter`` and ``tc``."""
+    return os.geteuid() == 0 and all(shutil.which(tool) for tool in ("nsenter", "tc"))

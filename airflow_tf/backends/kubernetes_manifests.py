@@ -47,6 +47,7 @@ from jinja2 import FileSystemLoader, StrictUndefined
 from jinja2.sandbox import SandboxedEnvironment
 
 from airflow_tf.cluster import GroupSpec, RoleSpec, SpecError, cluster_def, label_value, task_name
+from airflow_tf.cluster.spec import HEALTH_STARTUP_SECS
 
 TEMPLATES = Path(__file__).with_name("templates")
 
@@ -71,6 +72,9 @@ DEFAULT_SCHEDULE_TIMEOUT = 300.0
 DEFAULT_USER = 1000
 DEFAULT_TTL_SECONDS_AFTER_FINISHED = 3600
 DEFAULT_PS_MAX_LIFETIME_SECONDS = 7 * 24 * 3600
+PROBE_START_SECS = 10
+"""Seconds a health probe gets beyond its question's deadline, to start Python and gRPC in the
+container (a fraction of a second on an idle node)."""
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915")
 USER_ERROR_EXIT_CODES = list(range(1, 129))
 """Exit codes of a program error under the ``ExitCode`` policy; above 128 is death by a signal."""
@@ -779,6 +783,23 @@ def _pod_settings(opts: PodOptions, resources: dict[str, dict[str, str]]) -> dic
     }
 
 
+def health_probes(spec: GroupSpec, role: str) -> dict[str, dict | None]:
+    """The liveness and startup probes of a task of ``role``: the health question to its own
+    TensorFlow server, with the group's bounds (``health_timeout``); None for both when the
+    role's tasks are not asked. The startup probe gives TensorFlow's import and the server's
+    start ``HEALTH_STARTUP_SECS``; from the first answer on, the liveness probe has the
+    kubelet kill a container that leaves ``HEALTH_FAILURES`` questions in a row unanswered, and
+    the Job replaces its pod (same index, so same DNS name) within the role's backoff limit."""
+    bounds = spec.health_bounds()
+    if bounds is None or not spec.answers_health(role):
+        return {"liveness_probe": None, "startup_probe": None}
+    probe = {"exec": {"command": spec.health_command([f"127.0.0.1:{spec.port}"])},
+             "timeoutSeconds": math.ceil(bounds.timeout_secs) + PROBE_START_SECS,
+             "periodSeconds": math.ceil(bounds.period_secs)}
+    return {"liveness_probe": {**probe, "failureThreshold": bounds.failures},
+            "startup_probe": {**probe, "failureThreshold": math.ceil(HEALTH_STARTUP_SECS / bounds.period_secs)}}
+
+
 def _role_job(group: _Group, role: _Role) -> dict:
     """One role's Indexed Job: its tasks are the Job's pods, index = task index."""
     spec = group.spec
@@ -786,7 +807,7 @@ def _role_job(group: _Group, role: _Role) -> dict:
         "job.yaml.j2", name=job_name(spec.name, role.name), namespace=group.namespace,
         replicas=spec.replicas(role.name), service=service_name(spec.name), role=role.name,
         image=role.spec.image or spec.image, command=spec.command(role.name), env=_task_env(group, role),
-        port=spec.port if role.name != "evaluator" else None,
+        port=spec.port if role.name != "evaluator" else None, **health_probes(spec, role.name),
         **_job_metadata(group, role), **_lifecycle(group, role), **_pod_settings(role.options, role.resources),
     )[0]
     if role.options.pod_template:
@@ -832,6 +853,7 @@ def one_off_pod_template(*, container: str, image: str, command: list[str], env:
     job = _render(
         "job.yaml.j2", name=container, namespace="default", replicas=1, service=None, role=container,
         image=image, command=command, env=_process_env(env, options, resources), port=None,
+        liveness_probe=None, startup_probe=None,
         job_labels={}, job_annotations={}, pod_labels=options.labels, pod_annotations=options.annotations,
         backoff_limit_per_index=0, pod_failure_rules=[], success_policy=None, active_deadline_seconds=None,
         ttl_seconds_after_finished=None, suspend=False, **_pod_settings(options, resources),

@@ -40,6 +40,8 @@ from airflow_tf.cluster import (
     tf_config_json,
 )
 from airflow_tf.cluster.progress import describe, parse_progress
+from airflow_tf.cluster.status import GROUP_RESTARTED
+from airflow_tf.cluster.spec import HEALTH_ANSWERED, HEALTH_STARTUP_SECS
 from airflow_tf.files import read_json
 
 from .local import (
@@ -58,6 +60,9 @@ TICK = 0.25
 WAKE_SIGNALS = {signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 PR_SET_PDEATHSIG = 1
 PROGRESS_TAIL_BYTES = 64 * 1024
+STARTUP_ALLOWANCE = 30.0
+"""Seconds the health asker may take to start (Python and gRPC on a loaded machine) before its
+question is dropped unjudged."""
 CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
@@ -155,6 +160,16 @@ class TaskProcess:
     stepping: bool = False
     """The chief reported a step since it started (before that, starting up, it counts CPU time)."""
     stalled: bool = False
+    answered: bool = False
+    """Its server answered a health question since it started (before that it is starting up)."""
+    unanswered: int = 0
+    """Health questions in a row it left unanswered."""
+    stuck: str | None = None
+    """Why the supervisor killed it as stuck (it stopped answering its health question)."""
+    started: float = 0.0
+    """Monotonic time its process started."""
+    start_ticks: int | None = None
+    """Its CPU time at the last question it left unanswered before its first answer."""
 
     def status(self) -> TaskStatus:
         return TaskStatus(self.role, self.index, self.name, self.phase, self.restarts, self.exit_code, self.reason)
@@ -185,6 +200,10 @@ class Supervisor:
         self.start_time = process_start_time(self.pid)
         self.running = True
         self.last_written: Any = None
+        self.health = self.spec.health_bounds()
+        self.asking: tuple[subprocess.Popen, float, dict[str, tuple[TaskProcess, int]]] | None = None
+        """The health question under way: its process, when it was asked, whom (by address, with the pid asked)."""
+        self.next_question = 0.0
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -208,10 +227,12 @@ class Supervisor:
             self.check_owner()
             self.read_progress()
             self.check_progress()
+            self.check_health()
             self.stop_when_done()
             if all(t.terminal or t.deleted for t in self.tasks):
                 self.running = False
             self.write_state()
+        self.stop_asking()
         self.write_state()
         archive_logs(self.group.path)
 
@@ -252,14 +273,16 @@ class Supervisor:
         task.phase, task.exit_code = Phase.RUNNING, None
         task.start_step = (self.progress or {}).get("global_step")
         task.last_progress, task.progress_mark, task.stepping, task.stalled = time.monotonic(), None, False, False
+        task.answered, task.unanswered, task.stuck = False, 0, None
+        task.started, task.start_ticks = time.monotonic(), None
 
-    def stop(self, tasks: list[TaskProcess]) -> None:
-        """SIGTERM, then SIGKILL after a short grace; returns when every one is reaped."""
+    def stop(self, tasks: list[TaskProcess], grace: float = STOP_GRACE) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` (at once for 0); returns when every one is reaped."""
         live = [(t, t.proc) for t in tasks if t.proc is not None]
-        for _, proc in live:
+        for _, proc in live if grace else ():
             _kill_group(proc, signal.SIGTERM)
             _kill_group(proc, signal.SIGCONT)  # a stopped process handles SIGTERM only once continued
-        deadline = time.monotonic() + STOP_GRACE
+        deadline = time.monotonic() + grace
         while any(proc.poll() is None for _, proc in live) and time.monotonic() < deadline:
             time.sleep(0.01)
         for t, proc in live:
@@ -280,7 +303,9 @@ class Supervisor:
         if code == 0:
             task.phase = Phase.SUCCEEDED  # a reason left from a restart still says why it restarted
             return
-        if task.stalled:
+        if task.stuck:
+            why = task.stuck
+        elif task.stalled:
             why = f"no progress for {self.spec.progress_timeout:g} s (stopped by the watchdog)"
         else:
             why = describe_failure(code, tail_text(self.group.log(task.role, task.index), 20))
@@ -305,7 +330,7 @@ class Supervisor:
             group = [task, *others]
             for t in group:
                 t.restarts += 1
-                t.reason = f"group restarted: {task.name} {why}" if t is not task else why
+                t.reason = f"{GROUP_RESTARTED}{task.name} {why}" if t is not task else why
             self.start(group, new_ports=True)
         else:
             task.restarts += 1
@@ -390,6 +415,82 @@ class Supervisor:
         if stalled and self.chief not in stalled:
             self.chief.last_progress = now
         return stalled
+
+    def check_health(self) -> None:
+        """Ask every running ps and worker its health question (:mod:`airflow_tf.runtime.health`,
+        in a child process, so this loop never waits on a task), one question at a time every
+        ``health_timeout`` seconds. A task that has answered once and then leaves
+        ``HEALTH_FAILURES`` questions in a row unanswered is stuck: it is killed (SIGKILL: a
+        stopped or wedged process may never handle SIGTERM) and restarted under its restart
+        policy, a ps with the rest of its group, like a lost task."""
+        if self.health is None or not self.running:
+            return
+        now = time.monotonic()
+        if self.asking is not None:
+            proc, asked, whom = self.asking
+            if proc.poll() is None:
+                # The asker itself may start slowly on a loaded machine: it is not the tasks' fault.
+                if now - asked > self.health.timeout_secs + STARTUP_ALLOWANCE:
+                    self.stop_asking()
+                return
+            self.asking = None
+            output, _ = proc.communicate()
+            answers = dict(line.split(" ", 1) for line in output.splitlines() if " " in line)
+            for address, (task, pid) in whom.items():
+                if task.proc is not None and task.proc.pid == pid and address in answers:
+                    self.judge(task, answers[address])
+        if now < self.next_question:
+            return
+        whom = {f"127.0.0.1:{t.port}": (t, t.proc.pid) for t in self.tasks
+                if t.proc is not None and t.phase is Phase.RUNNING and self.spec.answers_health(t.role)}
+        if not whom:
+            return
+        self.next_question = now + self.health.period_secs
+        command = self.spec.health_command(list(whom), python=sys.executable)
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True,
+                                preexec_fn=_die_with_parent(self.pid))  # noqa: PLW1509
+        self.asking = (proc, now, whom)
+
+    def judge(self, task: TaskProcess, answer: str) -> None:
+        """Count one answer of ``task`` (``answered in 0.004 s`` or why not); replace it once stuck."""
+        assert self.health is not None
+        if answer.startswith(HEALTH_ANSWERED):
+            task.answered, task.unanswered = True, 0
+            return
+        if task.answered:
+            task.unanswered += 1
+            if task.unanswered < self.health.failures:
+                return
+            task.stuck = (f"stuck: its TensorFlow server left {task.unanswered} health questions in a row unanswered "
+                          f"(last: {answer}; each has {self.health.timeout_secs:g} s, one every "
+                          f"{self.health.period_secs:g} s, health_timeout), so it was killed and restarted")
+        else:
+            # Still starting, its server perhaps not listening yet: starting (importing
+            # TensorFlow) uses CPU time; a task stopped or blocked before its first answer uses none.
+            ticks = cpu_ticks(task.proc.pid) if task.proc is not None else None
+            task.unanswered = 0 if ticks != task.start_ticks else task.unanswered + 1
+            task.start_ticks = ticks
+            starting = time.monotonic() - task.started
+            if task.unanswered < self.health.failures and starting < HEALTH_STARTUP_SECS:
+                return
+            idle = f"used no CPU time for {task.unanswered} questions in a row" if task.unanswered else (
+                f"did not answer within {HEALTH_STARTUP_SECS:g} s")
+            task.stuck = (f"stuck while starting: it never answered its health question and {idle} "
+                          f"(last: {answer}; health_timeout {self.health.timeout_secs:g} s), so it was killed "
+                          "and restarted")
+        print(f"{task.name} {task.stuck}", flush=True)
+        self.stop([task], grace=0)
+        assert task.exit_code is not None  # stop() reaped it
+        self.exited(task, task.exit_code)
+
+    def stop_asking(self) -> None:
+        if self.asking is not None:
+            proc = self.asking[0]
+            _kill_group(proc, signal.SIGKILL)
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+            self.asking = None
 
     def stop_when_done(self) -> None:
         """Once no training task runs any more, or the group has failed for good, stop what

@@ -86,8 +86,11 @@ def completion_event(backend: Backend, ref: GroupRef, status: GroupStatus, succe
 
 
 def waiting_message(status: GroupStatus, success_policy: str) -> str:
-    """``workers done 1/2; global step 120/1000 (12.0%), 5300 examples/s, ETA 8s``."""
-    return f"{group_outcome(status, success_policy).reason}; {describe_progress(status.progress)}"
+    """``workers done 1/2; global step 120/1000 (12.0%), 5300 examples/s, ETA 8s``, and each task
+    restarted so far and why (``; replaced: G-ps-0 restarted 1 time(s), last: stuck: ...``)."""
+    replaced = status.replacements()
+    return (f"{group_outcome(status, success_policy).reason}; {describe_progress(status.progress)}"
+            + (f"; replaced: {'; '.join(replaced)}" if replaced else ""))
 
 
 def save_logs(backend: Backend, ref: GroupRef, spec: GroupSpec, directory: str | os.PathLike) -> Path:

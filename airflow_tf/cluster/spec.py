@@ -26,6 +26,17 @@ DEFAULT_PORT = 2222
 RUNTIME_COMMAND = ("python", "-m", "airflow_tf.runtime")
 DEFAULT_PROGRESS_TIMEOUT = 300.0
 DEFAULT_PS_GRACE_SECONDS = 5.0
+DEFAULT_HEALTH_TIMEOUT = 5.0
+"""A live TensorFlow server answers its health question in milliseconds, a few hundred on a
+loaded machine (docs/reference/faults.md); seconds of silence mean it is stopped, wedged or cut off."""
+HEALTH_FAILURES = 3
+"""Questions in a row a task may leave unanswered before it is stuck: one slow answer is not."""
+HEALTH_STARTUP_SECS = 600
+"""Longest a task may take to answer its first question (TensorFlow's import and the server's
+start on a loaded node); until then it is starting, not stuck (Kubernetes' startup probe)."""
+HEALTH_COMMAND = ("python", "-m", "airflow_tf.runtime.health")
+HEALTH_ANSWERED = "answered"
+"""How the health question's line for a task starts when the task answered."""
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -75,6 +86,22 @@ def describe_failure(exit_code: int, log_tail: str | None) -> str:
     writes the cause: ``exit code 1; last log line: ... reason='...'``."""
     lines = [line.strip() for line in (log_tail or "").splitlines() if line.strip()]
     return describe_exit(exit_code) + (f"; last log line: {lines[-1]}" if lines else "")
+
+
+@dataclass(frozen=True)
+class HealthBounds:
+    """How a group's tasks are asked whether they are alive (see :mod:`airflow_tf.runtime.health`)."""
+
+    timeout_secs: float
+    """Seconds each answer may take."""
+    period_secs: float
+    """Seconds between two questions to a task."""
+    failures: int = HEALTH_FAILURES
+
+    @property
+    def stuck_after_secs(self) -> float:
+        """At most this long from a task's last answer to its verdict "stuck"."""
+        return self.failures * self.period_secs + self.timeout_secs
 
 
 @dataclass
@@ -127,6 +154,12 @@ class GroupSpec:
     isolate_network: bool = True
     """Run a local group in a private network namespace (loopback only), so nothing off this
     machine reaches its unauthenticated gRPC ports."""
+    health_timeout: float | None = DEFAULT_HEALTH_TIMEOUT
+    """Seconds each ps and worker has to answer its health question (its TensorFlow server asked
+    for its status), asked every ``health_timeout`` seconds; a task that leaves ``HEALTH_FAILURES``
+    questions in a row unanswered is stuck (stopped, wedged, cut off) and is killed and restarted
+    under its restart policy: by the supervisor (local), by its liveness probe (Kubernetes).
+    None: never asked."""
 
     def __post_init__(self) -> None:
         self.roles = {
@@ -249,6 +282,8 @@ class GroupSpec:
                        f"({self.training.log_every_secs:g} s): the chief reports its progress that often")
         if not _positive(self.ps_grace_seconds, zero=True):
             yield f"ps_grace_seconds: must be a number of seconds >= 0, got {self.ps_grace_seconds!r}"
+        if self.health_timeout is not None and not _positive(self.health_timeout):
+            yield f"health_timeout: must be a positive number of seconds or None, got {self.health_timeout!r}"
 
     # -- queries ------------------------------------------------------------------------
     def replicas(self, role: str) -> int:
@@ -271,6 +306,24 @@ class GroupSpec:
     def chief_task(self) -> tuple[str, int]:
         """The task that checkpoints: the chief if there is one, else worker 0."""
         return ("chief", 0) if self.replicas("chief") else ("worker", 0)
+
+    def health_bounds(self) -> HealthBounds | None:
+        """How the tasks are asked whether they are alive; None when they are not asked."""
+        if self.health_timeout is None:
+            return None
+        return HealthBounds(timeout_secs=self.health_timeout, period_secs=self.health_timeout)
+
+    def answers_health(self, role: str) -> bool:
+        """Whether tasks of ``role`` serve TensorFlow and so answer the health question: the
+        runtime's ps, chief and workers (an evaluator exits at once; a command of one's own may
+        serve nothing)."""
+        return self.health_timeout is not None and self.roles[role].command is None and role != "evaluator"
+
+    def health_command(self, targets: list[str], python: str | None = None) -> list[str]:
+        """The health question to the tasks at ``targets`` (``host:port``)."""
+        assert self.health_timeout is not None
+        head = [python, *HEALTH_COMMAND[1:]] if python else list(HEALTH_COMMAND)
+        return [*head, *targets, "--timeout", f"{self.health_timeout:g}"]
 
     def command(self, role: str, python: str | None = None) -> list[str]:
         """What a task of ``role`` runs. ``python`` replaces the interpreter (local backend)."""

@@ -10,6 +10,10 @@ from enum import StrEnum
 from typing import Any
 
 
+GROUP_RESTARTED = "group restarted: "
+"""How the reason of a task restarted with its group (after its ps was lost) begins."""
+
+
 class Phase(StrEnum):
     PENDING = "Pending"
     RUNNING = "Running"
@@ -52,6 +56,12 @@ class GroupStatus:
 
     def role_tasks(self, role: str) -> list[TaskStatus]:
         return [t for t in self.tasks if t.role == role]
+
+    def replacements(self) -> list[str]:
+        """``<task> restarted N time(s), last: <why>`` for each task restarted for a cause of its
+        own (a task restarted only because its group was, after a ps, is left out: the ps says why)."""
+        return [f"{t.name} restarted {t.restarts} time(s), last: {t.reason}" for t in self.tasks
+                if t.restarts and t.reason and not t.reason.startswith(GROUP_RESTARTED)]
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Per role, how many tasks are in each phase: ``{"worker": {"Succeeded": 1, ...}}``."""

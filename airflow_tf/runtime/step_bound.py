@@ -34,6 +34,8 @@ from contextlib import contextmanager
 import tensorflow as tf
 from tensorflow.python.client.session import SessionInterface
 
+from airflow_tf.cluster.spec import DEFAULT_HEALTH_TIMEOUT, HEALTH_ANSWERED
+
 from .logs import log
 
 STALL_FLOOR_SECS = 30.0
@@ -162,9 +164,12 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
     for the progress report. A step that has not returned a whole bound after its cancel is one
     TensorFlow cannot cancel: ``airflow-tf step not cancelled ...``, then :attr:`escape`."""
 
-    def __init__(self, global_step, cap_secs: float):
+    def __init__(self, global_step, cap_secs: float, waits_on: dict[str, str] | None = None):
         self._global_step = global_step
         self._cap = cap_secs
+        self._waits_on = dict(waits_on or {})
+        """The tasks a step waits on (``ps:0`` -> ``host:port``): asked their health question when
+        a step is stuck, so its log line names the one that does not answer."""
         self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
         self._recent_saves: deque[float] = deque(maxlen=RECENT_STEPS)
         self._lock = threading.Lock()
@@ -275,4 +280,17 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
                 self.escape()
                 continue
             log(f"airflow-tf step stuck: the {what} after global step {self._last_step} has run {ran:.0f} s, "
-                f"past its bound of {how}; it is cancelled and the session recreated")
+                f"past its bound of {how}; it is cancelled and the session recreated{self._silent_tasks()}")
+
+    def _silent_tasks(self) -> str:
+        """``; waiting on ps:0 (... no answer within 5 s)``: which task the stuck step waits on."""
+        if not self._waits_on:
+            return ""
+        from .health import ask  # gRPC only, once a step is stuck
+
+        answers = ask(list(self._waits_on.values()), DEFAULT_HEALTH_TIMEOUT)
+        silent = [f"{task} ({address} {answers[address]})" for task, address in self._waits_on.items()
+                  if not answers[address].startswith(HEALTH_ANSWERED)]
+        if not silent:
+            return f"; every ps answers its health question ({', '.join(self._waits_on)})"
+        return f"; waiting on {', '.join(silent)}"

@@ -221,7 +221,8 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
             f"start={start or 'from the chief'}")
 
         stop = StopAtTargetHook(global_step, target)
-        bound = StepBoundHook(global_step, config.operation_timeout_secs)
+        bound = StepBoundHook(global_step, config.operation_timeout_secs,
+                              waits_on={f"ps:{i}": address for i, address in enumerate(task.cluster.get("ps", []))})
         saver.step_bound = bound
         progress: Progress | None = None
         tf_config = session_config(task, config)

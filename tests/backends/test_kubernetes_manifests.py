@@ -340,3 +340,25 @@ def test_a_bad_pod_template_or_sidecar_is_refused_naming_it(tmp_path):
 def test_a_group_wide_restart_budget_is_refused_as_kubernetes_counts_per_task():
     with pytest.raises(SpecError, match=r"group_backoff_limit: the Kubernetes backend counts restarts per task"):
         render_group(spec(group_backoff_limit=2), "ml")
+
+
+def test_ps_and_workers_are_probed_by_their_health_question_with_the_groups_bounds():
+    """A frozen ps still accepts TCP connections: its liveness probe asks its TensorFlow server
+    (tests/runtime/test_health.py runs the probe's command against live and frozen servers)."""
+    def probes(group):
+        return {name: (c.get("livenessProbe"), c.get("startupProbe"))
+                for name, pod in pods(render_group(group, "ml")).items() for c in pod["spec"]["containers"][:1]}
+
+    found = probes(spec(evaluator=1, health_timeout=4, port=2345))
+    for name in ("tf-demo-ps", "tf-demo-worker"):
+        liveness, startup = found[name]
+        question = ["python", "-m", "airflow_tf.runtime.health", "127.0.0.1:2345", "--timeout", "4"]
+        assert liveness == {"exec": {"command": question}, "periodSeconds": 4, "failureThreshold": 3,
+                            "timeoutSeconds": 14}, "3 unanswered questions of 4 s, 4 s apart: killed"
+        # TensorFlow's import and the server's start get 10 minutes before the first answer is due.
+        assert startup["exec"] == liveness["exec"] and startup["periodSeconds"] * startup["failureThreshold"] >= 600
+        assert startup["timeoutSeconds"] == liveness["timeoutSeconds"]
+    assert found["tf-demo-evaluator"] == (None, None), "the runtime's evaluator serves nothing"
+    assert set(probes(spec(health_timeout=None)).values()) == {(None, None)}, "health_timeout=None asks nothing"
+    own = spec(role_options={"worker": {"command": ["my-trainer"]}})
+    assert probes(own)["tf-demo-worker"] == (None, None), "a command of one's own may serve no TensorFlow server"

@@ -40,6 +40,8 @@ def test_hostile_dag_id_gives_valid_distinct_names():
         (dict(roles={"ps": RoleSpec(0), "worker": RoleSpec(1)}), "at least one ps"),
         (dict(backoff_limit=-1), "backoff_limit"),
         (dict(active_deadline_seconds=0), "active_deadline_seconds"),
+        (dict(health_timeout=0), "health_timeout: must be a positive number of seconds or None"),
+        (dict(health_timeout=float("inf")), "health_timeout: must be a positive number of seconds or None"),
     ],
 )
 def test_bad_specs_are_refused_with_the_field_named(kwargs, message):

@@ -131,8 +131,11 @@ def test_a_rerun_after_the_launcher_was_sigkilled_starts_afresh_and_keeps_every_
 
 
 def test_a_sigstopped_worker_is_restarted_and_training_completes(local_state_dir, linear_dataset, tmp_path, wait_until):
+    # The progress watchdog is under test, the net under the health question (test_self_healing.py):
+    # the question is off, as for a task that answers it but makes no progress.
     backend = LocalBackend()
-    ref = backend.launch(linear_group("frozen", linear_dataset, tmp_path / "run", steps=1500, progress_timeout=30))
+    ref = backend.launch(linear_group("frozen", linear_dataset, tmp_path / "run", steps=1500, progress_timeout=30,
+                                      health_timeout=None))
     try:
         wait_until(lambda: training(backend, ref, 1), 600, what="worker 1 to train")
         os.kill(backend.processes(ref)["frozen-worker-1"], signal.SIGSTOP)
@@ -149,7 +152,7 @@ def test_a_stuck_chief_fails_the_group_by_name_once_the_budget_is_spent(local_st
                                                                          group_processes, wait_until):
     backend = LocalBackend()
     ref = backend.launch(linear_group("stuck", linear_dataset, tmp_path / "run", steps=1_000_000,
-                                      progress_timeout=30, backoff_limit=0))
+                                      progress_timeout=30, backoff_limit=0, health_timeout=None))
     try:
         wait_until(lambda: backend.status(ref).progress, 600, what="the chief's first progress report")
         os.kill(backend.processes(ref)["stuck-worker-0"], signal.SIGSTOP)  # alive, but no step ever ends

@@ -27,6 +27,8 @@ pytestmark = pytest.mark.slow
 DIVERGING = dict(learning_rate=1e3, steps=3000)
 """The seed's linear regression with a learning rate a million times too big: the loss
 overflows within a few steps (a learning rate of nan/inf itself is refused by the options)."""
+NOT_ASKED = {"health_timeout": None}
+"""The trainers' own stuck-step bound is under test: the supervisor must not replace the frozen ps first."""
 NON_FINITE = re.compile(r"(loss|variables) became (NaN|inf)[^ ]* at global step (\d+)")
 
 
@@ -135,7 +137,8 @@ def test_a_step_stuck_on_a_stopped_ps_times_out_and_the_session_recovers(linear_
 
     try:
         run = train_group("fault-stuck", linear_dataset, run_dir, state_dir, workers=2, steps=4000,
-                          operation_timeout_secs=3.0, checkpoint_every_secs=0.5, on_status=stop_ps_once)
+                          operation_timeout_secs=3.0, checkpoint_every_secs=0.5, on_status=stop_ps_once,
+                          group_options=NOT_ASKED)
     finally:
         for pid in stopped:
             try:
@@ -178,7 +181,7 @@ def test_a_stuck_step_is_cut_at_the_bound_from_the_runs_own_step_times_and_the_r
 
     try:
         run = train_group("fault-bound", linear_dataset, run_dir, state_dir, workers=2, steps=3000,
-                          checkpoint_every_secs=2.0, on_status=stop_ps_once)
+                          checkpoint_every_secs=2.0, on_status=stop_ps_once, group_options=NOT_ASKED)
     finally:
         for pid, _ in stopped:
             try:
@@ -191,6 +194,7 @@ def test_a_stuck_step_is_cut_at_the_bound_from_the_runs_own_step_times_and_the_r
 
     (stuck,) = run.lines("worker-0", "airflow-tf step stuck")
     assert f"past its bound of {STALL_FLOOR_SECS:g} s (max of the {STALL_FLOOR_SECS:g} s floor" in stuck, stuck
+    assert re.search(r"; waiting on ps:0 \(127\.0\.0\.1:\d+ no answer within 5 s\)$", stuck), "names the frozen ps"
     noticed = datetime.fromisoformat(stuck.split(" ", 1)[0].replace("Z", "+00:00")).timestamp()
     after_stop = noticed - stopped[0][1]
     # Cut at the bound (plus the watcher's 1 s tick and a loaded machine's slack), far from 300 s.

@@ -35,14 +35,16 @@ class Run:
 
 
 def train_group(name: str, dataset: str, run_dir: Path, state_dir: Path, *, ps: int = 1, workers: int = 2,
-                chief: int = 0, evaluator: int = 0, on_status=None, **training) -> Run:
+                chief: int = 0, evaluator: int = 0, on_status=None, group_options: dict | None = None,
+                **training) -> Run:
     """Launch a group, wait for its workers, tear it down; returns its logs. Checks that no
-    runtime process of the group is left. ``on_status`` sees every status while it runs."""
+    runtime process of the group is left. ``on_status`` sees every status while it runs;
+    ``group_options`` are GroupSpec's."""
     options = dict(batch_size=32, learning_rate=0.1, checkpoint_every_secs=1.0, log_every_secs=0.5)
     options.update(training)
     config = TrainingConfig(dataset=dataset, run_dir=str(run_dir), **options)
     spec = GroupSpec.for_training(name, config, ps=ps, workers=workers, chief=chief, evaluator=evaluator,
-                                  active_deadline_seconds=GROUP_TIMEOUT)
+                                  active_deadline_seconds=GROUP_TIMEOUT, **(group_options or {}))
     logs_dir = state_dir / f"{name}-logs"
     result = run_group(LocalBackend(state_dir), spec, logs_dir=logs_dir, on_status=on_status)
     logs = {

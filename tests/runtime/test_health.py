@@ -1,0 +1,69 @@
+"""The health question (``python -m airflow_tf.runtime.health``), asked as the Kubernetes probe
+and the local supervisor ask it, of a real TensorFlow server: live, it answers at once; frozen
+(SIGSTOP: the kernel still accepts its connections), it does not, and the question ends at its
+deadline with exit status 1; continued, it answers again."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from airflow_tf.backends.kubernetes_manifests import health_probes
+from airflow_tf.cluster import GroupSpec, TrainingConfig
+
+pytestmark = pytest.mark.slow
+
+SERVER = textwrap.dedent("""
+    import sys, time
+    import tensorflow as tf
+    address = sys.argv[1]
+    tf.distribute.Server(tf.train.ClusterSpec({"ps": [address]}), job_name="ps", task_index=0, start=True)
+    print("serving", flush=True)
+    while True:
+        time.sleep(1)
+    """)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ask(command: list[str]) -> tuple[int, str, float]:
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True, timeout=120)
+    return done.returncode, done.stdout, time.monotonic() - started
+
+
+def test_the_probe_answers_for_a_live_server_and_fails_at_its_deadline_for_a_frozen_one():
+    port = free_port()
+    group = GroupSpec.for_training("probed", TrainingConfig(dataset="/d", run_dir="/r", steps=1), port=port,
+                                   image="x:1", health_timeout=2)
+    probe = health_probes(group, "ps")["liveness_probe"]
+    command = probe["exec"]["command"]
+    server = subprocess.Popen([sys.executable, "-c", SERVER, f"127.0.0.1:{port}"], stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "serving\n"
+        code, out, _ = ask(command)
+        answer = re.fullmatch(rf"127\.0\.0\.1:{port} answered in (\d+\.\d+) s\n", out)
+        assert code == 0 and answer and float(answer[1]) < 1.0, out  # milliseconds when idle
+        os.kill(server.pid, signal.SIGSTOP)
+        code, out, took = ask(command)
+        assert code == 1 and out.strip() == f"127.0.0.1:{port} no answer within 2 s", out
+        assert took < probe["timeoutSeconds"], "the question ends before the kubelet gives up on the probe"
+        os.kill(server.pid, signal.SIGCONT)
+        code, out, _ = ask(command)
+        assert code == 0, out
+    finally:
+        server.kill()
+        server.wait()
