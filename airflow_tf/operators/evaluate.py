@@ -12,6 +12,7 @@ from airflow.providers.common.compat.sdk import AirflowFailException, AirflowSki
 
 from airflow_tf.backends.base import ComponentRefusedError
 from airflow_tf.cluster.results import EvaluationResult, ExportResult, LaunchResult
+from airflow_tf.cluster.training import parse_bool
 from airflow_tf.storage import models_dir
 
 from .common import is_template, model_asset, no_retry_for
@@ -125,15 +126,13 @@ class ExportSavedModelOperator(BaseOperator):
         super().__init__(**kwargs)
         if on_unblessed not in ("skip", "fail"):
             raise ValueError(f"on_unblessed: {on_unblessed!r} is not 'skip' or 'fail'")
-        if not isinstance(warmup_requests, bool):
-            raise ValueError(f"warmup_requests: {warmup_requests!r} is not True or False")
         self.launch = launch
         self.model_name = model_name
         self.metrics = metrics
         self.serving_base = serving_base
         self.force = force
         self.on_unblessed = on_unblessed
-        self.warmup_requests = warmup_requests
+        self.warmup_requests = parse_bool(warmup_requests, "warmup_requests")
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_tf import serving

@@ -17,6 +17,8 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Mapping
 
+from airflow_tf.cluster.training import parse_bool
+
 REQUIRED = ("run_dir", "dataset", "training")
 
 
@@ -55,15 +57,9 @@ def export(request: Mapping[str, Any]) -> dict[str, Any]:
     return serving.export_saved_model(request["run_dir"], request["dataset"], request["training"],
                                       request["serving_base"], request["model_name"],
                                       metrics=request.get("metrics"), force=bool(request.get("force")),
-                                      warmup_requests=_flag(request, "warmup_requests", default=True))
+                                      warmup_requests=request.get("warmup_requests") is None
+                                      or parse_bool(request["warmup_requests"], "warmup_requests"))
 
-
-def _flag(request: Mapping[str, Any], key: str, default: bool) -> bool:
-    """A true/false field; anything else is refused rather than read as one or the other."""
-    value = request.get(key, default)
-    if not isinstance(value, bool):
-        raise ValueError(f"{key}: {value!r} is not true or false")
-    return value
 
 
 COMMANDS = {"evaluate": evaluate, "export": export}
