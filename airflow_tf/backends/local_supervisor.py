@@ -226,6 +226,7 @@ class Supervisor:
             self.check_deadline()
             self.check_owner()
             self.read_progress()
+            self.note_chief_steps()
             self.check_progress()
             self.check_health()
             self.stop_when_done()
@@ -396,12 +397,16 @@ class Supervisor:
             assert task.exit_code is not None  # stop() reaped it
             self.exited(task, task.exit_code)
 
+    def note_chief_steps(self) -> None:
+        """Mark the chief as stepping once its global step moved since it (re)started."""
+        step, chief = (self.progress or {}).get("global_step"), self.chief
+        if chief.proc is not None and not chief.stepping and step is not None and step != chief.start_step:
+            chief.stepping, chief.progress_mark = True, None
+
     def note_progress(self, trainers: list[TaskProcess], now: float) -> None:
         """Stamp each trainer whose mark moved: the chief's global step once it steps, else CPU time."""
         step = (self.progress or {}).get("global_step")
         for task in trainers:
-            if task is self.chief and not task.stepping and step != task.start_step:
-                task.stepping, task.progress_mark = True, None
             mark = step if task.stepping else cpu_ticks(task.proc.pid) if task.proc is not None else None
             if mark is not None and mark != task.progress_mark:
                 task.progress_mark, task.last_progress = mark, now
@@ -457,7 +462,7 @@ class Supervisor:
         if answer.startswith(HEALTH_ANSWERED):
             task.answered, task.unanswered = True, 0
             return
-        if task.answered:
+        if self.serving(task):
             task.unanswered += 1
             if task.unanswered < self.health.failures:
                 return
@@ -482,6 +487,12 @@ class Supervisor:
         self.stop([task], grace=0)
         assert task.exit_code is not None  # stop() reaped it
         self.exited(task, task.exit_code)
+
+    def serving(self, task: TaskProcess) -> bool:
+        """Whether ``task``'s server is known to serve: it answered a health question, or the
+        chief trains, which its own server and every ps serve for. On a loaded machine a chief may
+        reach its first checkpoint before its first answer; it is not starting any more then."""
+        return task.answered or (self.chief.stepping and (task is self.chief or task.role == "ps"))
 
     def stop_asking(self) -> None:
         if self.asking is not None:
