@@ -3,39 +3,40 @@ them outlives the test, and a small committed linear-regression dataset."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import pytest
+import xdist_groups
 from processes import group_processes_of, kill_leftovers
 
 
 TESTS = Path(__file__).resolve().parent
+_GROUPS_FILE = pytest.StashKey[Path]()
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups
-def pytest_collection_modifyitems(items):
-    """With ``-n`` (pytest-xdist, ``--dist loadgroup``): a test that uses a module's fixtures
-    (trained groups, emulators) runs on the worker that runs the rest of its file, so they are
-    built once; the whole of tests/stack runs on one worker, sharing the session's one Airflow
-    stack; every test on the Kubernetes control plane (tests/backends/conftest.py) runs on one
-    worker, so a run starts one plane. Every other test goes to whichever worker is free."""
-    for item in items:
-        path = Path(str(item.path)).resolve()
-        if path.is_relative_to(TESTS / "stack"):
-            item.add_marker(pytest.mark.xdist_group("stack"))
-        elif "plane" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("kubernetes-plane"))
-        elif _uses_shared_fixtures(item):
-            item.add_marker(pytest.mark.xdist_group(path.as_posix()))
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and config.pluginmanager.hasplugin("xdist") and (
+            config.getoption("dist") == "loadgroup" and config.getoption("numprocesses")):
+        config.stash[_GROUPS_FILE] = xdist_groups.name_groups_file()
 
 
-def _uses_shared_fixtures(item) -> bool:
-    """Whether a fixture of the test lives longer than the test but not the whole session."""
-    definitions = getattr(item, "_fixtureinfo", None)
-    if definitions is None:
-        return True
-    return any(defs[-1].scope in ("class", "module", "package") for defs in definitions.name2fixturedefs.values())
+def pytest_unconfigure(config):
+    if (groups := config.stash.get(_GROUPS_FILE, None)) is not None:
+        groups.unlink(missing_ok=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """With ``-n`` (pytest-xdist): tests sharing a costly fixture run on one worker
+    (:mod:`xdist_groups`); every other test goes to whichever worker is free."""
+    if hasattr(config, "workerinput") and xdist_groups.GROUPS_ENV in os.environ:
+        xdist_groups.write_groups(items, TESTS)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    return xdist_groups.GroupScheduling(config, log) if config.getvalue("dist") == "loadgroup" else None
 
 
 def _wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
