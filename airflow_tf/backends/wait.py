@@ -82,6 +82,7 @@ def completion_event(backend: Backend, ref: GroupRef, status: GroupStatus, succe
         "progress": status.progress,
         "failed_task": None if failed is None else {"role": failed.role, "index": failed.index, "name": failed.name},
         "log_tail": "" if failed is None else backend.logs(ref, failed.role, failed.index, tail_lines),
+        "replacements": status.replacements(),
     }
 
 

@@ -1,11 +1,12 @@
 """The Training view: a page in the Airflow UI listing running and recent training groups across
-DAGs (state, step/target, %, examples/s, loss, ETA, last update, failure reason, links to the
-task log and TensorBoard), refreshing itself, mounted at ``/training`` behind Airflow's login.
+DAGs (state, step/target, %, examples/s, loss, ETA, last update, failure reason, the tasks
+replaced and why, links to the task log and TensorBoard), refreshing itself, mounted at
+``/training`` behind Airflow's login.
 
 Each row is what the launch and the wait recorded: the launch's XCom result (DAG, run, map index,
 backend, group, run directory), the chief's ``progress.json`` in the run directory, the wait
-task's state and, when it failed, its ``failure_reason`` XCom. A user sees the groups of the DAGs
-they may read, by the same rule as TensorBoard (:mod:`.access`)."""
+task's state, its ``replacements`` XCom and, when it failed, its ``failure_reason`` XCom. A user
+sees the groups of the DAGs they may read, by the same rule as TensorBoard (:mod:`.access`)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ class Wait:
     task_id: str
     state: str | None
     failure_reason: str | None = None
+    replacements: tuple[str, ...] = ()
+    """Each task restarted for a cause of its own, and why (``G-ps-0 restarted 1 time(s), last: ...``)."""
 
 
 def _group_of(task_id: str) -> str:
@@ -81,6 +84,7 @@ def training_rows(launches: Iterable[Launch], waits: dict[tuple[str, str, int], 
             "eta_seconds": None if progress.get("done") else progress.get("eta_seconds"),
             "last_update": updated,
             "failure_reason": wait.failure_reason if wait and state == "failed" else None,
+            "replacements": list(wait.replacements) if wait else [],
             "log_url": task_url(launch.dag_id, launch.run_id, wait.task_id if wait else launch.task_id,
                                 launch.map_index),
             "tensorboard_url": scalars_url([name], airflow_url() + TENSORBOARD_PREFIX) if name else None,
@@ -110,28 +114,34 @@ def _waits(launches: list[Launch]) -> dict[tuple[str, str, int], list[Wait]]:
     from airflow.utils.session import create_session
     from sqlalchemy import select, tuple_
 
-    from airflow_tf.sensors.worker_completion import FAILURE_XCOM_KEY
+    from airflow_tf.sensors.worker_completion import FAILURE_XCOM_KEY, REPLACEMENTS_XCOM_KEY
 
     runs = sorted({(launch.dag_id, launch.run_id) for launch in launches})
     if not runs:
         return {}
     found: dict[tuple[str, str, int], list[Wait]] = {}
     with create_session() as session:
-        reasons = {}
+        reasons, replaced = {}, {}
         for row in session.execute(
-            select(XComModel.dag_id, XComModel.run_id, XComModel.task_id, XComModel.map_index, XComModel.value)
-            .where(XComModel.key == FAILURE_XCOM_KEY, tuple_(XComModel.dag_id, XComModel.run_id).in_(runs))
+            select(XComModel.dag_id, XComModel.run_id, XComModel.task_id, XComModel.map_index, XComModel.key,
+                   XComModel.value)
+            .where(XComModel.key.in_((FAILURE_XCOM_KEY, REPLACEMENTS_XCOM_KEY)),
+                   tuple_(XComModel.dag_id, XComModel.run_id).in_(runs))
         ).all():
-            value = XComModel.deserialize_value(row)
-            reasons[(row.dag_id, row.run_id, row.task_id, row.map_index)] = value if isinstance(value, str) else None
+            value, where = XComModel.deserialize_value(row), (row.dag_id, row.run_id, row.task_id, row.map_index)
+            if row.key == FAILURE_XCOM_KEY:
+                reasons[where] = value if isinstance(value, str) else None
+            elif isinstance(value, list):
+                replaced[where] = tuple(str(line) for line in value)
         for row in session.execute(
             select(TaskInstance.dag_id, TaskInstance.run_id, TaskInstance.task_id, TaskInstance.map_index,
                    TaskInstance.state)
             .where(TaskInstance.operator == WAIT_OPERATOR, tuple_(TaskInstance.dag_id, TaskInstance.run_id).in_(runs))
         ).all():
-            reason = reasons.get((row.dag_id, row.run_id, row.task_id, row.map_index))
+            where = (row.dag_id, row.run_id, row.task_id, row.map_index)
             state = None if row.state is None else str(getattr(row.state, "value", row.state))
-            found.setdefault((row.dag_id, row.run_id, row.map_index), []).append(Wait(row.task_id, state, reason))
+            found.setdefault((row.dag_id, row.run_id, row.map_index), []).append(
+                Wait(row.task_id, state, reasons.get(where), replaced.get(where, ())))
     return found
 
 
@@ -152,6 +162,7 @@ PAGE = """<!doctype html>
   td.num { text-align: right; font-variant-numeric: tabular-nums; }
   td.run { white-space: normal; word-break: break-all; min-width: 10rem; max-width: 13rem; }
   td.reason { white-space: normal; max-width: 24rem; color: #b91c1c; }
+  td.replaced { white-space: normal; max-width: 24rem; color: #92400e; }
   .scroll { overflow-x: auto; }
   .running { color: #1d4ed8; font-weight: 600; } .succeeded { color: #15803d; } .failed { color: #b91c1c; }
   progress { width: 3.5rem; vertical-align: middle; }
@@ -162,7 +173,8 @@ PAGE = """<!doctype html>
 <div id="status">loading…</div>
 <div class="scroll"><table><thead><tr>
   <th>DAG</th><th>Run</th><th>Map</th><th>Backend</th><th>State</th><th>Step / target</th><th>%</th>
-  <th>Examples/s</th><th>Loss</th><th>ETA</th><th>Last update</th><th>Failure reason</th><th>Links</th>
+  <th>Examples/s</th><th>Loss</th><th>ETA</th><th>Last update</th><th>Failure reason</th><th>Replaced</th>
+  <th>Links</th>
 </tr></thead><tbody id="groups"></tbody></table></div>
 <script>
 const API = __API__, EVERY = __EVERY__ * 1000;
@@ -197,6 +209,7 @@ async function refresh() {
         pct.append(bar, " " + num(g.percent, 1)); }
       cell(row, num(g.examples_per_sec, 0), "num"); cell(row, g.loss == null ? "" : Number(g.loss).toPrecision(4), "num");
       cell(row, duration(g.eta_seconds), "num"); cell(row, ago(g.last_update)); cell(row, g.failure_reason, "reason");
+      cell(row, g.replacements.join("; "), "replaced");
       const links = cell(row, ""); link(links, g.log_url, "Task log"); link(links, g.tensorboard_url, "TensorBoard");
     }
     status.textContent = groups.length + " group(s); refreshed " + new Date().toLocaleTimeString()

@@ -17,6 +17,9 @@ from airflow_tf.triggers.worker_completion import WorkerCompletionTrigger
 
 FAILURE_XCOM_KEY = "failure_reason"
 """Where a failed wait records why the group failed (read by the Training view)."""
+REPLACEMENTS_XCOM_KEY = "replacements"
+"""Where the wait records each task restarted for a cause of its own and why (read by the Training
+view): as it changes in poke mode, and when the wait ends in both modes."""
 
 
 class TrainingGroupFailed(AirflowException):
@@ -52,6 +55,7 @@ class WorkerCompletionSensor(BaseSensorOperator):
         self.success_policy = success_policy
         self.deferrable = deferrable
         self.log_tail_lines = log_tail_lines
+        self._recorded_replacements: list[str] | None = None
 
     def _ref(self) -> GroupRef:
         return GroupRef.coerce(self.group)
@@ -59,17 +63,25 @@ class WorkerCompletionSensor(BaseSensorOperator):
     def _policy(self, ref: GroupRef) -> str:
         return self.success_policy or ref.success_policy
 
-    def _check(self) -> dict[str, Any] | None:
+    def _check(self, context: Any) -> dict[str, Any] | None:
         ref = self._ref()
         backend = backend_for(ref)
         status = backend.status(ref)
         event = completion_event(backend, ref, status, self._policy(ref), self.log_tail_lines)
         if event is None:
             self.log.info("group %s: %s", ref.name, waiting_message(status, self._policy(ref)))
+            self._record_replacements(context, status.replacements())
         return event
 
+    def _record_replacements(self, context: Any, replacements: list[str]) -> None:
+        """Push the replacements for the Training view when they differ from the last pushed."""
+        if replacements and replacements != self._recorded_replacements:
+            if ti := (context or {}).get("ti"):
+                ti.xcom_push(key=REPLACEMENTS_XCOM_KEY, value=replacements)
+            self._recorded_replacements = replacements
+
     def poke(self, context: Any) -> PokeReturnValue | bool:
-        event = self._check()
+        event = self._check(context)
         if event is None:
             return False
         return PokeReturnValue(is_done=True, xcom_value=self._finish(event, context))
@@ -77,7 +89,7 @@ class WorkerCompletionSensor(BaseSensorOperator):
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
             return super().execute(context)
-        event = self._check()
+        event = self._check(context)
         if event is not None:
             return self._finish(event, context)
         ref = self._ref()
@@ -92,6 +104,7 @@ class WorkerCompletionSensor(BaseSensorOperator):
         return self._finish(event, context)
 
     def _finish(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
+        self._record_replacements(context, event.get("replacements") or [])
         if event["status"] != "success":
             failed = event["failed_task"]
             # The reason alone (no log tail) for the Training view; the task log has the rest.

@@ -22,6 +22,7 @@ from airflow_tf.cluster import GroupStatus
 from airflow_tf.cluster.progress import parse_progress
 from airflow_tf.files import read_json
 from airflow_tf.runtime import models
+from airflow_tf.sensors.worker_completion import REPLACEMENTS_XCOM_KEY, WorkerCompletionSensor
 
 pytestmark = pytest.mark.slow
 
@@ -64,6 +65,10 @@ def heal(linear_dataset, tmp_path, wait_until, name: str, fault: Callable[[Local
         # What the sensor logs while it waits.
         assert f"; replaced: {replaced} restarted 1 time(s), last: stuck: its TensorFlow server" in waiting_message(
             backend.status(ref), "AllWorkers")
+        # What the sensor records for the Training view's "Replaced" column.
+        pushed = {}
+        WorkerCompletionSensor(task_id="wait", group=ref.to_dict()).poke({"ti": XComRecorder(pushed)})
+        assert pushed[REPLACEMENTS_XCOM_KEY][0].startswith(f"{replaced} restarted 1 time(s), last: stuck: its"), pushed
         detected = time.monotonic() - faulted_at
         if repair is not None:
             repair(backend, ref)
@@ -84,6 +89,16 @@ def heal(linear_dataset, tmp_path, wait_until, name: str, fault: Callable[[Local
         return status
     finally:
         backend.teardown(ref)
+
+
+class XComRecorder:
+    """What the sensor pushes, as a task instance would store it."""
+
+    def __init__(self, pushed: dict) -> None:
+        self.pushed = pushed
+
+    def xcom_push(self, key: str, value) -> None:
+        self.pushed[key] = value
 
 
 def freeze(task: str) -> Callable[[LocalBackend, object], None]:

@@ -119,7 +119,8 @@ def test_training_rows_show_progress_state_failure_and_links(tmp_path, monkeypat
         ("team_b", "manual__1", -1): [Wait("training.wait_for_workers", "success")],
         ("team_b", "manual__2", 3): [Wait("other.wait_for_workers", "running"),
                                      Wait("training.wait_for_workers", "failed", "worker 1 exited with code 3")],
-        ("team_a", "manual__1", -1): [Wait("training.wait_for_workers", "deferred")],
+        ("team_a", "manual__1", -1): [Wait("training.wait_for_workers", "deferred", replacements=(
+            "tf-run-ps-0 restarted 1 time(s), last: stuck: its TensorFlow server left 3 health questions",))],
         ("team_a", "old", -1): [Wait("training.wait_for_workers", "success")],
     }
     rows = training_rows(launches, waits, now=now)
@@ -135,6 +136,8 @@ def test_training_rows_show_progress_state_failure_and_links(tmp_path, monkeypat
     assert failed["log_url"].endswith("/tasks/training.wait_for_workers/mapped/3")
     assert failed["global_step"] is None and failed["last_update"] == now - 30  # no readable report: the launch's time
     assert done["eta_seconds"] is None and done["failure_reason"] is None
+    assert running["replacements"] == ["tf-run-ps-0 restarted 1 time(s), last: stuck: its TensorFlow server "
+                                       "left 3 health questions"] and done["replacements"] == []
 
 
 def test_the_progress_reader_takes_the_chiefs_report_and_nothing_else(tmp_path):
