@@ -474,7 +474,8 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_render(args: argparse.Namespace, out: TextIO) -> int:
-    from airflow_tf.backends.kubernetes_manifests import render_group, to_yaml
+    from airflow_tf.backends.kubernetes.jobs import render_group
+    from airflow_tf.backends.kubernetes.manifests import to_yaml
     from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, dns1123_label
 
     name = dns1123_label(args.name, max_length=46)

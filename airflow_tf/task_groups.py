@@ -27,7 +27,7 @@ from airflow_tf.sensors import WorkerCompletionSensor
 if TYPE_CHECKING:
     from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
-    from airflow_tf.backends.kubernetes_parts import KubernetesPartOptions
+    from airflow_tf.backends.kubernetes import KubernetesPartOptions
 
     from airflow_tf.operators.approval import ApproveExportOperator
 
@@ -197,7 +197,7 @@ def tf_prepare(
     :param progress_every: seconds between progress lines of each part.
     :param kubernetes: run each part as a Kubernetes Job (one pod per part) instead of in the
         Airflow worker, which then only waits and shows the part's log:
-        :class:`~airflow_tf.backends.kubernetes_parts.KubernetesPartOptions` or a dict of it
+        :class:`~airflow_tf.backends.kubernetes.KubernetesPartOptions` or a dict of it
         (``image``, ``namespace``, ``kubernetes_conn_id``, ``resources``, ``env``, and pod
         settings such as ``volumes``, ``node_selector``, ``service_account``, ``secret_env``).
         The pods must mount the storage ``output`` is on at the same path (a shared volume).
@@ -205,7 +205,7 @@ def tf_prepare(
         ``split_key``, ``shards``, ``target_shard_mb``, ``compression``, ``schema``,
         ``string_columns``, ``allow_nan``, ``overwrite``, ``version``, ``buffer_mib``).
     """
-    from airflow_tf.backends.kubernetes_parts import KubernetesPartOptions
+    from airflow_tf.backends.kubernetes import KubernetesPartOptions
     from airflow_tf.operators.common import dataset_asset, is_template
     from airflow_tf.operators.prepare import PreparePartOperator
     from airflow_tf.storage import datasets_dir

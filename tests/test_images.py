@@ -19,7 +19,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from airflow_tf.backends.kubernetes_manifests import DEFAULT_USER
+from airflow_tf.backends.kubernetes.pod_options import DEFAULT_USER
 from airflow_tf.cluster.spec import RUNTIME_COMMAND
 
 ROOT = Path(__file__).resolve().parents[1]

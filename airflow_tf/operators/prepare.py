@@ -246,7 +246,7 @@ class PreparePartOperator(BaseOperator):
         item of the plan task's XCom).
     :param workers: encoding threads of the part.
     :param progress_every: seconds between progress lines.
-    :param kubernetes: :class:`~airflow_tf.backends.kubernetes_parts.KubernetesPartOptions`
+    :param kubernetes: :class:`~airflow_tf.backends.kubernetes.KubernetesPartOptions`
         (or its dict): run the part as a pod; None runs it here.
     """
 
@@ -278,7 +278,7 @@ class PreparePartOperator(BaseOperator):
                             progress_every=self.progress_every)
 
     def _run_in_pod(self, index: int) -> dict[str, Any]:
-        from airflow_tf.backends.kubernetes_parts import KubernetesPartOptions, part_job_name, run_part
+        from airflow_tf.backends.kubernetes.parts import KubernetesPartOptions, part_job_name, run_part
 
         options = KubernetesPartOptions.coerce(self.kubernetes or {})
         plan, dataset, token = self.job["plan"], self.job["name"], self.job["token"]
@@ -292,7 +292,7 @@ class PreparePartOperator(BaseOperator):
         commits from it."""
         if getattr(self, "_part_job", None) is None:
             return
-        from airflow_tf.backends.kubernetes_parts import delete_part
+        from airflow_tf.backends.kubernetes.parts import delete_part
 
         options, name = self._part_job
         self.log.info("part killed: deleting its Job %s", name)

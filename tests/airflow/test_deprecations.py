@@ -75,3 +75,11 @@ def test_launch_training_dict_with_an_unknown_or_twice_given_option_is_refused()
             LaunchTFClusterOperator(task_id="a", dataset="/data/ds", training={"stepz": 3})
         with pytest.warns(AirflowTFDeprecationWarning), pytest.raises(ValueError, match="steps is given twice"):
             LaunchTFClusterOperator(task_id="b", dataset="/data/ds", steps=5, training={"steps": 3})
+
+
+def test_kubernetes_part_options_at_their_old_path_warn_naming_the_new_one():
+    with pytest.warns(AirflowTFDeprecationWarning, match="import it from airflow_tf.backends.kubernetes"):
+        from airflow_tf.backends.kubernetes_parts import KubernetesPartOptions
+    from airflow_tf.backends.kubernetes import KubernetesPartOptions as moved
+
+    assert KubernetesPartOptions is moved

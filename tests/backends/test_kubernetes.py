@@ -20,7 +20,8 @@ import yaml
 from plane import ROLE_FILE, wait_for
 
 from airflow_tf.backends import BackendError, backend_for, get_backend
-from airflow_tf.backends.kubernetes_manifests import GROUP_LABEL, ROLE_LABEL, render_group
+from airflow_tf.backends.kubernetes.jobs import render_group
+from airflow_tf.backends.kubernetes.labels import GROUP_LABEL, ROLE_LABEL
 from airflow_tf.cluster import GroupSpec, Phase, TrainingConfig, group_outcome, group_name
 from airflow_tf.cluster.progress import format_progress
 
@@ -320,8 +321,9 @@ def test_pod_states_give_the_right_outcome(kube, kubelet, backend, scenario, pat
 
 def test_unschedulable_pod_is_failed_when_its_timeout_passes_during_the_watch(kube, kubelet, backend):
     # The scheduler's words depend on the nodes: here, the one node the test plays, with no GPU.
-    ref = backend.launch(_unschedulable_spec(3))
-    seen = collect(backend, ref, timeout=20.0)
+    # 8 s: long enough that even on a loaded machine the watch sees the pod wait before it fails.
+    ref = backend.launch(_unschedulable_spec(8))
+    seen = collect(backend, ref, timeout=40.0)
     outcome = group_outcome(seen[-1])
     assert outcome.done and not outcome.succeeded
     assert f"the scheduler says: {NO_GPU}" in outcome.reason

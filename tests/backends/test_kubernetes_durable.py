@@ -18,7 +18,7 @@ from airflow.providers.common.compat.sdk import AirflowFailException
 from test_kubernetes import backend, kubeconfig, make_spec  # noqa: F401 (fixtures)
 
 from airflow_tf import compat
-from airflow_tf.backends.kubernetes_manifests import GROUP_LABEL, ROOT_ANNOTATION
+from airflow_tf.backends.kubernetes.labels import GROUP_LABEL, ROOT_ANNOTATION
 from airflow_tf.operators.launch import GROUP_RECORD_KEY
 
 # Durable re-attach keeps the group's uid in the task state store, which Airflow has from 3.3;

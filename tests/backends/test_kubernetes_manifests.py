@@ -10,7 +10,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from airflow_tf.backends.kubernetes_manifests import GROUP_LABEL, render_group, to_yaml
+from airflow_tf.backends.kubernetes.jobs import render_group
+from airflow_tf.backends.kubernetes.labels import GROUP_LABEL
+from airflow_tf.backends.kubernetes.manifests import to_yaml
 from airflow_tf.cli import main
 from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name
 from airflow_tf.cluster.names import is_dns1123_label

@@ -20,7 +20,7 @@ from plane import wait_for
 from test_kubernetes import kubeconfig, make_spec, pod, tasks_of  # noqa: F401 (fixtures)
 
 from airflow_tf.backends import BackendError, get_backend
-from airflow_tf.backends.kubernetes_manifests import GROUP_LABEL
+from airflow_tf.backends.kubernetes.labels import GROUP_LABEL
 from airflow_tf.cluster import group_name
 from airflow_tf.operators.common import launch_labels
 from airflow_tf.cluster.components import RESULT_MARKER

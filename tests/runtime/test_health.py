@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from airflow_tf.backends.kubernetes_manifests import health_probes
+from airflow_tf.backends.kubernetes.manifests import health_probes
 from airflow_tf.cluster import GroupSpec, TrainingConfig
 
 pytestmark = pytest.mark.slow

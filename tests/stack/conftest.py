@@ -1,11 +1,12 @@
 """The real Airflow stack for these tests: API server, scheduler, DAG processor and triggerer
-(LocalExecutor) on loopback, on a private PostgreSQL from Debian, started once per session by
+(LocalExecutor) on loopback, on a private PostgreSQL from Debian, started once for the tests of
+this folder (a package, so the stack stops after its last test rather than at the session's end) by
 the same code as ``scripts/stack``. DAGs are driven the way users drive them: REST API v2
 with a token from ``POST /auth/token``, schedules, and the web UI in Debian's Chromium driven
 by Playwright for Python.
 
-Fixtures: ``stack`` (the session's stack: :class:`Stack`), ``signed_in_page`` (a Chromium page
-signed in to it), ``browser`` (the session's Chromium), ``script_stack`` (runs
+Fixtures: ``stack`` (the folder's stack: :class:`Stack`), ``signed_in_page`` (a Chromium page
+signed in to it), ``browser`` (the folder's Chromium), ``script_stack`` (runs
 ``scripts/stack`` itself in a private home: :class:`ScriptStack`)."""
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ class Stack:
         self.api = AirflowAPI(airflow.url, USERNAME, airflow.password)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stack(tmp_path_factory) -> Stack:
     root = tmp_path_factory.mktemp("stack")
     dags = root / "dags"
@@ -207,10 +208,10 @@ def no_training_left(request):
     assert not left, "training processes left running after the test:\n" + "\n".join(described)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser():
     """Debian's Chromium (``CHROMIUM``, default /usr/bin/chromium), headless, driven by the
-    ``playwright`` package; one browser for the session, closed at its end."""
+    ``playwright`` package; one browser for this folder's tests, closed after the last."""
     from playwright.sync_api import sync_playwright
 
     assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: ./scripts/test installs Debian's chromium (as root)"

@@ -20,15 +20,8 @@ from typing import Any
 
 from airflow_tf.cluster import GroupStatus, Phase, TaskStatus, describe_exit, describe_failure, task_name
 
-from .kubernetes_manifests import (
-    DEFAULT_SCHEDULE_TIMEOUT,
-    INDEX_LABEL,
-    KUEUE_QUEUE_LABEL,
-    REPLICAS,
-    ROLE_LABEL,
-    ROOT_ANNOTATION,
-    SCHEDULE_TIMEOUT,
-)
+from .labels import INDEX_LABEL, KUEUE_QUEUE_LABEL, REPLICAS, ROLE_LABEL, ROOT_ANNOTATION, SCHEDULE_TIMEOUT
+from .pod_options import DEFAULT_SCHEDULE_TIMEOUT
 
 FAIL_FAST_WAITING = {
     "ErrImagePull": "the image cannot be pulled; check the image name, tag and image_pull_secrets",

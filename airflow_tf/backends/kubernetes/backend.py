@@ -1,6 +1,6 @@
 """The Kubernetes backend: each role of a group is an Indexed Job, the group's headless
 Service gives every task a stable DNS name, and Kubernetes owns the lifecycle (restarts,
-deadline, cleanup); see :mod:`.kubernetes_manifests` for the objects and why.
+deadline, cleanup); see :mod:`.jobs` and :mod:`.manifests` for the objects and why.
 
 Every API call goes through the cncf-kubernetes provider's hooks: ``KubernetesHook`` for
 the synchronous calls (launch, status, logs, teardown, one-off Jobs) and
@@ -11,7 +11,7 @@ own (``kubernetes_conn_id``, ``in_cluster``, ``config_file``, ``cluster_context`
 
 Reading status never changes anything: the only writes are ``launch()``, ``teardown()``
 and ``run_component()`` (evaluation and export on the cluster). What the Jobs and pods mean for
-the group is decided in :mod:`.kubernetes_status`.
+the group is decided in :mod:`.status`.
 """
 
 from __future__ import annotations
@@ -31,22 +31,12 @@ from airflow_tf.cluster import GroupSpec, GroupStatus, Phase, SpecError
 from airflow_tf.cluster.components import REFUSED_EXIT, RESULT_MARKER, component_command
 from airflow_tf.cluster.progress import parse_progress
 
-from .base import BackendError, ComponentRefusedError, GroupRef
-from .kubernetes_manifests import (
-    COMPONENT_LABEL,
-    DEFAULT_PS_MAX_LIFETIME_SECONDS,
-    DEFAULT_TTL_SECONDS_AFTER_FINISHED,
-    GROUP_LABEL,
-    ONE_OFF_LABEL,
-    ROLE_LABEL,
-    ROOT_ANNOTATION,
-    SUCCESS_POLICY,
-    check_cluster_domain,
-    group_selector,
-    owned_by,
-    render_group,
-)
-from .kubernetes_status import (
+from ..base import BackendError, ComponentRefusedError, GroupRef
+from .jobs import render_group
+from .labels import COMPONENT_LABEL, GROUP_LABEL, ONE_OFF_LABEL, ROLE_LABEL, ROOT_ANNOTATION, SUCCESS_POLICY
+from .manifests import DEFAULT_PS_MAX_LIFETIME_SECONDS, DEFAULT_TTL_SECONDS_AFTER_FINISHED, group_selector, owned_by
+from .pod_options import check_cluster_domain
+from .status import (
     INDEX_LABEL,
     _task_status,
     assess,

@@ -1,0 +1,14 @@
+"""The Kubernetes backend: a training group as Kubernetes objects, run by Kubernetes' own
+controllers, also while no Airflow component runs.
+
+- :mod:`.backend`: :class:`KubernetesBackend` (launch, status, logs, teardown, one-off Jobs).
+- :mod:`.jobs`: the Jobs workload form (one Indexed Job per role); :mod:`.manifests`: what a
+  task's pod holds whatever the form; :mod:`.pod_options`: the validated pod settings.
+- :mod:`.status`: a group's status read from its Jobs and pods.
+- :mod:`.parts`: a prepare's parts as one-off Jobs (:class:`KubernetesPartOptions`).
+"""
+
+from .backend import KubernetesBackend
+from .parts import KubernetesPartOptions
+
+__all__ = ["KubernetesBackend", "KubernetesPartOptions"]
