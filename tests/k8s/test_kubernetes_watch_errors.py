@@ -8,9 +8,10 @@ the backend does, watches included (their expiry by etcd compaction among them),
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
-from kube_emulator import KubeEmulator
+from .kube_emulator import KubeEmulator
 
 from airflow_tf.backends import get_backend
 from airflow_tf.cluster import GroupSpec, TrainingConfig, group_outcome
@@ -38,12 +39,17 @@ def test_watch_falls_back_to_listing_when_the_watch_fails(emulator, tmp_path):
         async def drive():
             await asyncio.sleep(0.05)
             emulator.succeed(NS, emulator.pod(NS, "tf-mnist-worker", 0))
-            await asyncio.sleep(1.5)
+            # The second success comes once the watch follows the pods again (on a loaded
+            # machine the two retries can take longer than any fixed pause).
+            deadline = time.monotonic() + 5.0
+            while len(emulator.calls("watch", "pods", since=start)) < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)
             emulator.succeed(NS, emulator.pod(NS, "tf-mnist-worker", 1))
 
         driver = asyncio.create_task(drive())
         seen = []
-        async for status in backend.watch(ref, timeout=6.0):
+        async for status in backend.watch(ref, timeout=10.0):
             seen.append(status)
             if group_outcome(status, ref.success_policy).done:
                 break

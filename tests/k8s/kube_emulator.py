@@ -1,7 +1,7 @@
 """A small Kubernetes API server for tests, over real HTTP on 127.0.0.1, with the Job
 controller and the garbage collector the backend relies on.
 
-The Kubernetes tests run on a real control plane (tests/backends/conftest.py); this emulator
+The Kubernetes tests run on a real control plane (tests/k8s/conftest.py); this emulator
 is kept for what that plane cannot show: an API server failing one chosen request (HTTP 500
 to a watch, :meth:`fail_next`), in test_kubernetes_watch_errors.py. There the real
 ``kubernetes`` / ``kubernetes_asyncio`` clients, reached through the cncf-kubernetes provider's

@@ -16,8 +16,8 @@ from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
-from plane import wait_for
-from test_kubernetes import kubeconfig, make_spec, pod, tasks_of  # noqa: F401 (fixtures)
+from .plane import wait_for
+from .test_kubernetes import kubeconfig, make_spec, pod, tasks_of  # noqa: F401 (fixtures)
 
 from airflow_tf.backends import BackendError, get_backend
 from airflow_tf.backends.kubernetes.labels import GROUP_LABEL

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 from airflow.providers.common.compat.sdk import AirflowFailException
-from test_kubernetes import backend, kubeconfig, make_spec  # noqa: F401 (fixtures)
+from .test_kubernetes import backend, kubeconfig, make_spec  # noqa: F401 (fixtures)
 
 from airflow_tf import compat
 from airflow_tf.backends.kubernetes.labels import GROUP_LABEL, ROOT_ANNOTATION

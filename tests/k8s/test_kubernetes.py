@@ -1,7 +1,7 @@
 """The Kubernetes backend against a real control plane: kube-apiserver, kube-controller-manager
-and kube-scheduler of Kubernetes v1.37 on etcd (``scripts/kube``; tests/backends/conftest.py).
+and kube-scheduler of Kubernetes v1.37 on etcd (``scripts/kube``; tests/k8s/conftest.py).
 
-Everything is real except the node's kubelet, which the test plays (tests/backends/kubelet.py):
+Everything is real except the node's kubelet, which the test plays (tests/k8s/kubelet.py):
 it says what each pod's container did, and the Job controller, the garbage collector, the TTL
 controller and the scheduler decide the rest. The backend runs as a service account bound only to
 the shipped ``airflow_tf/rbac/role.yaml``, so the real authorizer refuses anything outside it;
@@ -17,7 +17,7 @@ import time
 
 import pytest
 import yaml
-from plane import ROLE_FILE, wait_for
+from .plane import ROLE_FILE, wait_for
 
 from airflow_tf.backends import BackendError, backend_for, get_backend
 from airflow_tf.backends.kubernetes.jobs import render_group

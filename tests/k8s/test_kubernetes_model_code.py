@@ -17,8 +17,8 @@ import pytest
 from airflow_tf.cluster import GroupSpec, TrainingConfig
 from airflow_tf.cluster.model_code import snapshot_model_code
 
-from plane import wait_for
-from test_kubernetes import backend, kubeconfig  # noqa: F401  (fixtures)
+from .plane import wait_for
+from .test_kubernetes import backend, kubeconfig  # noqa: F401  (fixtures)
 
 MODEL = textwrap.dedent('''
     import keras

@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from plane import Plane, wait_for
+from .plane import Plane, wait_for
 
 NODE = "airflow-tf-test-node"
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"

@@ -26,8 +26,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from plane import wait_for
-from test_kubernetes import kubeconfig  # noqa: F401 (fixtures)
+from .plane import wait_for
+from .test_kubernetes import kubeconfig  # noqa: F401 (fixtures)
 
 from airflow_tf.backends import BackendError
 from airflow_tf.backends.base import ComponentRefusedError
@@ -295,7 +295,7 @@ def test_a_killed_part_task_deletes_its_job_and_its_pod(kube, kubelet, tmp_path)
 
 def test_a_part_job_with_every_kind_of_setting_validates_against_the_kubernetes_schemas():
     import kubernetes_validate
-    from test_kubernetes_manifests import SUPPORTED_VERSIONS
+    from .test_kubernetes_manifests import SUPPORTED_VERSIONS
 
     pods = KubernetesPartOptions(
         image="registry.example/tf:2.21", namespace="ml", resources={"limits": {"cpu": "2", "memory": "3Gi"}},

@@ -14,11 +14,11 @@ import re
 from pathlib import Path
 
 import pytest
-from kubelet import Kubelet
-from plane import CLUSTER_ENV, Plane
+from .kubelet import Kubelet
+from .plane import CLUSTER_ENV, Plane
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def plane(tmp_path_factory):
     configured = os.environ.get(CLUSTER_ENV)
     if configured:
@@ -29,7 +29,7 @@ def plane(tmp_path_factory):
     started.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def node(plane):
     """This session's node, its kubelet played by the tests (the private plane only)."""
     if not plane.private:
