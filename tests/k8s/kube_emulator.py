@@ -30,16 +30,9 @@ hooks with a kubeconfig written by the test, send real requests here. It impleme
 - pod watches (``watch=true``) that replay from a ``resourceVersion``, honour
   ``timeoutSeconds`` and answer a too-old version with a 410 ERROR event.
 
-Every request is recorded with the RBAC verb it needs, so a test can compare the calls
-the backend made with the shipped Role. Tests drive pods through the helper methods
-(:meth:`run`, :meth:`succeed`, :meth:`fail`, :meth:`waiting`, :meth:`unschedulable`,
-:meth:`evict`, :meth:`oom_kill`), which change the status the way the kubelet and the
-scheduler would and emit MODIFIED watch events; :meth:`pod` names the current pod of a
-Job's index, :meth:`advance` moves the controllers' clock (deadlines, TTL) and
-:meth:`admit` unsuspends a Job as Kueue would. A terminated container's ``message`` is what it
-wrote to its termination-log file (``termination_message=``), of which the kubelet keeps the
-last 4096 bytes, else, with ``terminationMessagePolicy: FallbackToLogsOnError`` and a failure,
-the end of its log.
+Every request is recorded with the RBAC verb it needs (:meth:`calls`). Tests drive pods through
+:meth:`run` and :meth:`succeed`, which change the status the way the kubelet would and emit
+MODIFIED watch events; :meth:`pod` names the current pod of a Job's index.
 """
 
 from __future__ import annotations
@@ -170,11 +163,6 @@ class KubeEmulator:
         return path
 
     # -- inspection -----------------------------------------------------------------------
-    def objects(self, resource: str, namespace: str | None = None, selector: str | None = None) -> list[dict]:
-        with self._lock:
-            return [copy.deepcopy(o) for (r, ns, _), o in sorted(self._objects.items())
-                    if r == resource and (namespace is None or ns == namespace) and _matches_labels(o, selector)]
-
     def get(self, resource: str, namespace: str, name: str) -> dict | None:
         with self._lock:
             obj = self._objects.get((resource, namespace, name))
@@ -191,10 +179,6 @@ class KubeEmulator:
             self._failures[verb] = self._failures.get(verb, 0) + count
 
     # -- what the kubelet and the scheduler would do --------------------------------------
-    def set_log(self, namespace: str, pod: str, text: str) -> None:
-        with self._lock:
-            self._logs[(namespace, pod)] = text
-
     def set_pod_status(self, namespace: str, name: str, status: dict) -> None:
         with self._lock:
             obj = self._objects[("pods", namespace, name)]
@@ -211,20 +195,6 @@ class KubeEmulator:
             if not pods:
                 raise KeyError(f"no pod of Job {job} index {index}")
             return max(pods, key=lambda o: self._seq[o["metadata"]["uid"]])["metadata"]["name"]
-
-    def advance(self, seconds: float) -> None:
-        """Move the controllers' clock forward (deadlines, TTL) and let them act."""
-        with self._lock:
-            self._offset += dt.timedelta(seconds=seconds)
-            self.reconcile()
-
-    def admit(self, namespace: str, job: str) -> None:
-        """Unsuspend a Job, as Kueue does when its queue admits it."""
-        with self._lock:
-            obj = self._objects[("jobs", namespace, job)]
-            obj["spec"]["suspend"] = False
-            self._record("jobs", "MODIFIED", obj)
-            self.reconcile()
 
     # -- the Job controller, the TTL controller and the garbage collector -----------------
     def _clock(self) -> dt.datetime:
@@ -425,59 +395,6 @@ class KubeEmulator:
     def succeed(self, namespace: str, name: str, termination_message: str | None = None) -> None:
         """The container exited 0, having written ``termination_message`` to its termination-log file."""
         self._terminate(namespace, name, "Succeeded", 0, "Completed", termination_message)
-
-    def fail(self, namespace: str, name: str, exit_code: int = 1, reason: str = "Error",
-             termination_message: str | None = None) -> None:
-        self._terminate(namespace, name, "Failed", exit_code, reason, termination_message)
-
-    def oom_kill(self, namespace: str, name: str) -> None:
-        self._terminate(namespace, name, "Failed", 137, "OOMKilled")
-
-    def evict(self, namespace: str, name: str, message: str) -> None:
-        """The kubelet's or the eviction API's eviction: a DisruptionTarget condition."""
-        self.set_pod_status(namespace, name, {"phase": "Failed", "reason": "Evicted", "message": message,
-                                              "conditions": [{"type": "DisruptionTarget", "status": "True",
-                                                              "reason": "TerminationByKubelet", "message": message}]})
-
-    def terminating(self, namespace: str, name: str) -> None:
-        """A pod being deleted gracefully: marked for deletion, its container stopped by SIGTERM."""
-        with self._lock:
-            self._objects[("pods", namespace, name)]["metadata"]["deletionTimestamp"] = _now()
-            self._terminate(namespace, name, "Failed", 143, "Error")
-
-    def remove(self, resource: str, namespace: str, name: str, propagation: str = "Background") -> None:
-        """Delete an object behind the backend's back (a user's kubectl delete, which cascades)."""
-        with self._lock:
-            self._delete_object(resource, namespace, name, propagation)
-            self.reconcile()
-
-    def waiting(self, namespace: str, name: str, reason: str, message: str) -> None:
-        with self._lock:
-            c = self._container(namespace, name, {"waiting": {"reason": reason, "message": message}})
-            self.set_pod_status(namespace, name, {"phase": "Pending", "containerStatuses": [c]})
-
-    def unschedulable(self, namespace: str, name: str, message: str, seconds_ago: float) -> None:
-        """The scheduler's verdict: a PodScheduled=False condition and a FailedScheduling event."""
-        self.set_pod_status(namespace, name, {"phase": "Pending", "conditions": [{
-            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-            "message": message, "lastTransitionTime": _iso(seconds_ago)}]})
-        self.add_event(namespace, name, "FailedScheduling", message)
-
-    def add_event(self, namespace: str, pod: str, reason: str, message: str, type_: str = "Warning") -> None:
-        with self._lock:
-            name = f"{pod}.{uuid.uuid4().hex[:12]}"
-            event = {"apiVersion": "v1", "kind": "Event",
-                     "metadata": {"name": name, "namespace": namespace},
-                     "involvedObject": {"kind": "Pod", "name": pod, "namespace": namespace},
-                     "reason": reason, "message": message, "type": type_, "count": 1,
-                     "firstTimestamp": _now(), "lastTimestamp": _now()}
-            self._store("events", namespace, event)
-
-    def compact(self) -> None:
-        """Forget the watch history, as etcd compaction does: older versions answer 410."""
-        with self._lock:
-            self._compacted = self._rv
-            self._history.clear()
 
     # -- storage --------------------------------------------------------------------------
     def _next_rv(self) -> str:
