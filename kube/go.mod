@@ -3,13 +3,15 @@ module github.com/airflow-tf/airflow-tf/kube
 
 go 1.26.0
 
-require k8s.io/kubernetes v1.37.2 // indirect
+require k8s.io/kubernetes v1.37.2
+
+// The node agent (kube/node) is built on virtual-kubelet's node library.
+require github.com/virtual-kubelet/virtual-kubelet v1.14.1
 
 require (
 	github.com/golang/groupcache v0.0.0-20210331224755-41bb18bfe9da // indirect
 	github.com/gorilla/mux v1.8.1 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
-	github.com/virtual-kubelet/virtual-kubelet v1.14.1
 	go.opencensus.io v0.24.0 // indirect
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
 )
