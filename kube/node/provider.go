@@ -503,7 +503,7 @@ func (p *Provider) ensureMountpoints(r *podRun, mounts []Mount) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, m := range mounts {
-		if m.Target == "" {
+		if m.Target == "" || strings.HasPrefix(m.Target, "/dev/") { // the process's own /dev
 			continue
 		}
 		shared := ""

@@ -173,6 +173,11 @@ func runSandbox(spec string) error {
 }
 
 func bind(m Mount) error {
+	if strings.HasPrefix(m.Target, "/dev/") { // the tmpfs of privateDev: mount points made here
+		if err := devMountpoint(m.Source, m.Target); err != nil {
+			return err
+		}
+	}
 	if err := mountpoint(m.Source, m.Target); err != nil {
 		return err
 	}
@@ -202,6 +207,23 @@ func mountpoint(source, target string) error {
 		return fmt.Errorf("mount point %s: a directory and a file", target)
 	}
 	return nil
+}
+
+func devMountpoint(source, target string) error {
+	if _, err := os.Lstat(target); err == nil {
+		return nil
+	}
+	st, err := os.Stat(source)
+	if err != nil {
+		return err
+	}
+	if st.IsDir() {
+		return os.MkdirAll(target, 0o755)
+	}
+	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(target, nil, 0o644)
 }
 
 // privateDev puts a tmpfs on /dev holding the host's character devices, pts and a shm of its
@@ -249,12 +271,6 @@ func privateDev(l Launch) error {
 		return fmt.Errorf("private /dev: %w", err)
 	}
 	if t := l.TerminationLog; t.Target != "" && strings.HasPrefix(t.Target, "/dev/") {
-		if err := os.MkdirAll(filepath.Dir(t.Target), 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(t.Target, nil, 0o666); err != nil {
-			return err
-		}
 		return bind(t)
 	}
 	return nil
