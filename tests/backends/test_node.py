@@ -8,8 +8,10 @@ and ``scripts/kube down`` leaves no process, mount or network namespace behind.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -146,8 +148,8 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
                                     and s[0].state.waiting.reason == "ErrImagePull" else None)(
             core.read_namespaced_pod("unknown-image", ns).status.container_statuses), 30, "ErrImagePull")
         assert "registry.example.com/nope:1" in waiting.message
-        events = core.list_namespaced_event(ns, field_selector="involvedObject.name=unknown-image").items
-        assert any(e.type == "Warning" and "ErrImagePull" in e.message for e in events)
+        wait_for(lambda: any(e.type == "Warning" and "ErrImagePull" in e.message for e in core.list_namespaced_event(
+            ns, field_selector="involvedObject.name=unknown-image").items), 30, "the ErrImagePull event")
 
         # The server's process runs until the pod is deleted: SIGTERM, and then the node removes it.
         assert _processes(marker)
@@ -163,3 +165,76 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
     assert _mounts() == before["mounts"]
     # The mount points the node made on the host for /data and /runs are gone.
     assert (Path("/data").exists(), Path("/runs").exists()) == (before["data"], before["runs"])
+
+
+def _pod(name: str, image: str, command: list[str], **spec: object) -> dict:
+    container = {"name": "main", "image": image, "command": command}
+    container.update(spec.pop("container", {}))
+    return {"metadata": {"name": name}, "spec": {"automountServiceAccountToken": False, "containers": [container],
+                                                 **spec}}
+
+
+def test_node_probes_restarts_and_grace_periods(tmp_path):
+    from kubernetes import client, config
+
+    marker = f"aftf-node-test-{uuid.uuid4().hex[:8]}"
+    before = {"namespaces": _namespaces(), "mounts": _mounts(), "runs": Path("/runs").exists()}
+    directory = tmp_path / "plane"
+    subprocess.run([sys.executable, str(KUBE_SCRIPT), "up", str(directory), "--node", "--owner-pid", str(os.getpid())],
+                   check=True, stdout=subprocess.DEVNULL)
+    try:
+        image = _env(directory)["AIRFLOW_TF_KUBE_IMAGE"]
+        core = client.CoreV1Api(config.new_client_from_config(config_file=str(directory / "kubeconfig")))
+        ns = "default"
+        failing = {"exec": {"command": ["/bin/sh", "-c", "exit 1"]}, "periodSeconds": 1, "failureThreshold": 2}
+        sleeper = ["/bin/sh", "-c", "while :; do sleep 1; done", marker]  # the shell stays, the marker in its argv
+        # A liveness probe that fails: the container is stopped (SIGTERM), and restarted (OnFailure)...
+        core.create_namespaced_pod(ns, _pod("restarted", image, sleeper, restartPolicy="OnFailure",
+                                            terminationGracePeriodSeconds=2, container={"livenessProbe": failing}))
+        # ... or, under Never, the pod fails.
+        core.create_namespaced_pod(ns, _pod("failed", image, sleeper, restartPolicy="Never",
+                                            terminationGracePeriodSeconds=2, container={"livenessProbe": failing}))
+        # A startup probe that outlasts its timeout fails too.
+        slow = {"exec": {"command": ["/bin/sh", "-c", "sleep 30"]}, "timeoutSeconds": 1, "failureThreshold": 1}
+        core.create_namespaced_pod(ns, _pod("slow-start", image, sleeper, restartPolicy="Never",
+                                            terminationGracePeriodSeconds=2, container={"startupProbe": slow}))
+        # A process that ignores SIGTERM is killed once the grace period is over.
+        core.create_namespaced_pod(ns, _pod("stubborn", image, ["/bin/sh", "-c", "trap '' TERM; while :; do sleep 1; done",
+                                                                marker],
+                                            restartPolicy="Never", terminationGracePeriodSeconds=3))
+
+        def status(name: str):
+            return core.read_namespaced_pod(name, ns).status
+
+        restarted = wait_for(lambda: (lambda s: s if s.container_statuses and s.container_statuses[0].restart_count >= 1
+                                      else None)(status("restarted")), 60, "a restart after the liveness probe failed")
+        last = restarted.container_statuses[0].last_state.terminated
+        assert (last.exit_code, last.reason) == (143, "Error")  # stopped by SIGTERM
+        for name in ("failed", "slow-start"):
+            failed = wait_for(lambda n=name: (lambda s: s if s.phase == "Failed" else None)(status(n)), 60,
+                              f"pod {name} failed")
+            terminated = failed.container_statuses[0].state.terminated
+            assert (terminated.exit_code, terminated.reason) == (143, "Error"), name
+        wait_for(lambda: any(e.reason == "Unhealthy" and "Liveness" in e.message for e in core.list_namespaced_event(
+            ns, field_selector="involvedObject.name=failed").items), 30, "the Unhealthy event")
+
+        wait_for(lambda: status("stubborn").phase == "Running", 30, "pod stubborn running")
+        started = time.monotonic()
+        core.delete_namespaced_pod("stubborn", ns)
+        wait_for(lambda: not [p for p in core.list_namespaced_pod(ns).items if p.metadata.name == "stubborn"], 30,
+                 "pod stubborn removed")
+        assert 3 <= time.monotonic() - started < 15  # SIGKILL after the grace period, not before
+        assert not [p for p in _processes(marker) if "trap" in p]
+
+        # A node agent killed outright leaves its pods' processes and namespaces: down removes them.
+        core.create_namespaced_pod(ns, _pod("orphan", image, sleeper, securityContext={"runAsUser": 1000},
+                                            volumes=[{"name": "v", "emptyDir": {}}],
+                                            container={"volumeMounts": [{"name": "v", "mountPath": "/runs"}]}))
+        wait_for(lambda: status("orphan").phase == "Running", 30, "pod orphan running")
+        os.kill(int((directory / "run" / "airflow-tf-node.pid").read_text()), signal.SIGKILL)
+        time.sleep(1)
+        assert _processes(marker) and Path("/runs").exists()
+    finally:
+        subprocess.run([sys.executable, str(KUBE_SCRIPT), "down", str(directory)], check=True)
+    assert not _processes(marker)
+    assert (_namespaces(), _mounts(), Path("/runs").exists()) == (before["namespaces"], before["mounts"], before["runs"])
