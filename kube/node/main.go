@@ -17,10 +17,14 @@
 //   - No cgroups: no resource limits are enforced, and a SIGKILL is never told to be an OOM
 //     kill (reason Error, exit code 137).
 //   - Namespaces: network (one per pod, on a bridge inside a network namespace of this node:
-//     pods reach each other, nothing leaves it), mount and UTS per process; no PID, IPC or
-//     user namespace. runAsUser/runAsGroup/fsGroup become the process's uid, gid and groups;
-//     leaving uid 0 drops every capability (the manifests drop ALL anyway). seccomp profiles
-//     and allowPrivilegeEscalation are not applied.
+//     pods reach each other, nothing leaves it; the bridge's first address relays DNS to the
+//     cluster DNS given with --cluster-dns, which is all of the host pods can reach), mount and
+//     UTS per process; no PID, IPC or user namespace. runAsUser/runAsGroup/fsGroup become the
+//     process's uid, gid and groups; leaving uid 0 drops every capability (the manifests drop
+//     ALL anyway); runAsNonRoot refuses uid 0. seccomp profiles and allowPrivilegeEscalation
+//     are not applied.
+//   - Processes run in a process group of their own, which is signalled (SIGTERM, then SIGKILL
+//     after the grace period); restarts back off from --restart-backoff as the kubelet's do.
 //   - Probes: exec startup and liveness probes only (others count as passing; readiness
 //     follows the startup probe). Init containers, sidecars, envFrom, Secret/ConfigMap env
 //     values, exec/attach/port-forward and stats are not supported.
@@ -75,7 +79,8 @@ func run() error {
 	state := flag.String("state-dir", "", "directory for the pods' logs and files")
 	prefix := flag.String("netns-prefix", "aftf", "prefix of the network namespaces this node makes")
 	subnet := flag.String("pod-subnet", "10.244.0.0/24", "the pods' addresses (a /24)")
-	dns := flag.String("dns", "", "nameserver of the pods' resolv.conf (none when empty)")
+	clusterDNS := flag.String("cluster-dns", "", "the cluster DNS (host:port on this host), relayed to the pods "+
+		"from the bridge's first address; without it the pods have no nameserver")
 	domain := flag.String("cluster-domain", "cluster.local", "the cluster's DNS domain")
 	backoff := flag.Duration("restart-backoff", 10*time.Second, "first delay before a container restarts (doubled each time)")
 	flag.Parse()
@@ -120,13 +125,20 @@ func run() error {
 		return err
 	}
 	defer network.Stop() //nolint:errcheck
+	dns := ""
+	if *clusterDNS != "" {
+		dns = fmt.Sprintf("%d.%d.%d.1", ip4[0], ip4[1], ip4[2])
+		if err := network.RelayDNS(dns, *clusterDNS); err != nil {
+			return fmt.Errorf("the pods' nameserver: %w", err)
+		}
+	}
 
 	events := record.NewBroadcaster()
 	defer events.Shutdown()
 	events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	recorder := events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "airflow-tf-node", Host: *name})
 	provider := &Provider{Images: images, Net: network, Client: client, Events: recorder, StateDir: *state,
-		Self: self, HostIP: hostIP, DNS: *dns, ClusterDomain: *domain, Backoff: *backoff,
+		Self: self, HostIP: hostIP, DNS: dns, ClusterDomain: *domain, Backoff: *backoff,
 		pods: map[string]*podRun{}, mountpoints: map[string]int{}}
 
 	mux := http.NewServeMux()
