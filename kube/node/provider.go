@@ -436,7 +436,7 @@ func (p *Provider) launch(r *podRun, c *container, image Image, argv []string) (
 		return Launch{}, err
 	}
 	l := Launch{Hostname: pod.Spec.Hostname, UID: uid, GID: gid, Groups: groups, WorkDir: spec.WorkingDir,
-		Env: env, Argv: argv, DevDir: filepath.Join(r.dir, "dev-"+spec.Name)}
+		Env: env, Argv: argv, DevDir: filepath.Join(r.dir, "dev-"+spec.Name), Expose: append([]string{image.Path}, image.Expose...)}
 	if l.Hostname == "" {
 		l.Hostname = pod.Name
 	}

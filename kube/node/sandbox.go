@@ -25,14 +25,15 @@ type Mount struct {
 // Launch is what the helper (`airflow-tf-node _sandbox SPEC`) does before it execs the
 // container's process, inside the pod's network namespace and a mount namespace of its own.
 type Launch struct {
-	Hostname       string  `json:"hostname"`
-	Mounts         []Mount `json:"mounts"`
-	DevDir         string  `json:"devDir"` // scratch dir for the host's /dev while a private /dev is made
-	TerminationLog Mount   `json:"terminationLog"`
-	UID            int     `json:"uid"`
-	GID            int     `json:"gid"`
-	Groups         []int   `json:"groups,omitempty"`
-	WorkDir        string  `json:"workDir,omitempty"`
+	Hostname       string   `json:"hostname"`
+	Mounts         []Mount  `json:"mounts"`
+	DevDir         string   `json:"devDir"` // scratch dir for the host's /dev while a private /dev is made
+	TerminationLog Mount    `json:"terminationLog"`
+	UID            int      `json:"uid"`
+	GID            int      `json:"gid"`
+	Groups         []int    `json:"groups,omitempty"`
+	WorkDir        string   `json:"workDir,omitempty"`
+	Expose         []string `json:"expose,omitempty"` // the image's directories, shown to a non-root user
 	Env            []string
 	Argv           []string
 }
@@ -129,6 +130,11 @@ func runSandbox(spec string) error {
 	if err := syscall.Sethostname([]byte(l.Hostname)); err != nil {
 		return fmt.Errorf("sethostname: %w", err)
 	}
+	if l.UID != 0 {
+		if err := expose(l.Expose, l.DevDir+"-expose"); err != nil {
+			return err
+		}
+	}
 	if err := privateDev(l); err != nil {
 		return err
 	}
@@ -170,6 +176,53 @@ func runSandbox(spec string) error {
 		path = found
 	}
 	return syscall.Exec(path, l.Argv, l.Env)
+}
+
+// expose makes the image's directories reachable by a non-root user when a directory above
+// them is not (a virtual environment under /root): that directory becomes an empty tmpfs in
+// the process's mount namespace (the rest of it hidden), with the image's directories bound
+// back at their paths.
+func expose(paths []string, scratch string) error {
+	type move struct{ from, to string }
+	var moves []move
+	covers := map[string]bool{}
+	for i, path := range paths {
+		closed := ""
+		for dir := filepath.Dir(path); ; dir = filepath.Dir(dir) {
+			if info, err := os.Stat(dir); err == nil && info.Mode().Perm()&0o001 == 0 {
+				closed = dir // the topmost one others cannot pass
+			}
+			if dir == "/" {
+				break
+			}
+		}
+		if closed == "" {
+			continue
+		}
+		from := fmt.Sprintf("%s/%d", scratch, i)
+		if err := os.MkdirAll(from, 0o700); err != nil {
+			return err
+		}
+		if err := syscall.Mount(path, from, "", syscall.MS_BIND|syscall.MS_REC, ""); err != nil {
+			return fmt.Errorf("expose %s: %w", path, err)
+		}
+		moves = append(moves, move{from, path})
+		covers[closed] = true
+	}
+	for dir := range covers {
+		if err := syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, "mode=755"); err != nil {
+			return fmt.Errorf("expose: tmpfs on %s: %w", dir, err)
+		}
+	}
+	for _, m := range moves {
+		if err := os.MkdirAll(m.to, 0o755); err != nil {
+			return err
+		}
+		if err := syscall.Mount(m.from, m.to, "", syscall.MS_MOVE, ""); err != nil {
+			return fmt.Errorf("expose %s: %w", m.to, err)
+		}
+	}
+	return nil
 }
 
 func bind(m Mount) error {

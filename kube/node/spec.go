@@ -20,6 +20,9 @@ type Image struct {
 	Path string `json:"path"`
 	// Entrypoint is run when a container gives no command (the image's ENTRYPOINT).
 	Entrypoint []string `json:"entrypoint,omitempty"`
+	// Expose lists more directories the image needs (a virtual environment's base interpreter):
+	// with Path, they are made reachable to a non-root user when a directory above them is not.
+	Expose []string `json:"expose,omitempty"`
 }
 
 // Images maps image references to local environments.
