@@ -91,10 +91,13 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
         wait_for(lambda: core.read_namespaced_persistent_volume_claim("data", ns).status.phase == "Bound", 30,
                  "the claim bound")
 
-        # The training image is this interpreter's environment: `python` is its python.
+        # The training image is this interpreter's environment: `python` is its python, for the
+        # non-root user the manifests run as too.
         batch.create_namespaced_job(ns, _job("ok", image, [
-            "python", "-c", "import sys; print('prefix', sys.prefix); print(open('/data/hello.txt').read())",
-            marker], volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+            "python", "-c", "import os, sys; print('prefix', sys.prefix, 'uid', os.getuid()); "
+            "print(open('/data/hello.txt').read())", marker],
+            securityContext={"runAsNonRoot": True, "runAsUser": 1000},
+            volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
             container={"volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}]}))
         # A non-root user, its env from the downward API, a termination message, exit code 3.
         batch.create_namespaced_job(ns, _job("fails", image, [
@@ -107,7 +110,7 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
                                {"name": "INDEX_OF", "value": "of $(POD)"}],
                        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}))
         # A server pod, and a client Job reaching it by the IP the node gave it.
-        core.create_namespaced_pod(ns, {"metadata": {"name": "server"}, "spec": {
+        core.create_namespaced_pod(ns, {"metadata": {"name": "server", "labels": {"app": "g1"}}, "spec": {
             "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 5,
             "containers": [{"name": "main", "image": image, "command": [
                 "python", "-c", "import http.server as h; h.HTTPServer(('', 8080), h.SimpleHTTPRequestHandler)"
@@ -115,9 +118,7 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
         server = wait_for(lambda: (lambda p: p if p.status.pod_ip and p.status.phase == "Running" else None)(
             core.read_namespaced_pod("server", ns)), 60, "the server pod running with an IP")
         assert server.status.pod_ip.startswith("10.244.0."), server.status.pod_ip
-        batch.create_namespaced_job(ns, _job("client", image, [
-            "python", "-c", f"import urllib.request as u; print(u.urlopen('http://{server.status.pod_ip}:8080/', "
-            "timeout=5).status)", marker]))
+        batch.create_namespaced_job(ns, _job("client", image, ["python", "-c", CLIENT, server.status.pod_ip, marker]))
         # An image the node has no environment for: refused as a pull error is.
         core.create_namespaced_pod(ns, {"metadata": {"name": "unknown-image"}, "spec": {
             "automountServiceAccountToken": False,
@@ -141,8 +142,8 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
         assert _log(core, failed.metadata.name, ns) == \
             f"uid 1000 pod {failed.metadata.name} of {failed.metadata.name}\n"
         ok_log = _log(core, pod_of("ok").metadata.name, ns)
-        assert f"prefix {sys.prefix}" in ok_log and "hello from the storage folder" in ok_log
-        assert _log(core, pod_of("client").metadata.name, ns).strip() == "200"
+        assert f"prefix {sys.prefix} uid 1000" in ok_log and "hello from the storage folder" in ok_log
+        assert _log(core, pod_of("client").metadata.name, ns).split() == ["200"]
 
         waiting = wait_for(lambda: (lambda s: s[0].state.waiting if s and s[0].state.waiting
                                     and s[0].state.waiting.reason == "ErrImagePull" else None)(
@@ -165,6 +166,13 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
     assert _mounts() == before["mounts"]
     # The mount points the node made on the host for /data and /runs are gone.
     assert (Path("/data").exists(), Path("/runs").exists()) == (before["data"], before["runs"])
+
+
+# Fetches from the server by IP.
+CLIENT = """
+import sys, urllib.request as u
+print(u.urlopen(f"http://{sys.argv[1]}:8080/", timeout=5).status)
+"""
 
 
 def _pod(name: str, image: str, command: list[str], **spec: object) -> dict:
@@ -226,14 +234,16 @@ def test_node_probes_restarts_and_grace_periods(tmp_path):
         assert 3 <= time.monotonic() - started < 15  # SIGKILL after the grace period, not before
         assert not [p for p in _processes(marker) if "trap" in p]
 
-        # A node agent killed outright leaves its pods' processes and namespaces: down removes them.
-        core.create_namespaced_pod(ns, _pod("orphan", image, sleeper, securityContext={"runAsUser": 1000},
+        # A node agent killed outright leaves its network namespaces and mount points: down removes them.
+        orphan = f"{marker}-orphan"
+        core.create_namespaced_pod(ns, _pod("orphan", image, [*sleeper[:-1], orphan], securityContext={"runAsUser": 1000},
                                             volumes=[{"name": "v", "emptyDir": {}}],
                                             container={"volumeMounts": [{"name": "v", "mountPath": "/runs"}]}))
-        wait_for(lambda: status("orphan").phase == "Running", 30, "pod orphan running")
+        wait_for(lambda: _processes(orphan), 30, "pod orphan's process")
         os.kill(int((directory / "run" / "airflow-tf-node.pid").read_text()), signal.SIGKILL)
         time.sleep(1)
-        assert _processes(marker) and Path("/runs").exists()
+        # Its pods' processes die with it (the parent-death signal); its namespaces and mount points stay.
+        assert Path("/runs").exists() and len(_namespaces()) > len(before["namespaces"])
     finally:
         subprocess.run([sys.executable, str(KUBE_SCRIPT), "down", str(directory)], check=True)
     assert not _processes(marker)
