@@ -109,8 +109,13 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
                        "env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                                {"name": "INDEX_OF", "value": "of $(POD)"}],
                        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}))
-        # A server pod, and a client Job reaching it by the IP the node gave it.
+        # A server pod, and a client Job reaching it by the IP the node gave it, and by the name the
+        # cluster DNS answers from the EndpointSlice of its headless Service (as TF_CONFIG names tasks).
+        core.create_namespaced_service(ns, {"metadata": {"name": "g1"}, "spec": {
+            "clusterIP": "None", "selector": {"app": "g1"}, "publishNotReadyAddresses": True,
+            "ports": [{"name": "http", "port": 8080}]}})
         core.create_namespaced_pod(ns, {"metadata": {"name": "server", "labels": {"app": "g1"}}, "spec": {
+            "hostname": "srv", "subdomain": "g1",
             "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 5,
             "containers": [{"name": "main", "image": image, "command": [
                 "python", "-c", "import http.server as h; h.HTTPServer(('', 8080), h.SimpleHTTPRequestHandler)"
@@ -143,7 +148,8 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
             f"uid 1000 pod {failed.metadata.name} of {failed.metadata.name}\n"
         ok_log = _log(core, pod_of("ok").metadata.name, ns)
         assert f"prefix {sys.prefix} uid 1000" in ok_log and "hello from the storage folder" in ok_log
-        assert _log(core, pod_of("client").metadata.name, ns).split() == ["200"]
+        assert _log(core, pod_of("client").metadata.name, ns).split() == [
+            "200", server.status.pod_ip, "200"], _log(core, pod_of("client").metadata.name, ns)
 
         waiting = wait_for(lambda: (lambda s: s[0].state.waiting if s and s[0].state.waiting
                                     and s[0].state.waiting.reason == "ErrImagePull" else None)(
@@ -168,10 +174,17 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
     assert (Path("/data").exists(), Path("/runs").exists()) == (before["data"], before["runs"])
 
 
-# Fetches from the server by IP.
+# Fetches from the server by IP, resolves its DNS name (waiting for the EndpointSlice), fetches by name.
 CLIENT = """
-import sys, urllib.request as u
+import socket, sys, time, urllib.request as u
 print(u.urlopen(f"http://{sys.argv[1]}:8080/", timeout=5).status)
+name = "srv.g1.node-test.svc.cluster.local"
+for _ in range(60):
+    try:
+        print(socket.gethostbyname(name)); break
+    except OSError:
+        time.sleep(0.5)
+print(u.urlopen(f"http://{name}:8080/", timeout=5).status)
 """
 
 
