@@ -21,14 +21,14 @@ GROUPS_ENV = "AIRFLOW_TF_TEST_GROUPS"
 
 
 def group_of(item, tests: Path) -> str | None:
-    """The group a test must share a worker with: the whole of tests/stack (one Airflow stack per
-    session), every test on the Kubernetes control plane (one plane per session), the tests of a
-    file whose fixtures outlive one test (trained groups, emulators); else none."""
+    """The group a test must share a worker with: the whole of tests/stack (one Airflow stack),
+    the whole of tests/k8s (one control plane; the node agent's tests make and count network
+    namespaces and mounts, so two must never overlap), the tests of a file whose fixtures outlive
+    one test (trained groups, emulators); else none."""
     path = Path(str(item.path)).resolve()
-    if path.is_relative_to(tests / "stack"):
-        return "stack"
-    if "plane" in getattr(item, "fixturenames", ()):
-        return "kubernetes-plane"
+    for folder in ("stack", "k8s"):
+        if path.is_relative_to(tests / folder):
+            return folder
     if _uses_shared_fixtures(item):
         return path.as_posix()
     return None

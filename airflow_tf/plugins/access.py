@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -81,8 +82,10 @@ def _read_launches() -> list[Launch]:
     return launches
 
 
-_IGNORED: set[tuple[str, str, str, int, str]] = set()
-"""The claims already logged as ignored (the launches are read again every few seconds)."""
+_IGNORED: OrderedDict[tuple[str, str, str, int, str], None] = OrderedDict()
+"""The claims already logged as ignored (the launches are read again every few seconds), the
+newest ``IGNORED_REMEMBERED``: a flood of forged results cannot grow the API server's memory."""
+IGNORED_REMEMBERED = 10_000
 
 
 def _launched_it(launch: Launch) -> bool:
@@ -93,7 +96,9 @@ def _launched_it(launch: Launch) -> bool:
         return True
     key = (launch.dag_id, launch.run_id, launch.task_id, launch.map_index, launch.result.run_dir)
     if key not in _IGNORED:
-        _IGNORED.add(key)
+        _IGNORED[key] = None
+        if len(_IGNORED) > IGNORED_REMEMBERED:
+            _IGNORED.popitem(last=False)
         log.warning("ignoring the launch result returned by %s: its run directory %s records %s as its launch, so "
                     "the run is not shown as %s's", claimant, launch.result.run_dir,
                     recorded or "no launch", launch.dag_id)

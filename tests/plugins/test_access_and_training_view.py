@@ -61,6 +61,20 @@ def test_a_launch_result_counts_only_when_the_run_directory_records_that_launch(
     assert not _launched_it(launch("team_a", f"{runs}/tf-from-the-cli"))  # no record at all
 
 
+def test_ignored_launch_results_are_logged_once_and_remembered_within_a_bound(tmp_path, monkeypatch, caplog):
+    from airflow_tf.plugins import access
+
+    monkeypatch.setattr(access, "_IGNORED", type(access._IGNORED)())
+    monkeypatch.setattr(access, "IGNORED_REMEMBERED", 3)
+    forged = [launch("team_a", f"{tmp_path}/runs/tf-{n}", run_id=f"forged__{n}") for n in range(5)]
+    with caplog.at_level("WARNING", logger=access.log.name):
+        for _ in range(2):  # the launches are read again every few seconds
+            assert not any(_launched_it(claim) for claim in forged[:2])
+        assert len(caplog.records) == 2, "each ignored result is logged once"
+        assert not any(_launched_it(claim) for claim in forged)
+    assert len(access._IGNORED) == 3, "a flood of forged results keeps only the newest in memory"
+
+
 def test_a_launch_cannot_take_another_dags_run_directory_or_one_inside_a_run(tmp_path):
     runs = tmp_path / "runs"
     first = RunLaunch("team_b", "manual__1", "training.launch", -1)
