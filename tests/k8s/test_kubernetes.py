@@ -271,7 +271,9 @@ SCENARIOS = {
             ["pod tf-mnist-worker-0-", "OOMKilled", "limit 4Gi", "resources.limits.memory"]),
     "evicted_is_replaced": (_scenario_spec, lambda k: k.evict(pod(k, "ps", 0), "The node was low on resource: memory."),
                             False, False, ["workers done 0/2"]),
-    "worker_job_deleted": (_scenario_spec, lambda k: k.remove_jobs_orphaning_pods(), True, False, ["does not exist"]),
+    # Whichever Job the garbage collector lets go of last, the group is reported deleted: "does
+    # not exist" once both are gone, "Job tf-mnist-worker not found ... deleted" while the ps's remains.
+    "worker_job_deleted": (_scenario_spec, lambda k: k.remove_jobs_orphaning_pods(), True, False, ["deleted"]),
     "ps_job_deleted_outside": (_scenario_spec, lambda k: [k.remove_job("tf-mnist-ps"), k.succeed(pod(k, "worker", 0)),
                                                           k.succeed(pod(k, "worker", 1))], True, True,
                                ["all 2 training task(s) succeeded"]),
