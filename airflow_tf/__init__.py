@@ -22,9 +22,9 @@ def get_provider_info() -> dict:
         ],
         "config": {
             "airflow_tf": {
-                "description": "Shared storage and local group state of airflow-tf training tasks. "
-                "Read when a task runs; when unset, the environment variables AIRFLOW_TF_STORAGE and "
-                "AIRFLOW_TF_STATE_DIR apply.",
+                "description": "Shared storage, the default backend and the local group state of "
+                "airflow-tf training tasks. Read when a task runs; when unset, the environment variables "
+                "AIRFLOW_TF_STORAGE, AIRFLOW_TF_BACKEND, AIRFLOW_TF_BACKEND_OPTIONS and AIRFLOW_TF_STATE_DIR apply.",
                 "options": {
                     "storage": {
                         "description": "Root of the shared storage: datasets/, runs/ and models/ (the "
@@ -33,6 +33,25 @@ def get_provider_info() -> dict:
                         "version_added": "0.1.0",
                         "type": "string",
                         "example": "/shared/airflow-tf",
+                        "default": "",
+                    },
+                    "backend": {
+                        "description": "The backend of trainings whose DAG names none (backend=None, the "
+                        "default of tf_training and the launch): local or kubernetes. Empty: "
+                        "$AIRFLOW_TF_BACKEND, else local.",
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "kubernetes",
+                        "default": "",
+                    },
+                    "backend_options": {
+                        "description": "That backend's options as a JSON object, for trainings that give "
+                        "none (e.g. the namespace and the storage claim of the pods). Empty: "
+                        "$AIRFLOW_TF_BACKEND_OPTIONS, else none.",
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": '{"namespace": "ml", "pod_defaults": {"volumes": [{"claim": '
+                        '"airflow-tf-storage", "mount_path": "/shared/airflow-tf"}]}}',
                         "default": "",
                     },
                     "state_dir": {

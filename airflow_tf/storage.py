@@ -8,6 +8,7 @@ directory comes from ``[airflow_tf] state_dir``, else ``$AIRFLOW_TF_STATE_DIR``.
 
 from __future__ import annotations
 
+import json
 import os
 
 SECTION = "airflow_tf"
@@ -49,3 +50,26 @@ def models_dir() -> str:
 def incoming_dir() -> str:
     """Where new raw data lands for the continuous-retraining example."""
     return os.path.join(storage_root(), "incoming")
+
+
+def configured_backend() -> str:
+    """The deployment's backend for tasks that name none: ``[airflow_tf] backend``
+    (``$AIRFLOW_TF_BACKEND``), else ``local``."""
+    return _setting("backend", "AIRFLOW_TF_BACKEND") or "local"
+
+
+def configured_backend_options() -> dict:
+    """The deployment backend's options: ``[airflow_tf] backend_options``
+    (``$AIRFLOW_TF_BACKEND_OPTIONS``), a JSON object such as ``{"namespace": "ml"}``."""
+    text = _setting("backend_options", "AIRFLOW_TF_BACKEND_OPTIONS")
+    if not text:
+        return {}
+    try:
+        options = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"[airflow_tf] backend_options / $AIRFLOW_TF_BACKEND_OPTIONS is not JSON ({exc}): "
+                         f"give a JSON object, e.g. '{{\"namespace\": \"ml\"}}'") from None
+    if not isinstance(options, dict):
+        raise ValueError(f"[airflow_tf] backend_options / $AIRFLOW_TF_BACKEND_OPTIONS: expected a JSON object, "
+                         f"got {type(options).__name__} {text!r}")
+    return options

@@ -40,7 +40,7 @@ def tf_training(
     dataset: Any,
     model_name: str | None = None,
     thresholds: dict[str, Any] | None = None,
-    backend: str = "local",
+    backend: str | None = None,
     backend_options: dict[str, Any] | None = None,
     expand: dict[str, Any] | None = None,
     select_by: str = "loss",
@@ -79,8 +79,10 @@ def tf_training(
     :param dataset: dataset directory, or the prepare task's XCom (``prepare.output``).
     :param model_name: the exported model's name; None: no export task.
     :param thresholds: blessing thresholds, e.g. ``{"mse": {"max": 1.0}}``.
-    :param backend: ``local`` or ``kubernetes``, for every task of the group.
-    :param backend_options: the backend's options, for every task of the group.
+    :param backend: ``local`` or ``kubernetes``, for every task of the group; None (default): the
+        deployment's, ``[airflow_tf] backend`` (``$AIRFLOW_TF_BACKEND``), else ``local``.
+    :param backend_options: the backend's options, for every task of the group; None: for the
+        deployment's backend, ``[airflow_tf] backend_options`` (a JSON object).
     :param expand: launch options mapped over (Airflow dynamic task mapping).
     :param select_by: with ``expand``: the eval metric that picks the run to export (lower
         is better for losses and errors, higher otherwise).
@@ -104,7 +106,7 @@ def tf_training(
     :param launch_options: the options of :class:`~airflow_tf.operators.LaunchTFClusterOperator`
         (``model``, ``steps``, ``learning_rate``, ``ps``, ``workers``, ``sync``, ...).
     """
-    backend_options = dict(backend_options or {})
+    backend_options = None if backend_options is None else dict(backend_options)
     approve_class: type[ApproveExportOperator] | None = None
     if approval:
         if model_name is None:

@@ -15,7 +15,7 @@ import airflow.sdk
 from airflow.sdk import Asset
 from airflow.providers.common.compat.sdk import AirflowFailException
 
-from airflow_tf.storage import state_dir
+from airflow_tf.storage import configured_backend, configured_backend_options, state_dir
 
 
 def dataset_asset(name: str) -> Asset:
@@ -60,15 +60,29 @@ def is_template(value: Any) -> bool:
     return not isinstance(value, str) or "{{" in value or "{%" in value
 
 
-def resolved_backend_options(backend: str, options: dict[str, Any] | None) -> dict[str, Any]:
-    """The backend's options with the provider's defaults, read when the task runs: the local
-    backend's state directory from ``[airflow_tf] state_dir`` / ``$AIRFLOW_TF_STATE_DIR``."""
-    resolved = dict(options or {})
-    if backend == "local" and not resolved.get("state_dir"):
-        configured = state_dir()
-        if configured:
-            resolved["state_dir"] = configured
-    return resolved
+def resolved_backend(backend: str | None, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    """The backend a task uses and its options, read when the task runs.
+
+    ``backend=None`` means the deployment's: ``[airflow_tf] backend`` (``$AIRFLOW_TF_BACKEND``),
+    else ``local``; options not given (None) for the deployment's backend are
+    ``[airflow_tf] backend_options`` (``$AIRFLOW_TF_BACKEND_OPTIONS``, a JSON object). The local
+    backend's state directory defaults to ``[airflow_tf] state_dir`` / ``$AIRFLOW_TF_STATE_DIR``."""
+    from airflow_tf.backends import BACKENDS
+
+    configured = configured_backend()
+    if configured not in BACKENDS:
+        raise ValueError(f"[airflow_tf] backend / $AIRFLOW_TF_BACKEND: {configured!r} is not one of "
+                         f"{', '.join(BACKENDS)}")
+    name = backend or configured
+    if options is None and name == configured:
+        resolved = configured_backend_options()
+    else:
+        resolved = dict(options or {})
+    if name == "local" and not resolved.get("state_dir"):
+        directory = state_dir()
+        if directory:
+            resolved["state_dir"] = directory
+    return name, resolved
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from airflow_tf.cluster.training import dataset_uri_of, parse_bool
 from airflow_tf.plugins.links import TensorBoardLink
 from airflow_tf.storage import runs_dir
 
-from .common import deprecated, launch_labels, no_retry_for, resolved_backend_options
+from .common import deprecated, launch_labels, no_retry_for, resolved_backend
 
 # Every TrainingConfig option a DAG author sets is an explicit parameter of the operator, so
 # Airflow's .partial()/.expand() validation sees it; dataset, run_dir and sync are group-level
@@ -66,7 +66,8 @@ class LaunchTFClusterOperator(BaseOperator):
     :param workers: worker tasks.
     :param chief: 0, or 1 for a separate chief task (required by ``mode="coordinator"``).
     :param run_dir: checkpoints and event files; default ``<storage>/runs/<group name>``.
-    :param backend: ``local`` (processes on this machine) or ``kubernetes``.
+    :param backend: ``local`` (processes on this machine) or ``kubernetes``; None (default): the
+        deployment's, ``[airflow_tf] backend``, else ``local``.
     :param backend_options: e.g. ``{"state_dir": ...}`` for local, or ``{"kubernetes_conn_id":
         ..., "namespace": ...}`` for kubernetes.
     :param image: the training image (kubernetes).
@@ -114,7 +115,7 @@ class LaunchTFClusterOperator(BaseOperator):
                  min_shard_bytes: int | str = TrainingConfig.min_shard_bytes,
                  max_shard_bytes: int | str = TrainingConfig.max_shard_bytes,
                  ps_memory_limit: str | None = TrainingConfig.ps_memory_limit, run_dir: str | None = None,
-                 backend: str = "local", backend_options: dict[str, Any] | None = None, image: str | None = None,
+                 backend: str | None = None, backend_options: dict[str, Any] | None = None, image: str | None = None,
                  role_options: dict[str, dict[str, Any]] | None = None, backoff_limit: int = 3,
                  active_deadline_seconds: float | None = None, success_policy: str = "AllWorkers",
                  port: int = 2222, group_name: str | None = None, training: dict[str, Any] | None = None,
@@ -147,7 +148,7 @@ class LaunchTFClusterOperator(BaseOperator):
         self.ps_memory_limit = ps_memory_limit
         self.run_dir = run_dir
         self.backend = backend
-        self.backend_options = backend_options or {}
+        self.backend_options = backend_options
         self.image = image
         self.role_options = role_options or {}
         self.backoff_limit = backoff_limit
@@ -232,7 +233,8 @@ class LaunchTFClusterOperator(BaseOperator):
         # A bad option or spec, or a model that cannot be found, fails at once: retrying cannot fix it.
         with no_retry_for(ValueError, SpecError, RunDirTakenError, what="launch refused"):
             spec, code_hash = self._plan(context)
-        backend = get_backend(self.backend, **resolved_backend_options(self.backend, self.backend_options))
+        backend_name, options = resolved_backend(self.backend, self.backend_options)
+        backend = get_backend(backend_name, **options)
         existing = backend.find(spec.name)
         store = task_state_store(context)  # Airflow 3.3+: kept across the retries of this task
         if store is None:
@@ -253,7 +255,7 @@ class LaunchTFClusterOperator(BaseOperator):
         if existing is not None:
             self.log.info("re-attaching to training group %s (uid %s) launched by an earlier try", spec.name, ref.uid)
         else:
-            self.log.info("launched training group %s (uid %s) on %s: %s", spec.name, ref.uid, self.backend,
+            self.log.info("launched training group %s (uid %s) on %s: %s", spec.name, ref.uid, backend_name,
                           ", ".join(f"{spec.replicas(r)} {r}" for r in spec.roles if spec.replicas(r)))
         assert spec.training is not None
         if spec.training.warm_start_from:

@@ -13,7 +13,7 @@ from airflow.providers.common.compat.sdk import AirflowFailException
 from airflow_tf.backends import GroupRef, backend_for, get_backend
 from airflow_tf.cluster import group_outcome, group_name, label_value
 
-from .common import deprecated, launch_labels, resolved_backend_options
+from .common import deprecated, launch_labels, resolved_backend
 
 
 ON_FINISH_ACTIONS = ("delete_pod", "delete_succeeded_pod", "keep_pod")
@@ -84,7 +84,7 @@ class TeardownTFClusterOperator(BaseOperator):
         if launch is None and isinstance(group, XComArg):
             launch = next(iter(group.iter_references()))[0]
         # A group whose launch did not return is found where the launch put it.
-        backend = backend or _launch_setting(launch, "backend") or "local"
+        backend = backend or _launch_setting(launch, "backend")
         if backend_options is None:
             backend_options = _launch_setting(launch, "backend_options")
         self.on_finish_action = on_finish_action
@@ -94,7 +94,7 @@ class TeardownTFClusterOperator(BaseOperator):
         self.wait_task_id = _task_id(wait, "wait")
         self.roles = roles
         self.backend = backend
-        self.backend_options = backend_options or {}
+        self.backend_options = backend_options
         self.log_tail_lines = log_tail_lines
 
     def _launch_by_id(self, task_id: str, launch: Any) -> Any:
@@ -125,7 +125,8 @@ class TeardownTFClusterOperator(BaseOperator):
             if self.launch_is_mapped:
                 count = ti.get_ti_count(dag_id=ti.dag_id, task_ids=[self.launch_task_id], run_ids=[ti.run_id])
                 indexes = range(count)
-            backend = get_backend(self.backend, **resolved_backend_options(self.backend, self.backend_options))
+            backend_name, options = resolved_backend(self.backend, self.backend_options)
+            backend = get_backend(backend_name, **options)
             for index in indexes:
                 name = group_name(ti.dag_id, self.launch_task_id, ti.run_id, index)
                 if name not in refs and (found := backend.find(name)) is not None:
