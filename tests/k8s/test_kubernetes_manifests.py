@@ -364,3 +364,19 @@ def test_ps_and_workers_are_probed_by_their_health_question_with_the_groups_boun
     assert set(probes(spec(health_timeout=None)).values()) == {(None, None)}, "health_timeout=None asks nothing"
     own = spec(role_options={"worker": {"command": ["my-trainer"]}})
     assert probes(own)["tf-demo-worker"] == (None, None), "a command of one's own may serve no TensorFlow server"
+
+
+def test_the_backend_image_is_the_training_image_of_groups_that_name_none():
+    from airflow_tf.backends.base import BackendError
+    from airflow_tf.backends.kubernetes import KubernetesBackend
+
+    backend = KubernetesBackend(kubernetes_conn_id=None, namespace="ml", image="registry.example/tf:deployment")
+    images = {c["image"] for o in backend.render(spec(image=None)) if o["kind"] == "Job"
+              for c in o["spec"]["template"]["spec"]["containers"]}
+    assert images == {"registry.example/tf:deployment"}
+    # A group's own image wins.
+    images = {c["image"] for o in backend.render(spec()) if o["kind"] == "Job"
+              for c in o["spec"]["template"]["spec"]["containers"]}
+    assert images == {"registry.example/tf:2.21"}
+    with pytest.raises(BackendError, match="backend option image: 'not an image!' is not a container image"):
+        KubernetesBackend(kubernetes_conn_id=None, namespace="ml", image="not an image!")

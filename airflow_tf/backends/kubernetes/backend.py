@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -35,7 +36,7 @@ from ..base import BackendError, ComponentRefusedError, GroupRef
 from .jobs import render_group
 from .labels import COMPONENT_LABEL, GROUP_LABEL, ONE_OFF_LABEL, ROLE_LABEL, ROOT_ANNOTATION, SUCCESS_POLICY
 from .manifests import DEFAULT_PS_MAX_LIFETIME_SECONDS, DEFAULT_TTL_SECONDS_AFTER_FINISHED, group_selector, owned_by
-from .pod_options import check_cluster_domain
+from .pod_options import check_cluster_domain, check_image
 from .status import (
     INDEX_LABEL,
     _task_status,
@@ -89,6 +90,8 @@ class KubernetesBackend:
     :param network_policy: also create a NetworkPolicy admitting gRPC only from the group's pods.
     :param pod_defaults: pod settings for every role (same keys as ``RoleSpec.kubernetes``,
         which wins per key), e.g. the data and run-output volumes, a pod template, a Kueue queue.
+    :param image: the training image of groups that name none (neither the launch's ``image``
+        nor a role's): a deployment's one setting in ``[airflow_tf] backend_options``.
     :param ttl_seconds_after_finished: the whole group (parameter servers included) is
         deleted by Kubernetes this long after its root Job finished, whether or not Airflow
         tore it down; None keeps it until deleted.
@@ -108,7 +111,7 @@ class KubernetesBackend:
     def __init__(self, kubernetes_conn_id: str | None = "kubernetes_default", namespace: str | None = None, *,
                  in_cluster: bool | None = None, config_file: str | None = None, cluster_context: str | None = None,
                  cluster_domain: str | None = None, network_policy: bool = False,
-                 pod_defaults: dict[str, Any] | None = None,
+                 pod_defaults: dict[str, Any] | None = None, image: str | None = None,
                  ttl_seconds_after_finished: int | None = DEFAULT_TTL_SECONDS_AFTER_FINISHED,
                  ps_max_lifetime_seconds: int = DEFAULT_PS_MAX_LIFETIME_SECONDS,
                  progress_interval: float = 60.0, poll_interval: float = 30.0,
@@ -124,6 +127,10 @@ class KubernetesBackend:
             raise BackendError(str(e)) from None
         self.network_policy = network_policy
         self.pod_defaults = pod_defaults or {}
+        try:
+            self.image = None if image is None else check_image(image, "backend option image")
+        except SpecError as e:
+            raise BackendError(str(e)) from None
         self.ttl_seconds_after_finished = ttl_seconds_after_finished
         self.ps_max_lifetime_seconds = ps_max_lifetime_seconds
         self.progress_interval = float(progress_interval)
@@ -267,6 +274,8 @@ class KubernetesBackend:
     # -- the protocol --------------------------------------------------------------------
     def render(self, spec: GroupSpec) -> list[dict]:
         """The objects ``launch()`` creates (without the ownerReferences, which need the root's uid)."""
+        if spec.image is None and self.image is not None:
+            spec = dataclasses.replace(spec, image=self.image)
         return render_group(spec, self.namespace, cluster_domain=self.cluster_domain,
                             network_policy=self.network_policy, pod_defaults=self.pod_defaults,
                             ttl_seconds_after_finished=self.ttl_seconds_after_finished,
