@@ -348,6 +348,9 @@ def test_a_retryable_failure_is_restarted_by_kubernetes_not_by_the_backend(kube,
                       "the restart to show")
     assert status.task("worker", 0).phase is Phase.PENDING
     assert not group_outcome(status).done
+    # Which task was replaced, and why: what the sensor's log and the Training view show.
+    assert status.replacements() == [f"tf-mnist-worker-0 restarted 1 time(s), last: pod {first} ended "
+                                     f"(exit code 137 (SIGKILL)); Job tf-mnist-worker replaced it"]
     assert len(kube.calls("create")) == creates, "the backend created nothing after the launch"
     assert {c.verb for c in kube.calls() if c.resource in ("pods", "jobs")} <= {"create", "get", "list", "watch"}
 

@@ -239,7 +239,17 @@ def _assess_task(group: str, role: str, index: int, job: _RoleJob, *, attempts: 
     elif task.phase in (Phase.RUNNING, Phase.PENDING) and job.failed:
         task.phase, task.reason = Phase.FAILED, f"stopped by Kubernetes: {job.failure()}"
         return task, True
+    elif restarts and not task.reason and task.phase in (Phase.RUNNING, Phase.PENDING):
+        task.reason = _replaced(attempts.earlier((role, index))[-1], job, now)
     return task, False
+
+
+def _replaced(previous: dict, job: _RoleJob, now: dt.datetime) -> str:
+    """Why a task runs in a new pod: how its previous pod ended (a liveness probe's kill is an
+    exit by SIGKILL or SIGTERM; the pod's events name the probe)."""
+    ended = _task_status(previous, now, {}, "", 0)
+    why = ended.reason or (describe_exit(ended.exit_code) if ended.exit_code is not None else "it was deleted")
+    return f"pod {_meta(previous)['name']} ended ({why}); Job {job.name} replaced it"
 
 
 def _task_without_pod(task: TaskStatus, job: _RoleJob) -> bool:
