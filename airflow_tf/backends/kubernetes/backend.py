@@ -354,11 +354,13 @@ class KubernetesBackend:
 
     def teardown(self, ref: GroupRef, roles: Iterable[str] | None = None) -> list[str]:
         """Delete the group (the root Job first: garbage collection removes what it owns),
-        or only the Jobs of ``roles``. Pods go with their Job."""
+        or only the Jobs of ``roles``. Pods go with their Job. An evaluation or export Job of the
+        group is left to its task, which may still run beside the teardown: it deletes its Job
+        once it has the result (Kubernetes does, after its TTL, should the task die)."""
         namespace = self._ns(ref)
         deleted = []
         if roles is None:
-            jobs = sorted(self._list("jobs", namespace, group_selector(ref.name)),
+            jobs = sorted(self._group_jobs(namespace, ref.name),
                           key=lambda j: (j["metadata"].get("annotations") or {}).get(ROOT_ANNOTATION) != "true")
             objects = [("jobs", j) for j in jobs]
             objects += [(kind, o) for kind in _KINDS[1:] if kind != "networkpolicies"
