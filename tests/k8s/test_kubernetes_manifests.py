@@ -361,6 +361,10 @@ def test_ps_and_workers_are_probed_by_their_health_question_with_the_groups_boun
         assert startup["exec"] == liveness["exec"] and startup["periodSeconds"] * startup["failureThreshold"] >= 600
         assert startup["timeoutSeconds"] == liveness["timeoutSeconds"]
     assert found["tf-demo-evaluator"] == (None, None), "the runtime's evaluator serves nothing"
+    # A frozen ps ignores SIGTERM: its pod is killed 5 s after the probe gave up, not 30 s.
+    graces = {name: pod["spec"].get("terminationGracePeriodSeconds")
+              for name, pod in pods(render_group(spec(health_timeout=4), "ml")).items()}
+    assert graces == {"tf-demo-ps": 5, "tf-demo-worker": None}, graces
     assert set(probes(spec(health_timeout=None)).values()) == {(None, None)}, "health_timeout=None asks nothing"
     own = spec(role_options={"worker": {"command": ["my-trainer"]}})
     assert probes(own)["tf-demo-worker"] == (None, None), "a command of one's own may serve no TensorFlow server"

@@ -50,6 +50,11 @@ TEMPLATES = Path(__file__).with_name("templates")
 
 DEFAULT_TTL_SECONDS_AFTER_FINISHED = 3600
 DEFAULT_PS_MAX_LIFETIME_SECONDS = 7 * 24 * 3600
+PS_STOP_GRACE_SECONDS = 5
+"""A parameter server's grace period (the pod's ``terminationGracePeriodSeconds``): it saves
+nothing when stopped (the chief checkpoints), and a frozen one cannot act on the SIGTERM, so
+the grace only delays its replacement after the liveness probe gave up (Kubernetes' default
+is 30 s)."""
 PROBE_START_SECS = 10
 """Seconds a health probe gets beyond its question's deadline, to start Python and gRPC in the
 container (a fraction of a second on an idle node)."""
@@ -329,15 +334,17 @@ def health_probes(spec: GroupSpec, role: str) -> dict[str, dict | None]:
     role's tasks are not asked. The startup probe gives TensorFlow's import and the server's
     start ``HEALTH_STARTUP_SECS``; from the first answer on, the liveness probe has the
     kubelet kill a container that leaves ``HEALTH_FAILURES`` questions in a row unanswered, and
-    the Job replaces its pod (same index, so same DNS name) within the role's backoff limit."""
+    the Job replaces its pod (same index, so same DNS name) within the role's backoff limit.
+    A parameter server's grace period is ``PS_STOP_GRACE_SECONDS``: see there."""
     bounds = spec.health_bounds()
     if bounds is None or not spec.answers_health(role):
-        return {"liveness_probe": None, "startup_probe": None}
+        return {"liveness_probe": None, "startup_probe": None, "termination_grace_seconds": None}
     probe = {"exec": {"command": spec.health_command([f"127.0.0.1:{spec.port}"])},
              "timeoutSeconds": math.ceil(bounds.timeout_secs) + PROBE_START_SECS,
              "periodSeconds": math.ceil(bounds.period_secs)}
     return {"liveness_probe": {**probe, "failureThreshold": bounds.failures},
-            "startup_probe": {**probe, "failureThreshold": math.ceil(HEALTH_STARTUP_SECS / bounds.period_secs)}}
+            "startup_probe": {**probe, "failureThreshold": math.ceil(HEALTH_STARTUP_SECS / bounds.period_secs)},
+            "termination_grace_seconds": PS_STOP_GRACE_SECONDS if role == "ps" else None}
 
 
 def one_off_pod_template(*, container: str, image: str, command: list[str], env: dict[str, str],
@@ -348,7 +355,7 @@ def one_off_pod_template(*, container: str, image: str, command: list[str], env:
     job = render(
         "job.yaml.j2", name=container, namespace="default", replicas=1, service=None, role=container,
         image=image, command=command, env=_process_env(env, options, resources), port=None,
-        liveness_probe=None, startup_probe=None,
+        liveness_probe=None, startup_probe=None, termination_grace_seconds=None,
         job_labels={}, job_annotations={}, pod_labels=options.labels, pod_annotations=options.annotations,
         backoff_limit_per_index=0, pod_failure_rules=[], success_policy=None, active_deadline_seconds=None,
         ttl_seconds_after_finished=None, suspend=False, **pod_settings(options, resources),
