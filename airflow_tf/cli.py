@@ -512,13 +512,15 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the demo end to end on the embedded default")
     p.add_argument("--workdir", required=True, help="directory for data, runs, models and AIRFLOW_HOME")
     p.add_argument("--dags-folder", default=None, help="the example DAGs (default: the repository's dags/)")
+    p.add_argument("--kubernetes-plane", default=None, metavar="DIR",
+                   help="train on the Kubernetes plane of `scripts/kube up DIR --node` instead of local processes")
     p.set_defaults(func=_cmd_demo)
 
 
 def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     from airflow_tf.demo import REPO_DAGS, run_demo
 
-    _print_json(run_demo(args.workdir, args.dags_folder or REPO_DAGS), out)
+    _print_json(run_demo(args.workdir, args.dags_folder or REPO_DAGS, plane=args.kubernetes_plane), out)
     return 0
 
 

@@ -1,5 +1,9 @@
 """Run the example DAGs through Airflow itself (``airflow dags test``) in a self-contained
-home: SQLite, local processes, local disk. Used by ``airflow-tf demo`` and the DAG tests."""
+home: SQLite, local processes, local disk. Used by ``airflow-tf demo`` and the DAG tests.
+
+With a Kubernetes plane (``scripts/kube up DIR --node``) the same DAG trains on it: its tasks'
+backend is the deployment's (``AIRFLOW_TF_BACKEND``), the storage folder the node offers is
+the storage of both the Airflow tasks and the pods, at one path."""
 
 from __future__ import annotations
 
@@ -7,7 +11,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 REPO_DAGS = Path(__file__).resolve().parents[1] / "dags"
 
@@ -32,7 +39,10 @@ def airflow_env(workdir: str | os.PathLike, dags_folder: str | os.PathLike = REP
 
 def _airflow(env: dict[str, str], *args: str, check: bool = True, capture: bool = False) -> subprocess.CompletedProcess:
     airflow = str(Path(sys.executable).with_name("airflow"))
-    return subprocess.run([airflow, *args], env=env, check=check, text=True,
+    # On a plane, what the Airflow tasks make in the shared storage stays writable by the pods'
+    # group (the storage folder is set-group-id to it).
+    umask = 0o002 if env.get("AIRFLOW_TF_BACKEND") == "kubernetes" else -1
+    return subprocess.run([airflow, *args], env=env, check=check, text=True, umask=umask,
                           stdout=subprocess.PIPE if capture else None,
                           stderr=subprocess.STDOUT if capture else None)
 
@@ -77,15 +87,104 @@ def task_states(env: dict[str, str], dag_id: str, output: str) -> dict[str, str]
     return {row["task_id"]: row["state"] for row in rows}
 
 
-def run_demo(workdir: str | os.PathLike, dags_folder: str | os.PathLike = REPO_DAGS) -> dict:
-    """Run ``tf_linear_regression`` end to end and report where the model went and how good it is."""
+DEMO_NAMESPACE = "airflow-tf-demo"
+
+
+def plane_settings(plane: str | os.PathLike) -> dict[str, str]:
+    """What ``scripts/kube up DIR --node`` wrote to ``DIR/env``."""
+    path = Path(plane) / "env"
+    if not path.is_file():
+        raise SystemExit(f"airflow-tf demo: {path} is missing: start the plane with `scripts/kube up {plane} --node`")
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def kubernetes_env(plane: str | os.PathLike, namespace: str = DEMO_NAMESPACE) -> dict[str, str]:
+    """The environment that puts the example DAGs on the plane in ``plane`` (its node, its
+    storage folder): creates ``namespace`` and a claim of the storage folder there first."""
+    from kubernetes import client, config
+
+    settings = plane_settings(plane)
+    storage = settings["AIRFLOW_TF_KUBE_STORAGE"]
+    volume = settings["AIRFLOW_TF_KUBE_STORAGE_VOLUME"]
+    core = client.CoreV1Api(config.new_client_from_config(config_file=settings["KUBECONFIG"]))
+    if not core.list_namespace(field_selector=f"metadata.name={namespace}").items:
+        core.create_namespace({"metadata": {"name": namespace}})
+    if not core.list_namespaced_persistent_volume_claim(namespace, field_selector=f"metadata.name={volume}").items:
+        core.create_namespaced_persistent_volume_claim(namespace, {"metadata": {"name": volume}, "spec": {
+            "accessModes": ["ReadWriteMany"], "storageClassName": settings["AIRFLOW_TF_KUBE_STORAGE_CLASS"],
+            "volumeName": volume, "resources": {"requests": {"storage": "1Gi"}}}})
+    deadline = time.monotonic() + 60
+    while core.read_namespaced_persistent_volume_claim(volume, namespace).status.phase != "Bound":
+        if time.monotonic() > deadline:
+            raise SystemExit(f"airflow-tf demo: claim {namespace}/{volume} not bound to volume {volume} after 60 s")
+        time.sleep(0.5)
+    return {
+        "AIRFLOW_TF_STORAGE": storage,
+        "AIRFLOW_TF_BACKEND": "kubernetes",
+        "AIRFLOW_TF_BACKEND_OPTIONS": json.dumps({"namespace": namespace, "image": settings["AIRFLOW_TF_KUBE_IMAGE"],
+                                                  "pod_defaults": {
+            "volumes": [{"claim": volume, "mount_path": storage}]}}),
+        "AIRFLOW_CONN_KUBERNETES_DEFAULT": json.dumps({"conn_type": "kubernetes", "extra": {
+            "kube_config_path": settings["KUBECONFIG"], "namespace": namespace}}),
+    }
+
+
+class ClusterRecorder:
+    """Notes every Job and pod of a namespace while a run lasts (the teardown deletes them)."""
+
+    def __init__(self, kubeconfig: str, namespace: str) -> None:
+        from kubernetes import client, config
+
+        api = config.new_client_from_config(config_file=kubeconfig)
+        self.core, self.batch, self.namespace = client.CoreV1Api(api), client.BatchV1Api(api), namespace
+        self.jobs: dict[str, str] = {}
+        self.pods: dict[str, dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._record, name="cluster-recorder", daemon=True)
+
+    def __enter__(self) -> ClusterRecorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _record(self) -> None:
+        while True:
+            try:
+                for job in self.batch.list_namespaced_job(self.namespace).items:
+                    done = [c.type for c in job.status.conditions or [] if c.status == "True"]
+                    self.jobs[job.metadata.name] = done[-1] if done else "Active"
+                for pod in self.core.list_namespaced_pod(self.namespace).items:
+                    self.pods[pod.metadata.name] = {"phase": pod.status.phase, "node": pod.spec.node_name,
+                                                    "ip": pod.status.pod_ip}
+            except Exception as exc:  # the plane busy for a moment: the next look catches up
+                print(f"airflow-tf demo: could not list the cluster's Jobs and pods: {exc}", file=sys.stderr)
+            if self._stop.wait(1.0):
+                return
+
+
+def run_demo(workdir: str | os.PathLike, dags_folder: str | os.PathLike = REPO_DAGS,
+             plane: str | os.PathLike | None = None) -> dict:
+    """Run ``tf_linear_regression`` end to end and report where the model went and how good it
+    is; with ``plane`` (a ``scripts/kube up --node`` directory), on that Kubernetes plane."""
     from airflow_tf.serving import latest_export
 
     env = airflow_env(workdir, dags_folder)
+    recorder = None
+    if plane is not None:
+        env.update(kubernetes_env(plane))
+        recorder = ClusterRecorder(plane_settings(plane)["KUBECONFIG"], DEMO_NAMESPACE)
     print(f"airflow-tf demo: Airflow home {env['AIRFLOW_HOME']}, storage {env['AIRFLOW_TF_STORAGE']}", flush=True)
     init_airflow(env)
-    print("airflow-tf demo: running DAG tf_linear_regression (airflow dags test) ...", flush=True)
-    result = dags_test(env, "tf_linear_regression")
+    print("airflow-tf demo: running DAG tf_linear_regression (airflow dags test) "
+          f"on {env.get('AIRFLOW_TF_BACKEND', 'local')} ...", flush=True)
+    if recorder is None:
+        result = dags_test(env, "tf_linear_regression")
+    else:
+        with recorder:
+            result = dags_test(env, "tf_linear_regression")
     log_path = Path(workdir) / "tf_linear_regression.log"
     log_path.write_text(result.stdout)
     if result.returncode != 0 or dag_run_state(result.stdout) != "success":
@@ -108,6 +207,8 @@ def run_demo(workdir: str | os.PathLike, dags_folder: str | os.PathLike = REPO_D
         "expected_for_x_0_1_5 (2x + 10)": [10.0, 12.0, 20.0],
         "dag_log": str(log_path),
     }
+    if recorder is not None:
+        summary["kubernetes"] = {"namespace": DEMO_NAMESPACE, "jobs": recorder.jobs, "pods": recorder.pods}
     return summary
 
 

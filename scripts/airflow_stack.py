@@ -56,7 +56,8 @@ class AirflowStack:
 
     ``database`` is ``postgres``, ``sqlite`` or ``auto`` (PostgreSQL, else SQLite); after
     :meth:`start`, :attr:`database` says which one serves. ``setup``: ``airflow`` commands run
-    after ``db migrate``, before the components start (e.g. ``("teams", "sync")``)."""
+    after ``db migrate``, before the components start (e.g. ``("teams", "sync")``). ``umask``: the
+    components' (default: this process's)."""
 
     def __init__(
         self,
@@ -69,6 +70,7 @@ class AirflowStack:
         env: dict[str, str] | None = None,
         venv: Path = Path(sys.prefix),  # the environment running this (.venv, or CI's others)
         setup: tuple[tuple[str, ...], ...] = (),
+        umask: int | None = None,
     ) -> None:
         if database not in ("auto", "postgres", "sqlite"):
             raise StackError(f"database: {database!r} is not one of auto, postgres, sqlite")
@@ -80,6 +82,7 @@ class AirflowStack:
         self.database = database
         self.extra_env = dict(env or {})
         self.setup = tuple(setup)
+        self.umask = -1 if umask is None else umask
         self.bin = Path(venv) / "bin"
         self.url = f"http://127.0.0.1:{self.port}"
         self.password = ""
@@ -264,6 +267,7 @@ class AirflowStack:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                umask=self.umask,
             )
         self.processes[component] = proc
         return proc
@@ -306,6 +310,11 @@ class AirflowStack:
             passwords[USERNAME] = secrets.token_urlsafe(12)
             _write_atomic(path, json.dumps(passwords))
         self.password = passwords[USERNAME]
+
+    def cli(self, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess:
+        """``airflow ARGS`` against this deployment (after :meth:`start`), output captured."""
+        return subprocess.run([str(self.bin / "airflow"), *args], env=self._env, cwd=self.home, capture_output=True,
+                              text=True, timeout=timeout, check=False)
 
     def _airflow(self, *args: str, log: str, timeout: float) -> None:
         with open(self.home / "logs" / log, "ab") as out:

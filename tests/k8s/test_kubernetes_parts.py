@@ -14,12 +14,10 @@ committed version is compared with a local prepare record by record."""
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections import Counter
@@ -353,56 +351,6 @@ def test_a_bad_setting_fails_the_dag_while_it_is_parsed(tmp_path):
         tf_prepare(input=str(tmp_path), name="clicks", kubernetes={"image": "tf:2.21", "volumes": []})
     part = dag.get_task("prepare.part")
     assert KubernetesPartOptions.coerce(part.partial_kwargs["kubernetes"]).image == "tf:2.21"
-
-
-DAG_FILE = '''
-import json
-from datetime import datetime
-from pathlib import Path
-
-from airflow.sdk import DAG, task
-from airflow_tf.task_groups import tf_prepare
-
-with DAG("parted_pods", schedule=None, start_date=datetime(2024, 1, 1), catchup=False) as dag:
-    prepared = tf_prepare(input={source!r}, output={output!r}, name="clicks", partitions=2, label="y",
-                          eval_fraction=0.25, seed=7, progress_every=0,
-                          kubernetes={{"image": "registry.example/tf:2.21", "namespace": {namespace!r},
-                                      "kubernetes_conn_id": None, "config_file": {kubeconfig!r},
-                                      "poll_interval": 0.2,
-                                      "volumes": [{{"claim": "datasets", "mount_path": {output!r}}}]}})
-
-    @task
-    def record(summary):
-        Path({result!r}).write_text(json.dumps(summary))
-
-    record(prepared.output)
-'''
-
-
-@pytest.mark.slow
-def test_a_dag_prepares_with_its_parts_as_pods(kube, kubelet, tmp_path):
-    from airflow_tf.demo import airflow_env, dags_test, init_airflow
-
-    folder = _inputs(tmp_path / "raw")
-    output, result, dags = tmp_path / "datasets", tmp_path / "xcom.json", tmp_path / "dags"
-    dags.mkdir()
-    (dags / "parted_pods.py").write_text(textwrap.dedent(DAG_FILE.format(
-        source=str(folder), output=str(output), namespace=kube.ns, kubeconfig=str(kube.kubeconfig),
-        result=str(result))))
-    env = airflow_env(tmp_path, dags)
-    init_airflow(env)
-    kube.volume_claim("datasets")
-    with LocalKubelet(kube, kubelet, tmp_path) as node:
-        run = dags_test(env, "parted_pods")
-    assert "state=success" in run.stdout, run.stdout[-4000:]
-    assert len(node.started) == 2, "each part ran in a pod of its own"
-    assert "| part 1: " in run.stdout, "a part's progress is in its Airflow task log"
-    summary = json.loads(result.read_text())
-    single = prepare_dataset(folder, tmp_path / "single", "single", label="y", eval_fraction=0.25, seed=7)
-    assert summary["parts"] == 2 and summary["counts"] == single["counts"]
-    for split in ("train", "eval"):
-        assert _records(summary["dataset_uri"], split) == _records(single["dataset_uri"], split)
-    wait_for(lambda: kube.gone("jobs"), 30, "the parts' Jobs to be deleted")
 
 
 def test_a_part_whose_image_cannot_be_pulled_fails_at_once_naming_the_pod(kube, kubelet, tmp_path):

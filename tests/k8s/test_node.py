@@ -9,43 +9,16 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from .plane import KUBE_SCRIPT, wait_for
+from .host import down, mounts, namespaces, plane_env, processes, up_with_node
+from .plane import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="the node agent makes namespaces (root)")]
-
-
-def _processes(marker: str) -> list[str]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline:
-            found.append(f"{proc.name}: {cmdline}")
-    return found
-
-
-def _namespaces() -> list[str]:
-    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return sorted(line.split()[0] for line in listing.splitlines() if line.strip())
-
-
-def _mounts() -> list[str]:
-    return sorted(line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines())
-
-
-def _env(directory: Path) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in (directory / "env").read_text().splitlines())
 
 
 def _job(name: str, image: str, command: list[str], **pod: object) -> dict:
@@ -70,13 +43,12 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
     from kubernetes import client, config
 
     marker = f"aftf-node-test-{uuid.uuid4().hex[:8]}"
-    before = {"namespaces": _namespaces(), "mounts": _mounts(), "data": Path("/data").exists(),
+    before = {"namespaces": namespaces(), "mounts": mounts(), "data": Path("/data").exists(),
               "runs": Path("/runs").exists()}
     directory = tmp_path / "plane"
-    subprocess.run([sys.executable, str(KUBE_SCRIPT), "up", str(directory), "--node", "--owner-pid", str(os.getpid())],
-                   check=True, stdout=subprocess.DEVNULL)
+    up_with_node(directory)
     try:
-        env = _env(directory)
+        env = plane_env(directory)
         image, storage = env["AIRFLOW_TF_KUBE_IMAGE"], Path(env["AIRFLOW_TF_KUBE_STORAGE"])
         api = config.new_client_from_config(config_file=str(directory / "kubeconfig"))
         core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
@@ -159,17 +131,17 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
             ns, field_selector="involvedObject.name=unknown-image").items), 30, "the ErrImagePull event")
 
         # The server's process runs until the pod is deleted: SIGTERM, and then the node removes it.
-        assert _processes(marker)
+        assert processes(marker)
         core.delete_namespaced_pod("server", ns)
         wait_for(lambda: not [p for p in core.list_namespaced_pod(ns).items if p.metadata.name == "server"], 30,
                  "the server pod removed by the node")
-        assert len(_namespaces()) > len(before["namespaces"])  # the bridge's, at least
+        assert len(namespaces()) > len(before["namespaces"])  # the bridge's, at least
     finally:
-        subprocess.run([sys.executable, str(KUBE_SCRIPT), "down", str(directory)], check=True)
-    assert not _processes(marker)
-    assert not _processes(str(directory))
-    assert _namespaces() == before["namespaces"]
-    assert _mounts() == before["mounts"]
+        down(directory)
+    assert not processes(marker)
+    assert not processes(str(directory))
+    assert namespaces() == before["namespaces"]
+    assert mounts() == before["mounts"]
     # The mount points the node made on the host for /data and /runs are gone.
     assert (Path("/data").exists(), Path("/runs").exists()) == (before["data"], before["runs"])
 
@@ -199,12 +171,11 @@ def test_node_probes_restarts_and_grace_periods(tmp_path):
     from kubernetes import client, config
 
     marker = f"aftf-node-test-{uuid.uuid4().hex[:8]}"
-    before = {"namespaces": _namespaces(), "mounts": _mounts(), "runs": Path("/runs").exists()}
+    before = {"namespaces": namespaces(), "mounts": mounts(), "runs": Path("/runs").exists()}
     directory = tmp_path / "plane"
-    subprocess.run([sys.executable, str(KUBE_SCRIPT), "up", str(directory), "--node", "--owner-pid", str(os.getpid())],
-                   check=True, stdout=subprocess.DEVNULL)
+    up_with_node(directory)
     try:
-        image = _env(directory)["AIRFLOW_TF_KUBE_IMAGE"]
+        image = plane_env(directory)["AIRFLOW_TF_KUBE_IMAGE"]
         core = client.CoreV1Api(config.new_client_from_config(config_file=str(directory / "kubeconfig")))
         ns = "default"
         failing = {"exec": {"command": ["/bin/sh", "-c", "exit 1"]}, "periodSeconds": 1, "failureThreshold": 2}
@@ -245,19 +216,19 @@ def test_node_probes_restarts_and_grace_periods(tmp_path):
         wait_for(lambda: not [p for p in core.list_namespaced_pod(ns).items if p.metadata.name == "stubborn"], 30,
                  "pod stubborn removed")
         assert 3 <= time.monotonic() - started < 15  # SIGKILL after the grace period, not before
-        assert not [p for p in _processes(marker) if "trap" in p]
+        assert not [p for p in processes(marker) if "trap" in p]
 
         # A node agent killed outright leaves its network namespaces and mount points: down removes them.
         orphan = f"{marker}-orphan"
         core.create_namespaced_pod(ns, _pod("orphan", image, [*sleeper[:-1], orphan], securityContext={"runAsUser": 1000},
                                             volumes=[{"name": "v", "emptyDir": {}}],
                                             container={"volumeMounts": [{"name": "v", "mountPath": "/runs"}]}))
-        wait_for(lambda: _processes(orphan), 30, "pod orphan's process")
+        wait_for(lambda: processes(orphan), 30, "pod orphan's process")
         os.kill(int((directory / "run" / "airflow-tf-node.pid").read_text()), signal.SIGKILL)
         time.sleep(1)
         # Its pods' processes die with it (the parent-death signal); its namespaces and mount points stay.
-        assert Path("/runs").exists() and len(_namespaces()) > len(before["namespaces"])
+        assert Path("/runs").exists() and len(namespaces()) > len(before["namespaces"])
     finally:
-        subprocess.run([sys.executable, str(KUBE_SCRIPT), "down", str(directory)], check=True)
-    assert not _processes(marker)
-    assert (_namespaces(), _mounts(), Path("/runs").exists()) == (before["namespaces"], before["mounts"], before["runs"])
+        down(directory)
+    assert not processes(marker)
+    assert (namespaces(), mounts(), Path("/runs").exists()) == (before["namespaces"], before["mounts"], before["runs"])

@@ -1,0 +1,251 @@
+"""The example DAG ``tf_linear_regression`` on Kubernetes: a plane with a node whose pods are real
+local processes (``scripts/kube up --node``), the DAG's backend the deployment's
+(``AIRFLOW_TF_BACKEND=kubernetes``), run by real Airflow. Prepare runs in Airflow; the ps and
+workers, the evaluation and the export run as Jobs whose pods talk gRPC to each other by the
+names TF_CONFIG gives, resolved by the cluster DNS.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_tf.demo import DEMO_NAMESPACE, REPO_DAGS, ClusterRecorder, kubernetes_env, run_demo
+
+from serving_check import WARMUP, serve_both_ways
+from .host import down, mounts, namespaces, plane_env, processes, shared_storage, up_with_node
+from .plane import wait_for
+
+sys.path.insert(0, str(REPO_DAGS.parent / "scripts"))
+from airflow_stack import AirflowStack  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="the node agent makes namespaces (root)")]
+
+
+def _leftovers(directory: Path) -> dict:
+    return {"processes": processes(str(directory)), "namespaces": namespaces(), "mounts": mounts()}
+
+
+def test_the_demo_dag_trains_on_kubernetes_end_to_end_and_leaves_nothing_behind(tmp_path):
+    directory = tmp_path / "plane"
+    before = _leftovers(directory)
+    with shared_storage() as storage:
+        up_with_node(directory, storage)
+        try:
+            _demo_on_the_plane(directory, storage, tmp_path)
+        finally:
+            down(directory)
+    assert _leftovers(directory) == before
+
+
+def _demo_on_the_plane(directory: Path, storage: Path, tmp_path: Path) -> None:
+    try:
+        summary = run_demo(tmp_path / "demo", plane=directory)
+    except SystemExit as exc:  # the demo's own report of a failed run
+        pytest.fail(str(exc))
+    export = Path(summary["exported_model"])
+    assert export.parent == storage.resolve() / "models" / "linear_regression" and summary["blessed"] is True
+    assert summary["predictions_for_x_0_1_5"] == pytest.approx([10.0, 12.0, 20.0], abs=0.5)
+    # Every training task, the evaluation and the export ran as a pod on the node, with an
+    # address of its own, from the group's Jobs.
+    pods, jobs = summary["kubernetes"]["pods"], summary["kubernetes"]["jobs"]
+    assert sorted(re.sub(r"^tf-tf-linear-regression-[0-9a-f-]+?-(ps|worker|evaluate|export)(-\d+)?-[a-z0-9]{5}$",
+                         r"\1\2", name) for name in pods) == ["evaluate", "export", "ps-0", "worker-0", "worker-1"]
+    assert all(p["node"] == "airflow-tf-node" and p["ip"].startswith("10.244.0.") for p in pods.values()), pods
+    assert sorted(job.rsplit("-", 1)[-1] for job in jobs) == ["evaluate", "export", "ps", "worker"], jobs
+    # What TensorFlow Serving loads: the export answers its warm-up requests both ways.
+    serve_both_ways(export, export / WARMUP, tmp_path)
+
+
+class _ScheduledRun:
+    """The demo DAG triggered on a real Airflow (API server, scheduler, DAG processor,
+    triggerer: ``scripts/airflow_stack.py``) whose deployment backend is the plane."""
+
+    def __init__(self, home: Path, plane: Path, steps: int) -> None:
+        # PostgreSQL runs as the 'postgres' user, which cannot enter pytest's private tmp dirs.
+        self.postgres = Path(tempfile.mkdtemp(prefix="airflow-tf-pg-"))
+        self.postgres.chmod(0o755)
+        self.stack = AirflowStack(home, REPO_DAGS, postgres_dir=self.postgres / "data", env=kubernetes_env(plane),
+                                  umask=0o002)
+        self.conf = json.dumps({"steps": steps, "rows": 5000})
+
+    def airflow(self, *args: str) -> str:
+        done = self.stack.cli(*args)
+        assert done.returncode == 0, f"airflow {' '.join(args)}: {done.stdout[-2000:]} {done.stderr[-2000:]}"
+        return done.stdout
+
+    def rows(self, *args: str) -> list[dict]:
+        """The JSON table an ``airflow ... -o json`` command prints last (after any warnings)."""
+        return json.loads(self.airflow(*args, "-o", "json").strip().splitlines()[-1])
+
+    def trigger(self) -> str:
+        self.stack.start()
+        wait_for(lambda: "tf_linear_regression" in self.airflow("dags", "list", "-o", "plain"), 300,
+                 "the DAG processor to parse tf_linear_regression", interval=5)
+        self.airflow("dags", "unpause", "tf_linear_regression")
+        row = self.rows("dags", "trigger", "tf_linear_regression", "-c", self.conf)[0]
+        self.run_id = row.get("dag_run_id") or row["run_id"]
+        return self.run_id
+
+    def state(self) -> str | None:
+        runs = self.rows("dags", "list-runs", "tf_linear_regression")
+        state = next(r["state"] for r in runs if self.run_id in (r.get("run_id"), r.get("dag_run_id")))
+        return state if state in ("success", "failed") else None
+
+    def task_logs(self) -> str:
+        return "\n".join(path.read_text(errors="replace") for path in sorted(
+            (self.stack.home / "logs").rglob(f"run_id={self.run_id}/**/*.log")))
+
+    def stop(self) -> None:
+        self.stack.stop()
+        shutil.rmtree(self.postgres, ignore_errors=True)
+
+
+def _progress(runs: Path) -> dict:
+    """The training's progress.json, with the step of its newest checkpoint."""
+    for run in runs.glob("tf-*"):
+        try:
+            progress = json.loads((run / "progress.json").read_text())
+            newest = re.search(r'^model_checkpoint_path: "model\.ckpt-(\d+)"', (run / "checkpoint").read_text(), re.M)
+        except (OSError, ValueError):  # not written yet, or being replaced
+            continue
+        return {**progress, "checkpoint_step": int(newest.group(1)) if newest else None}
+    return {}
+
+
+def test_a_killed_and_a_frozen_ps_are_replaced_and_the_dag_trains_to_its_final_step(tmp_path):
+    """A ps SIGKILLed: the Job controller makes a new pod. The new ps frozen (SIGSTOP, its TCP
+    port still accepting): its liveness probe (the health question) fails, the node stops it,
+    and the Job makes another. Each time the workers restore from the newest checkpoint and the
+    DAG trains on to its final step."""
+    directory = tmp_path / "plane"
+    before = _leftovers(directory)
+    with shared_storage() as storage:
+        up_with_node(directory, storage)
+        try:
+            _faults_on_the_plane(directory, tmp_path)
+        finally:
+            down(directory)
+    assert _leftovers(directory) == before
+
+
+def _faults_on_the_plane(directory: Path, tmp_path: Path) -> None:
+    from kubernetes import client, config
+
+    steps = 40000
+    env = plane_env(directory)
+    core = client.CoreV1Api(config.new_client_from_config(config_file=env["KUBECONFIG"]))
+    runs = Path(env["AIRFLOW_TF_KUBE_STORAGE"]) / "runs"
+    dag_run = _ScheduledRun(tmp_path / "airflow", directory, steps)
+    try:
+        _faults_during(dag_run, core, runs, steps)
+    finally:
+        dag_run.stop()
+
+
+def _faults_during(dag_run: _ScheduledRun, core, runs: Path, steps: int) -> None:
+    dag_run.trigger()
+
+    def running_ps(other_than: set[str]):
+        for pod in core.list_namespaced_pod(DEMO_NAMESPACE, label_selector="airflow-tf/role=ps").items:
+            statuses = pod.status.container_statuses or []
+            if pod.metadata.name not in other_than and statuses and statuses[0].state.running \
+                    and statuses[0].container_id:
+                return pod
+        return None
+
+    def step() -> int:
+        return int(_progress(runs).get("global_step") or 0)
+
+    replaced: list[str] = []
+    for fault in (signal.SIGKILL, signal.SIGSTOP):
+        ps = wait_for(lambda: running_ps(set(replaced)), 240, "a running ps")
+        # A checkpoint first, so the replacement has something to restore.
+        checkpointed = wait_for(lambda: (lambda p: p if (p.get("checkpoint_step") or 0) > 500 else None)(
+            _progress(runs)), 240, "a checkpoint of the training")
+        pid = int(ps.status.container_statuses[0].container_id.rsplit("/", 1)[-1])
+        at = step()
+        os.kill(pid, fault)
+        faulted = time.monotonic()
+        replaced.append(ps.metadata.name)
+        wait_for(lambda: running_ps(set(replaced)), 180, f"a new ps after {fault.name}")
+        moved = wait_for(lambda: (lambda s: s if s > at + 200 else None)(step()), 150,
+                         f"training moving again after {fault.name} of the ps")
+        print(f"{fault.name} of {ps.metadata.name} at step {at} (checkpoint {checkpointed['checkpoint_step']}): "
+              f"step {moved} {time.monotonic() - faulted:.0f} s later")
+
+    state = wait_for(dag_run.state, 600, "the DAG run's end", interval=10)
+    logs = dag_run.task_logs()
+    assert state == "success", logs[-4000:]
+    final = _progress(runs)
+    assert final["done"] and final["global_step"] >= steps and final["checkpoint"].endswith(f"-{final['global_step']}")
+    # The wait (on the triggerer) said which task was replaced, and why.
+    assert re.search(r"replaced: \S+-ps-0 restarted 2 time\(s\), last: pod \S+ ended \(exit code 137 \(SIGKILL\)\)",
+                     logs), logs[-4000:]
+
+
+PARTS_DAG = '''
+import json
+from datetime import datetime
+from pathlib import Path
+
+from airflow.sdk import DAG, task
+from airflow_tf.task_groups import tf_prepare
+
+with DAG("parts_on_the_node", schedule=None, start_date=datetime(2024, 1, 1), catchup=False) as dag:
+    prepared = tf_prepare(input={source!r}, output={output!r}, name="clicks", partitions=2, label="y",
+                          eval_fraction=0.25, seed=7, progress_every=0, kubernetes={kubernetes!r})
+
+    @task
+    def record(summary):
+        Path({result!r}).write_text(json.dumps(summary))
+
+    record(prepared.output)
+'''
+
+
+def test_the_parts_of_a_partitioned_prepare_run_as_pods_on_the_node(tmp_path):
+    """``tf_prepare(kubernetes=...)``: each part a Job whose pod reads the input and writes its
+    shards in the storage it shares with Airflow; the version equals a local prepare's."""
+    from airflow_tf.data import prepare_dataset
+    from airflow_tf.demo import airflow_env, dags_test, init_airflow
+
+    from .test_kubernetes_parts import _inputs, _records
+
+    directory = tmp_path / "plane"
+    before = _leftovers(directory)
+    with shared_storage() as storage:
+        up_with_node(directory, storage)
+        try:
+            settings, env = plane_env(directory), airflow_env(tmp_path / "demo", tmp_path / "dags")
+            env.update(kubernetes_env(directory))
+            source, output, result = _inputs(storage / "raw"), storage / "datasets", tmp_path / "xcom.json"
+            (tmp_path / "dags").mkdir()
+            (tmp_path / "dags" / "parts_on_the_node.py").write_text(PARTS_DAG.format(
+                source=str(source), output=str(output), result=str(result), kubernetes={
+                    "image": settings["AIRFLOW_TF_KUBE_IMAGE"], "namespace": DEMO_NAMESPACE,
+                    "kubernetes_conn_id": None, "config_file": settings["KUBECONFIG"], "poll_interval": 0.5,
+                    "volumes": [{"claim": settings["AIRFLOW_TF_KUBE_STORAGE_VOLUME"], "mount_path": str(storage)}]}))
+            init_airflow(env)
+            with ClusterRecorder(settings["KUBECONFIG"], DEMO_NAMESPACE) as seen:
+                run = dags_test(env, "parts_on_the_node")
+            assert "state=success" in run.stdout, run.stdout[-4000:]
+            parts = {name: pod for name, pod in seen.pods.items() if name.startswith("prep-clicks-")}
+            assert len(parts) == 2 and all(p["node"] == "airflow-tf-node" for p in parts.values()), seen.pods
+            summary = json.loads(result.read_text())
+            single = prepare_dataset(source, tmp_path / "single", "single", label="y", eval_fraction=0.25, seed=7)
+            assert summary["parts"] == 2 and summary["counts"] == single["counts"]
+            for split in ("train", "eval"):
+                assert _records(summary["dataset_uri"], split) == _records(single["dataset_uri"], split)
+        finally:
+            down(directory)
+    assert _leftovers(directory) == before
