@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from airflow_tf.files import strip_file_scheme
 
+from .cpus import usable_cpus
 from .errors import InputDataError, SchemaError
 from .object_store import InputPath, RemoteFile, StorageOptions, check_location, is_remote, open_text, resolve_remote
 from .schema import FeatureSpec, Schema
@@ -704,24 +705,6 @@ def column_names(value: str | Sequence[str] | None) -> list[str]:
     items = [value] if isinstance(value, str) else list(value)
     names = [part.strip() for item in items for part in str(item).split(",")]
     return list(dict.fromkeys(n for n in names if n))
-
-
-CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
-
-
-def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
-    """The cores this process may use, the default count of threads that read and encode: its CPU affinity,
-    capped by a cgroup v2 CPU quota (a pod's ``resources.limits.cpu``). ``os.cpu_count()`` is
-    the node's, so a part pod limited to 2 of 64 cores would start 64 threads that the quota
-    then throttles."""
-    cores = len(os.sched_getaffinity(0))
-    try:
-        quota, period = cpu_max.read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError, ZeroDivisionError):  # no cgroup v2 here, or a value it never writes
-        pass
-    return cores
 
 
 @dataclass
