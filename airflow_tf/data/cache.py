@@ -93,4 +93,3 @@ def _cached_summary(root: Path | str, manifest: dict[str, Any], started: float,
         "rows": manifest["source"]["rows"], "seconds": round(time.monotonic() - started, 3), "rows_per_sec": None,
         "cached": True, "fingerprint": manifest["fingerprint"],
     }
-

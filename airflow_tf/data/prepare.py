@@ -216,4 +216,3 @@ def _with_vocabularies(schema: Schema, counter: VocabularyCounter, directory: Pa
         log.info("Vocabulary of %r: %d of %d distinct values kept (top %d)", column, info["size"],
                  info["distinct"], info["top_k"])
     return dataclasses.replace(schema, vocabularies=kept)
-

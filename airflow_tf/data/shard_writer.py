@@ -105,4 +105,3 @@ class ShardWriter:
             fsync_dir(self.directory / split)
             manifest[split] = {"examples": sum(s["examples"] for s in shards), "shards": shards}
         return manifest
-

@@ -64,4 +64,3 @@ def shard_counts(rows: dict[str, int], record_bytes: float, shards: int | None,
 def shard_name(index: int, count: int, compression: str | None) -> str:
     suffix = {"gzip": ".gz", "zlib": ".zlib"}.get(compression or "", "")
     return f"part-{index:05d}-of-{count:05d}.tfrecord{suffix}"
-

@@ -79,4 +79,3 @@ def check_split_key(schema: Schema, split_key: str | None) -> None:
         raise SchemaError(f"split key column {split_key!r} is not in the input (columns: {', '.join(schema.names)})")
     if schema[split_key].shape:
         raise SchemaError(f"split key column {split_key!r} must hold one value per row, not a vector")
-

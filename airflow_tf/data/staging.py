@@ -95,4 +95,3 @@ def _remove_partial_upload(final: str, storage_options: StorageOptions | None) -
         return (f"the files uploaded so far are still under {final} without _SUCCESS (readers refuse them): "
                 "delete them, or prepare that version again with overwrite")
     return f"nothing is left under {final}; prepare again"
-

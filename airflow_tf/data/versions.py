@@ -138,4 +138,3 @@ def commit_version(temporary: Path, root: Path, version_name: str, manifest: dic
     write_marker(version_name)
     commit(temporary, root / version_name, overwrite)
     return version_name
-
