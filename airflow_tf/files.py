@@ -1,5 +1,5 @@
 """The one leaf helper every room may import: local paths from ``file://`` URIs, atomic writes
-of files others read (temporary name beside the target, then rename), JSON.
+of files others read (temporary name beside the target, then rename), fsync, JSON.
 
 It imports nothing of the project, nor Airflow or TensorFlow."""
 
@@ -115,3 +115,15 @@ def read_json(path: str | os.PathLike[str], *, missing_ok: bool = False) -> Any:
         raise
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc}); delete or regenerate the file") from exc
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Flush a file (or, opened the same way, a directory's entries) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+fsync_dir = fsync_file

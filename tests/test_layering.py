@@ -1,6 +1,7 @@
 """The layering rules of docs/explanation/architecture.md hold: ``cluster/`` is pure, ``runtime/`` never
 imports Airflow, and the Airflow side loads no TensorFlow when Airflow imports it (a DAG file
-parsed by the scheduler must not pay TensorFlow's start-up, and the Airflow image need not carry it)."""
+parsed by the scheduler must not pay TensorFlow's start-up, and the Airflow image need not carry it);
+and the page's layout names every module of the package."""
 
 from __future__ import annotations
 
@@ -104,3 +105,35 @@ def test_runtime_modules_import_each_other_without_a_cycle():
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as exc:
         raise AssertionError(f"runtime modules import each other in a cycle: {' -> '.join(exc.args[1])}") from None
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "explanation" / "architecture.md"
+
+
+def _documented_modules() -> set[str]:
+    """Module paths (``data/split.py``) of the layout in docs/explanation/architecture.md: a line whose
+    first word ends in ``/`` opens a folder inside the folders indented less, a word ending in ``.py``
+    names a module of the innermost one; other lines continue a description."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    folders: list[tuple[int, str]] = []
+    found: set[str] = set()
+    for line in block.splitlines():
+        word = line.split()[0] if line.strip() else ""
+        indent = len(line) - len(line.lstrip(" "))
+        if not word.endswith(("/", ".py")) or word.count("/") > 1 or word.startswith(("`", "(")):
+            continue
+        folders = [(i, name) for i, name in folders if i < indent]
+        if word.endswith("/"):
+            folders.append((indent, word))
+        elif folders and folders[0][1] == "airflow_tf/":
+            found.add("".join(name for _, name in folders[1:]) + word)
+    return found
+
+
+def test_the_architecture_page_names_every_module_of_the_package():
+    modules = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
+               if path.name != "__init__.py" and "templates" not in path.parts}
+    documented = _documented_modules()
+    assert sorted(modules - documented) == [], "modules missing from docs/explanation/architecture.md's layout"
+    assert sorted(documented - modules) == [], "the layout names modules that do not exist"

@@ -32,255 +32,34 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from airflow_tf.cluster import GroupSpec, GroupStatus, Phase, TaskStatus
-from airflow_tf.cluster.memory import TASK_BASELINE_BYTES, mem_available_bytes, memory_bytes
 from airflow_tf.cluster.names import task_name
-from airflow_tf.files import atomic_open, is_local, read_json, strip_file_scheme, write_json
+from airflow_tf.files import is_local, read_json, strip_file_scheme
 
 from .base import BackendError, GroupRef, poll_watch
+from .local_files import STATE_DIR_ENV, GroupDir, archive_logs, default_state_dir, tail_text, write_group_file
+from .local_memory import check_capacity, expected_memory_mb, resident_mb
+from .local_processes import (
+    KILL_WAIT, is_running, process_start_time, signal_process, stop_processes, task_environment, wait_gone,
+)
 
-STATE_DIR_ENV = "AIRFLOW_TF_STATE_DIR"
 SUPERVISOR_MODULE = "airflow_tf.backends.local_supervisor"
 LAUNCH_TIMEOUT = 30.0
 """Seconds to wait for a new supervisor to write its first state."""
 TEARDOWN_TIMEOUT = 15.0
-STOP_GRACE = 1.0
-"""Seconds between SIGTERM and SIGKILL when stopping a task."""
-KILL_WAIT = 5.0
-"""Seconds a SIGKILLed process is given to be gone before a stop returns anyway."""
 NEVER_STARTED_AFTER = 60.0
-TASK_MEMORY_MB = TASK_BASELINE_BYTES // 2**20
-"""Expected resident memory of one TensorFlow task (ps or worker); override per role with
-``resources.requests.memory``."""
-PASSED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH",
-              "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "KERAS_HOME", "KERAS_BACKEND")
-PASSED_ENV_PREFIXES = ("LC_", "TF_")
-"""What every task gets from the launcher's environment: what TensorFlow and the runtime need."""
 
 log = logging.getLogger(__name__)
-
-
-def default_state_dir() -> Path:
-    """``$AIRFLOW_TF_STATE_DIR``, else ``$XDG_CACHE_HOME/airflow-tf/groups`` (``~/.cache``)."""
-    if os.environ.get(STATE_DIR_ENV):
-        return Path(os.environ[STATE_DIR_ENV])
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "airflow-tf" / "groups"
-
-
-# -- files and processes shared with the supervisor ----------------------------------------
-def write_group_file(path: Path, data: Any) -> None:
-    """A group file (spec, owner, state, answers), replaced whole so readers never see half of
-    one; not fsynced: it describes live processes and means nothing after a reboot."""
-    write_json(path, data, fsync=False, default=str)
-
-
-def process_start_time(pid: int) -> int | None:
-    """The kernel's start time of ``pid`` (clock ticks since boot), or None when it is gone
-    or a zombie. With the pid it identifies a process even after the pid is reused."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return None
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
-
-
-def is_running(pid: int | None, start_time: int | None) -> bool:
-    if not pid:
-        return False
-    current = process_start_time(pid)
-    return current is not None and (start_time is None or current == start_time)
-
-
-def tail_text(path: Path, lines: int | None) -> str:
-    """The last ``lines`` lines of a text file (all of it for None), '' when missing."""
-    try:
-        with open(path, "rb") as f:
-            if lines is None:
-                return f.read().decode("utf-8", "replace")
-            f.seek(0, os.SEEK_END)
-            end = f.tell()
-            block, data = 8192, b""
-            while end > 0 and data.count(b"\n") <= lines:
-                start = max(0, end - block)
-                f.seek(start)
-                data = f.read(end - start) + data
-                end, block = start, block * 2
-    except FileNotFoundError:
-        return ""
-    text = data.decode("utf-8", "replace")
-    kept = text.splitlines(keepends=True)[-lines:] if lines > 0 else []
-    return "".join(kept)
-
-
-def task_environment(pass_env: Iterable[str] = (), environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a group's supervisor and tasks: ``PASSED_ENV``, ``LC_*`` and ``TF_*``
-    (TensorFlow's settings), the names in ``pass_env``, and a ``PYTHONPATH`` that finds this
-    package. Never the rest: the launcher's ``AIRFLOW__*`` settings, connections, variables,
-    database URLs and secrets stay with the launcher."""
-    source: Mapping[str, str] = os.environ if environ is None else environ
-    env = {k: v for k, v in source.items()
-           if (k in PASSED_ENV or k.startswith(PASSED_ENV_PREFIXES)) and k != "TF_CONFIG"}
-    env.update({k: source[k] for k in pass_env if k in source})
-    root = str(Path(__file__).resolve().parents[2])
-    if not root.startswith(sys.prefix) and root not in env.get("PYTHONPATH", "").split(os.pathsep):
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), root) if p)
-    return env
-
-
-def memory_mb(quantity: str) -> float:
-    """A Kubernetes memory quantity (``512Mi``, ``2Gi``, ``1G``, ``1000000``) in MiB."""
-    try:
-        return memory_bytes(quantity) / 2**20
-    except ValueError as err:
-        raise BackendError(str(err)) from None
-
-
-def mem_available_mb() -> float | None:
-    """``MemAvailable`` of /proc/meminfo in MiB (None where there is no such file)."""
-    available = mem_available_bytes()
-    return None if available is None else available / 2**20
-
-
-def expected_memory_mb(spec: GroupSpec) -> dict[str, float]:
-    """Expected resident MiB of one task of each role that counts (see :data:`TASK_MEMORY_MB`)."""
-    per_role = {}
-    for role, role_spec in spec.roles.items():
-        requested = role_spec.resources.get("requests", {}).get("memory")
-        if requested is not None:
-            try:
-                per_role[role] = memory_mb(requested)
-            except BackendError as err:
-                raise BackendError(f"roles.{role}.resources.requests.memory: {err}") from None
-        elif role_spec.command is None and role != "evaluator":  # the runtime's evaluator exits at once
-            per_role[role] = TASK_MEMORY_MB
-    return per_role
-
-
-def resident_mb(pid: int) -> float:
-    """``VmRSS`` of a process in MiB (0 when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def check_capacity(spec: GroupSpec, promised_mb: float = 0.0) -> None:
-    """Refuse a group whose tasks would not fit in the memory available now, less
-    ``promised_mb`` (what groups already launched will still take as their tasks start: they
-    are not in ``MemAvailable`` yet); warn when its training tasks outnumber the CPU cores
-    (they would share them, each slower)."""
-    per_role = expected_memory_mb(spec)
-    needed = sum(per_role.get(role, 0) for role, _ in spec.tasks())
-    available = mem_available_mb()
-    if available is not None and needed > available - promised_mb:
-        parts = ", ".join(f"{spec.replicas(r)} {r} x {mb:.0f} MiB" for r, mb in per_role.items() if spec.replicas(r))
-        starting = (f", of which {promised_mb:.0f} MiB will be taken by groups still starting"
-                    if promised_mb >= 1 else "")
-        raise BackendError(
-            f"training group {spec.name!r} needs about {needed:.0f} MiB ({parts}) but this machine has only "
-            f"{available:.0f} MiB available (MemAvailable in /proc/meminfo{starting}); launch fewer tasks, wait "
-            "for other trainings to finish (retries of the launch do), free memory, or use the kubernetes backend"
-        )
-    trainers = spec.replicas("worker") + spec.replicas("chief")
-    cores = len(os.sched_getaffinity(0))
-    if trainers > cores:
-        log.warning("training group %r has %d training tasks for %d CPU core(s): they share the cores, so each "
-                    "trains slower and the group may be no faster than %d worker(s) would be", spec.name,
-                    trainers, cores, cores)
-
-
-class GroupDir:
-    """Paths of one group's directory."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self.spec = self.path / "spec.json"
-        self.owner = self.path / "owner.json"
-        self.state = self.path / "state.json"
-        self.logs = self.path / "logs"
-        self.requests = self.path / "requests"
-        self.supervisor_log = self.path / "supervisor.log"
-
-    def log(self, role: str, index: int) -> Path:
-        return self.logs / f"{role}-{int(index)}.log"
-
-    def exists(self) -> bool:
-        return self.spec.exists()
-
-
-def archive_logs(path: Path) -> Path | None:
-    """Copy the group's task and supervisor logs into its attempt's logs directory
-    (``<run_dir>/logs/attempt-<N>/<group>-<role>-<index>.log``); each file is replaced whole."""
-    group = GroupDir(path)
-    saved = read_json(group.spec, missing_ok=True) or {}
-    target = saved.get("logs_dir")
-    if not target:
-        return None
-    target = Path(target)
-    name = saved["spec"]["name"]
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-        for source in [*sorted(group.logs.glob("*.log")), group.supervisor_log]:
-            copy = target / f"{name}-{source.name}"
-            try:
-                with open(source, "rb") as log_file, atomic_open(copy, "wb", fsync=False) as kept:
-                    shutil.copyfileobj(log_file, kept)
-            except FileNotFoundError:  # no such log, or the group was deleted meanwhile (and archived)
-                continue
-    except OSError as err:
-        log.warning("could not copy the logs of group %r to %s: %s", name, target, err)
-    return target
 
 
 def _local_path(uri: str) -> Path | None:
     """A local directory from a path or ``file://`` URI; None for remote storage."""
     return Path(strip_file_scheme(uri)) if is_local(uri) else None
-
-
-def _signal_process(pid: int, start_time: int | None, signum: int, group: bool = False) -> None:
-    if not is_running(pid, start_time):
-        return
-    try:
-        if group:
-            os.killpg(pid, signum)
-        else:
-            os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
-
-
-def stop_processes(procs: Iterable[tuple[int, int | None]], grace: float = STOP_GRACE) -> None:
-    """SIGTERM each (pid, start time) and its process group, SIGKILL what is left after ``grace``;
-    returns once they are gone (or ``KILL_WAIT`` after the SIGKILL)."""
-    procs = [p for p in procs if is_running(*p)]
-    for pid, start in procs:
-        _signal_process(pid, start, signal.SIGTERM, group=True)
-    wait_gone(procs, grace)
-    for pid, start in procs:
-        _signal_process(pid, start, signal.SIGKILL, group=True)
-    wait_gone(procs, KILL_WAIT)
-
-
-def wait_gone(procs: list[tuple[int, int | None]], timeout: float) -> bool:
-    """Wait up to ``timeout`` for every (pid, start time) to be gone; True when they are. A killed
-    process takes a moment to exit (a ps unmaps its tables): a teardown returns after that."""
-    deadline = time.monotonic() + timeout
-    while (left := any(is_running(*p) for p in procs)) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return not left
 
 
 # -- the backend ----------------------------------------------------------------------------
@@ -590,7 +369,7 @@ class LocalBackend:
             return None
         request = uuid.uuid4().hex
         write_group_file(group.requests / f"{request}.json", {"roles": roles})
-        _signal_process(sup["pid"], sup["start_time"], signal.SIGUSR1)
+        signal_process(sup["pid"], sup["start_time"], signal.SIGUSR1)
         answer_path = group.requests / f"{request}.done"
         deadline = time.monotonic() + TEARDOWN_TIMEOUT
         while time.monotonic() < deadline:
@@ -603,14 +382,14 @@ class LocalBackend:
                 return read_json(answer_path, missing_ok=True)["deleted"] if answer_path.exists() else None
             time.sleep(0.01)
         # A supervisor that does not answer is stuck: kill it (its tasks die with it).
-        _signal_process(sup["pid"], sup["start_time"], signal.SIGKILL)
+        signal_process(sup["pid"], sup["start_time"], signal.SIGKILL)
         self._wait_gone(sup["pid"], sup["start_time"])
         return None
 
     @staticmethod
     def _wait_gone(pid: int, start_time: int | None, timeout: float = 5.0) -> None:
         if not wait_gone([(pid, start_time)], timeout):
-            _signal_process(pid, start_time, signal.SIGKILL)
+            signal_process(pid, start_time, signal.SIGKILL)
             wait_gone([(pid, start_time)], KILL_WAIT)
 
     def _stop_without_supervisor(self, group: GroupDir, roles: list[str] | None) -> list[str]:

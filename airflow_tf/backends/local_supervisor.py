@@ -12,14 +12,9 @@ threaded) process, so if the supervisor dies, even by SIGKILL, the kernel kills 
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import errno
-import fcntl
 import os
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import time
@@ -44,16 +39,9 @@ from airflow_tf.cluster.status import GROUP_RESTARTED
 from airflow_tf.cluster.spec import HEALTH_ANSWERED, HEALTH_STARTUP_SECS
 from airflow_tf.files import read_json
 
-from .local import (
-    STATE_DIR_ENV,
-    STOP_GRACE,
-    GroupDir,
-    archive_logs,
-    is_running,
-    process_start_time,
-    tail_text,
-    write_group_file,
-)
+from .local_files import STATE_DIR_ENV, GroupDir, archive_logs, tail_text, write_group_file
+from .local_network import isolate_network, isolation_warning
+from .local_processes import STOP_GRACE, cpu_ticks, free_ports, is_running, kill_group, process_start_time
 
 TICK = 0.25
 """Longest sleep between checks; child exits and teardown requests wake the loop at once."""
@@ -63,74 +51,8 @@ PROGRESS_TAIL_BYTES = 64 * 1024
 STARTUP_ALLOWANCE = 30.0
 """Seconds the health asker may take to start (Python and gRPC on a loaded machine) before its
 question is dropped unjudged."""
-CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
-SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-def isolate_network() -> str | None:
-    """Move this single-threaded process (and every child it starts later) into a new network
-    namespace with only loopback, up. As root a network namespace suffices; otherwise a user
-    namespace owning it maps this user to itself. Returns None, or why it was refused."""
-    unshare = _libc.unshare
-    refused = []
-    if os.geteuid() == 0:
-        if unshare(CLONE_NEWNET) == 0:
-            _loopback_up()
-            return None
-        refused.append(f"unshare(CLONE_NEWNET): {os.strerror(ctypes.get_errno() or errno.EPERM)}")
-    uid, gid = os.geteuid(), os.getegid()
-    if unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
-        refused.append(f"unshare(CLONE_NEWUSER|CLONE_NEWNET): {os.strerror(ctypes.get_errno() or errno.EPERM)}")
-        return "; ".join(refused)
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-        with open(f"/proc/self/{name}", "w") as f:
-            f.write(text)
-    _loopback_up()
-    return None
-
-
-def _loopback_up() -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        request = struct.pack("16sH14x", b"lo", 0)
-        flags = struct.unpack("16sH14x", fcntl.ioctl(s, SIOCGIFFLAGS, request))[1]
-        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
-
-
-def isolation_warning(group: str, refused: str) -> str:
-    return (
-        f"training group {group!r} is NOT network-isolated: this system refused a private network namespace "
-        f"({refused}). Its TensorFlow gRPC ports listen on every interface without authentication, so anyone "
-        "who can reach this machine can run operations in its tasks (read and write their files, read their "
-        "environment). Remedy: allow user namespaces (sysctl user.max_user_namespaces > 0, "
-        "kernel.unprivileged_userns_clone=1) or give the launcher CAP_SYS_ADMIN; until then firewall this "
-        "machine's ports, or set isolate_network=False to accept the risk explicitly."
-    )
-
-
-def cpu_ticks(pid: int) -> int | None:
-    """User + system CPU time of ``pid`` in clock ticks (None when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[11]) + int(fields[12])
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports nobody listens on right now (held together so none repeats)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 @dataclass
@@ -281,14 +203,14 @@ class Supervisor:
         """SIGTERM, then SIGKILL after ``grace`` (at once for 0); returns when every one is reaped."""
         live = [(t, t.proc) for t in tasks if t.proc is not None]
         for _, proc in live if grace else ():
-            _kill_group(proc, signal.SIGTERM)
-            _kill_group(proc, signal.SIGCONT)  # a stopped process handles SIGTERM only once continued
+            kill_group(proc, signal.SIGTERM)
+            kill_group(proc, signal.SIGCONT)  # a stopped process handles SIGTERM only once continued
         deadline = time.monotonic() + grace
         while any(proc.poll() is None for _, proc in live) and time.monotonic() < deadline:
             time.sleep(0.01)
         for t, proc in live:
             if proc.poll() is None:
-                _kill_group(proc, signal.SIGKILL)
+                kill_group(proc, signal.SIGKILL)
                 proc.wait()
             t.exit_code, t.proc = proc.returncode, None
 
@@ -497,7 +419,7 @@ class Supervisor:
     def stop_asking(self) -> None:
         if self.asking is not None:
             proc = self.asking[0]
-            _kill_group(proc, signal.SIGKILL)
+            kill_group(proc, signal.SIGKILL)
             proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
@@ -584,15 +506,6 @@ class Supervisor:
         if state != self.last_written:
             write_group_file(self.group.state, state)
             self.last_written = state
-
-
-def _kill_group(proc: subprocess.Popen, signum: int) -> None:
-    """Signal the task and anything it started (each task leads its own process group)."""
-    try:
-        os.killpg(proc.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        with contextlib.suppress(ProcessLookupError):  # it has exited already
-            proc.send_signal(signum)
 
 
 def _die_with_parent(parent: int):

@@ -23,16 +23,18 @@ from typing import Any
 from collections.abc import Callable, Sequence
 
 from ..cluster.names import path_component
-from ..files import read_json, strip_file_scheme, write_json
+from ..files import fsync_dir, read_json, strip_file_scheme, write_json
 from .errors import DataError, DatasetExistsError
-from .inputs import open_inputs, resolve_inputs, usable_cpus
+from .cpus import usable_cpus
+from .inputs import open_inputs, resolve_inputs
 from .object_store import InputPath, StorageOptions, is_remote
-from .prepare import (
-    DEFAULT_BUFFER_MIB, DEFAULT_EVAL_FRACTION, Progress, _check_options, _chunk_bytes, _check_split_key, _commit, _commit_next,
-    _fsync_dir, _make_root, _remove_stale_temporaries, _Reporter, _version_name, _with_label, _write_stream,
-    buffer_plan, shard_name,
-)
+from .options import DEFAULT_BUFFER_MIB, DEFAULT_EVAL_FRACTION, check_options, with_label
+from .progress import Progress, Reporter
+from .sharding import shard_name
+from .split import check_split_key
+from .stream import buffer_plan, encode_chunk_bytes, write_stream
 from .schema import FORMAT_VERSION, SCHEMA_FILE, SUCCESS_FILE, Schema
+from .versions import commit, commit_next, make_root, remove_stale_temporaries, resolve_version_name
 
 PLAN_FILE = "plan.json"
 PART_MARKER = "_PART"
@@ -76,7 +78,7 @@ def plan_parts(  # noqa: PLR0917  public signature: callers pass these positiona
     The input is split by files: ``partitions`` larger than the number of input files gives
     one part per file. Inputs may be in ``s3://``/``gs://`` (``storage_options`` here and
     to :func:`prepare_part`); the output is a directory every part and the commit share."""
-    compression = _check_options(eval_fraction, shards, target_shard_mb, compression, None)
+    compression = check_options(eval_fraction, shards, target_shard_mb, compression, None)
     if is_remote(output):
         raise DataError(f"output {os.fspath(output)!r}: parallel parts write into a directory they share, and "
                         "object storage has none; give a shared volume (or a mount of the bucket), or prepare "
@@ -86,7 +88,7 @@ def plan_parts(  # noqa: PLR0917  public signature: callers pass these positiona
     if not name or not str(name).strip():
         raise DataError("a dataset name is required")
     root = Path(strip_file_scheme(output)) / path_component(str(name))
-    version_name = _version_name(version, root)
+    version_name = resolve_version_name(version, root)
     if version is not None and (root / version_name).exists() and not overwrite:
         raise DatasetExistsError(
             f"dataset version {root / version_name} already exists; choose another version, leave the "
@@ -96,11 +98,11 @@ def plan_parts(  # noqa: PLR0917  public signature: callers pass these positiona
     block_bytes, _ = buffer_plan(buffer_mib)
     inputs = open_inputs(input, declared, allow_nan, string_columns or (), block_bytes=block_bytes, schema_only=True,
                          storage_options=storage_options)
-    decided = _with_label(inputs.schema, label)
-    _check_split_key(decided, split_key)
+    decided = with_label(inputs.schema, label)
+    check_split_key(decided, split_key)
     paths = resolve_inputs(input, storage_options)
-    _make_root(root)
-    _remove_stale_temporaries(root)
+    make_root(root)
+    remove_stale_temporaries(root)
     directory = root / f".parts-{uuid.uuid4().hex[:12]}"
     directory.mkdir()
     shares = _balanced(paths, min(int(partitions), len(paths)))
@@ -151,7 +153,7 @@ def prepare_part(plan: dict[str, Any] | str | os.PathLike, index: int, workers: 
     schema = Schema.from_dict(plan["schema"])
     files = shares[int(index)]
     block_bytes, in_flight = buffer_plan(options["buffer_mib"])
-    reporter = _Reporter(progress, progress_every)
+    reporter = Reporter(progress, progress_every)
     inputs = open_inputs(files, schema, block_bytes=block_bytes, storage_options=storage_options)
     inputs.schema = schema
     shards = options["shards"]
@@ -163,17 +165,17 @@ def prepare_part(plan: dict[str, Any] | str | os.PathLike, index: int, workers: 
     reporter.begin("write")
     try:
         temporary.mkdir()
-        splits, rows = _write_stream(
+        splits, rows = write_stream(
             inputs, temporary, eval_fraction=options["eval_fraction"], seed=options["seed"],
             split_key=options["split_key"], shards=shards, target_shard_mb=options["target_shard_mb"],
             compression=options["compression"], workers=int(workers or usable_cpus()), in_flight=in_flight,
-            chunk_bytes=_chunk_bytes(options["buffer_mib"]),
+            chunk_bytes=encode_chunk_bytes(options["buffer_mib"]),
             report=lambda done, expected: reporter("write", done, expected, done), require_splits=False,
         )
         reporter("write", rows, rows, rows, final=True)
         write_json(temporary / PART_MARKER, {"token": plan["token"], "index": int(index), "files": files,
                                              "rows": rows, "splits": splits})
-        _fsync_dir(temporary)
+        fsync_dir(temporary)
         if final.exists():  # an earlier attempt of this part finished: this one replaces it
             shutil.rmtree(final)
         os.rename(temporary, final)
@@ -235,7 +237,7 @@ def commit_parts(plan: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
         raise DataError(f"no row hashed into the eval split ({rows} rows, eval fraction "
                         f"{options['eval_fraction']}); add rows, a larger eval fraction, another seed, or eval_fraction=0")
     version = plan["version"]
-    version_name = version or _version_name(None, root)
+    version_name = version or resolve_version_name(None, root)
     temporary = root / f".tmp-{version_name}-{uuid.uuid4().hex[:12]}"
     final = root / version_name
     try:
@@ -249,7 +251,7 @@ def commit_parts(plan: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
                 name = shard_name(number, len(pieces), compression)
                 _link(directory / f"part-{index}" / split / shard["file"], temporary / split / name)
                 entries.append({"file": name, "examples": shard["examples"], "bytes": shard["bytes"]})
-            _fsync_dir(temporary / split)
+            fsync_dir(temporary / split)
             manifest_splits[split] = {"examples": sum(e["examples"] for e in entries), "shards": entries}
         schema = Schema.from_dict(plan["schema"])
         write_json(temporary / SCHEMA_FILE, schema.to_dict())
@@ -264,14 +266,14 @@ def commit_parts(plan: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
         def write_marker(committed_as: str) -> None:
             manifest["version"] = committed_as
             write_json(temporary / SUCCESS_FILE, manifest)
-            _fsync_dir(temporary)
+            fsync_dir(temporary)
 
         if version is None:
-            version_name = _commit_next(temporary, root, int(version_name), write_marker)
+            version_name = commit_next(temporary, root, int(version_name), write_marker)
             final = root / version_name
         else:
             write_marker(version_name)
-            _commit(temporary, final, plan["overwrite"])
+            commit(temporary, final, plan["overwrite"])
     except OSError as exc:
         raise DataError(f"committing dataset {final} failed: {exc}") from None
     finally:

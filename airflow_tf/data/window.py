@@ -18,7 +18,7 @@ from typing import Any
 from collections.abc import Sequence
 
 from ..cluster.names import path_component
-from ..files import strip_file_scheme, write_json
+from ..files import fsync_dir, strip_file_scheme, write_json
 from .errors import DataError, DatasetExistsError, DatasetNotReadyError
 from .object_store import is_remote
 from .schema import FORMAT_VERSION, SCHEMA_FILE, SUCCESS_FILE
@@ -103,7 +103,7 @@ def make_window(  # noqa: PLR0917  public signature: callers pass these position
             for shard in info["shards"]:
                 entry["shards"].append({**shard, "version": shard.get("version", v)})
             entry["examples"] += info["examples"]
-    from .prepare import _commit, _fsync_dir  # the same atomic commit as a prepared version
+    from .versions import commit  # the same atomic commit as a prepared version
 
     temporary = root / f".tmp-{version_name}-{uuid.uuid4().hex[:12]}"
     temporary.mkdir()
@@ -117,8 +117,8 @@ def make_window(  # noqa: PLR0917  public signature: callers pass these position
             "source": {"rows": sum(m["source"]["rows"] for m in manifests)},
         }
         write_json(temporary / SUCCESS_FILE, manifest)
-        _fsync_dir(temporary)
-        _commit(temporary, final, overwrite)
+        fsync_dir(temporary)
+        commit(temporary, final, overwrite)
     finally:
         if temporary.exists():
             shutil.rmtree(temporary, ignore_errors=True)

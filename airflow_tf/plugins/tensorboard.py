@@ -69,98 +69,115 @@ def _readable(run: str) -> bool:
     return access is not None and access.may_read_run(run)  # no request's access: nothing
 
 
+class _ReadableRuns:
+    """The methods of :class:`ReadableRunsProvider`, kept out of the function that builds it: TensorBoard's
+    ``DataProvider`` base class is imported only when TensorBoard is built."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def _filter(self, ctx: Any, experiment_id: str, run_tag_filter: Any) -> Any:
+        from tensorboard.data import provider
+
+        wanted = run_tag_filter.runs if run_tag_filter is not None else None
+        if wanted is None:
+            wanted = [run.run_name for run in self._inner.list_runs(ctx, experiment_id=experiment_id)]
+        tags = run_tag_filter.tags if run_tag_filter is not None else None
+        return provider.RunTagFilter(runs=[run for run in wanted if _readable(run)], tags=tags)
+
+    def _only_readable(self, result: dict) -> dict:
+        return {run: tags for run, tags in result.items() if _readable(run)}
+
+    def experiment_metadata(self, ctx=None, *, experiment_id):
+        # Without data_location: the storage's path is not the viewers' to know (/data/environment).
+        from tensorboard.data import provider
+
+        found = self._inner.experiment_metadata(ctx, experiment_id=experiment_id)
+        return provider.ExperimentMetadata(experiment_name=found.experiment_name,
+                                           experiment_description=found.experiment_description,
+                                           creation_time=found.creation_time)
+
+    def list_plugins(self, ctx=None, *, experiment_id):
+        return self._inner.list_plugins(ctx, experiment_id=experiment_id)
+
+    def list_runs(self, ctx=None, *, experiment_id):
+        return [run for run in self._inner.list_runs(ctx, experiment_id=experiment_id) if _readable(run.run_name)]
+
+    def _listing(self, method: str, ctx: Any, experiment_id: str, plugin_name: str, run_tag_filter: Any) -> dict:
+        narrowed = self._filter(ctx, experiment_id, run_tag_filter)
+        if not narrowed.runs:
+            return {}
+        found = getattr(self._inner, method)(ctx, experiment_id=experiment_id, plugin_name=plugin_name,
+                                       run_tag_filter=narrowed)
+        return self._only_readable(found)
+
+    def list_scalars(self, ctx=None, *, experiment_id, plugin_name, run_tag_filter=None):
+        return self._listing("list_scalars", ctx, experiment_id, plugin_name, run_tag_filter)
+
+    def list_tensors(self, ctx=None, *, experiment_id, plugin_name, run_tag_filter=None):
+        return self._listing("list_tensors", ctx, experiment_id, plugin_name, run_tag_filter)
+
+    def list_blob_sequences(self, ctx=None, *, experiment_id, plugin_name, run_tag_filter=None):
+        return self._listing("list_blob_sequences", ctx, experiment_id, plugin_name, run_tag_filter)
+
+    def read_last_scalars(self, ctx=None, *, experiment_id, plugin_name, run_tag_filter=None):
+        return self._listing("read_last_scalars", ctx, experiment_id, plugin_name, run_tag_filter)
+
+    def _read(self, method: str, ctx: Any, *, experiment_id: str, plugin_name: str, downsample: Any,
+              run_tag_filter: Any) -> dict:
+        narrowed = self._filter(ctx, experiment_id, run_tag_filter)
+        if not narrowed.runs:
+            return {}
+        found = getattr(self._inner, method)(ctx, experiment_id=experiment_id, plugin_name=plugin_name,
+                                       downsample=downsample, run_tag_filter=narrowed)
+        return self._only_readable(found)
+
+    def read_scalars(self, ctx=None, *, experiment_id, plugin_name, downsample=None, run_tag_filter=None):
+        return self._read("read_scalars", ctx, experiment_id=experiment_id, plugin_name=plugin_name,
+                          downsample=downsample, run_tag_filter=run_tag_filter)
+
+    def read_tensors(self, ctx=None, *, experiment_id, plugin_name, downsample=None, run_tag_filter=None):
+        return self._read("read_tensors", ctx, experiment_id=experiment_id, plugin_name=plugin_name,
+                          downsample=downsample, run_tag_filter=run_tag_filter)
+
+    def read_blob_sequences(self, ctx=None, *, experiment_id, plugin_name, downsample=None, run_tag_filter=None):
+        return self._read("read_blob_sequences", ctx, experiment_id=experiment_id, plugin_name=plugin_name,
+                          downsample=downsample, run_tag_filter=run_tag_filter)
+
+    def read_blob(self, ctx=None, *, blob_key):
+        from tensorboard import errors
+
+        # The local provider's blob key is URL-safe base64 of a JSON list whose third item is
+        # the run; a key that does not decode so names no run anyone may read.
+        try:
+            run = json.loads(base64.urlsafe_b64decode(blob_key + "=="))[2]
+        except (ValueError, TypeError, IndexError, KeyError):
+            raise errors.NotFoundError(f"blob {blob_key!r}") from None
+        if not isinstance(run, str) or not _readable(run):
+            raise errors.NotFoundError(f"blob {blob_key!r}")
+        return self._inner.read_blob(ctx, blob_key=blob_key)
+
+    # Hyperparameters come from tensors (listed above, filtered); the experiment-level
+    # answers of these two would cover every run, so they stay empty.
+    def list_hyperparameters(self, ctx=None, *, experiment_ids, limit=None):
+        from tensorboard.data import provider
+
+        return provider.ListHyperparametersResult(hyperparameters=[], session_groups=[])
+
+    def read_hyperparameters(self, ctx=None, *, experiment_ids, filters=None, sort=None,
+                             hparams_to_include=None):
+        return []
+
+
 def readable_runs_provider(inner: Any) -> Any:
     """``inner`` (TensorBoard's data provider over the whole logdir) seen through the current
     request's :data:`READABLE` access: listings leave out the other runs, reads of them find nothing."""
-    from tensorboard import errors
     from tensorboard.data import provider
 
-    class ReadableRunsProvider(provider.DataProvider):
-        def _filter(self, ctx: Any, experiment_id: str, run_tag_filter: Any) -> Any:
-            wanted = run_tag_filter.runs if run_tag_filter is not None else None
-            if wanted is None:
-                wanted = [run.run_name for run in inner.list_runs(ctx, experiment_id=experiment_id)]
-            tags = run_tag_filter.tags if run_tag_filter is not None else None
-            return provider.RunTagFilter(runs=[run for run in wanted if _readable(run)], tags=tags)
+    class ReadableRunsProvider(_ReadableRuns, provider.DataProvider):
+        pass
 
-        def _only_readable(self, result: dict) -> dict:
-            return {run: tags for run, tags in result.items() if _readable(run)}
-
-        def experiment_metadata(self, ctx=None, *, experiment_id):
-            # Without data_location: the storage's path is not the viewers' to know (/data/environment).
-            found = inner.experiment_metadata(ctx, experiment_id=experiment_id)
-            return provider.ExperimentMetadata(experiment_name=found.experiment_name,
-                                               experiment_description=found.experiment_description,
-                                               creation_time=found.creation_time)
-
-        def list_plugins(self, ctx=None, *, experiment_id):
-            return inner.list_plugins(ctx, experiment_id=experiment_id)
-
-        def list_runs(self, ctx=None, *, experiment_id):
-            return [run for run in inner.list_runs(ctx, experiment_id=experiment_id) if _readable(run.run_name)]
-
-        def _listing(self, method: str, ctx: Any, experiment_id: str, plugin_name: str, run_tag_filter: Any) -> dict:
-            narrowed = self._filter(ctx, experiment_id, run_tag_filter)
-            if not narrowed.runs:
-                return {}
-            found = getattr(inner, method)(ctx, experiment_id=experiment_id, plugin_name=plugin_name,
-                                           run_tag_filter=narrowed)
-            return self._only_readable(found)
-
-        def list_scalars(self, ctx=None, *, experiment_id, plugin_name, run_tag_filter=None):
-            return self._listing("list_scalars", ctx, experiment_id, plugin_name, run_tag_filter)
-
-        def list_tensors(self, ctx=None, *, experiment_id, plugin_name, run_tag_filter=None):
-            return self._listing("list_tensors", ctx, experiment_id, plugin_name, run_tag_filter)
-
-        def list_blob_sequences(self, ctx=None, *, experiment_id, plugin_name, run_tag_filter=None):
-            return self._listing("list_blob_sequences", ctx, experiment_id, plugin_name, run_tag_filter)
-
-        def read_last_scalars(self, ctx=None, *, experiment_id, plugin_name, run_tag_filter=None):
-            return self._listing("read_last_scalars", ctx, experiment_id, plugin_name, run_tag_filter)
-
-        def _read(self, method: str, ctx: Any, *, experiment_id: str, plugin_name: str, downsample: Any,
-                  run_tag_filter: Any) -> dict:
-            narrowed = self._filter(ctx, experiment_id, run_tag_filter)
-            if not narrowed.runs:
-                return {}
-            found = getattr(inner, method)(ctx, experiment_id=experiment_id, plugin_name=plugin_name,
-                                           downsample=downsample, run_tag_filter=narrowed)
-            return self._only_readable(found)
-
-        def read_scalars(self, ctx=None, *, experiment_id, plugin_name, downsample=None, run_tag_filter=None):
-            return self._read("read_scalars", ctx, experiment_id=experiment_id, plugin_name=plugin_name,
-                              downsample=downsample, run_tag_filter=run_tag_filter)
-
-        def read_tensors(self, ctx=None, *, experiment_id, plugin_name, downsample=None, run_tag_filter=None):
-            return self._read("read_tensors", ctx, experiment_id=experiment_id, plugin_name=plugin_name,
-                              downsample=downsample, run_tag_filter=run_tag_filter)
-
-        def read_blob_sequences(self, ctx=None, *, experiment_id, plugin_name, downsample=None, run_tag_filter=None):
-            return self._read("read_blob_sequences", ctx, experiment_id=experiment_id, plugin_name=plugin_name,
-                              downsample=downsample, run_tag_filter=run_tag_filter)
-
-        def read_blob(self, ctx=None, *, blob_key):
-            # The local provider's blob key is URL-safe base64 of a JSON list whose third item is
-            # the run; a key that does not decode so names no run anyone may read.
-            try:
-                run = json.loads(base64.urlsafe_b64decode(blob_key + "=="))[2]
-            except (ValueError, TypeError, IndexError, KeyError):
-                raise errors.NotFoundError(f"blob {blob_key!r}") from None
-            if not isinstance(run, str) or not _readable(run):
-                raise errors.NotFoundError(f"blob {blob_key!r}")
-            return inner.read_blob(ctx, blob_key=blob_key)
-
-        # Hyperparameters come from tensors (listed above, filtered); the experiment-level
-        # answers of these two would cover every run, so they stay empty.
-        def list_hyperparameters(self, ctx=None, *, experiment_ids, limit=None):
-            return provider.ListHyperparametersResult(hyperparameters=[], session_groups=[])
-
-        def read_hyperparameters(self, ctx=None, *, experiment_ids, filters=None, sort=None,
-                                 hparams_to_include=None):
-            return []
-
-    return ReadableRunsProvider()
+    return ReadableRunsProvider(inner)
 
 
 def build_tensorboard(logdir: str) -> Callable:

@@ -456,7 +456,7 @@ def test_a_staged_upload_left_by_a_killed_prepare_is_deleted_once_it_is_old(s3, 
     no version to readers, but it stays in the bucket. The next prepare of that dataset deletes
     it once it is older than a day (a younger one may be another prepare's, still uploading)."""
     fs, endpoint = s3
-    from airflow_tf.data import prepare as prepare_module
+    from airflow_tf.data import versions as versions_module
 
     options = _stand_in_options(endpoint)
     output = f"s3://{BUCKET}/datasets"
@@ -469,7 +469,7 @@ def test_a_staged_upload_left_by_a_killed_prepare_is_deleted_once_it_is_old(s3, 
     assert first["dataset_uri"] == f"{output}/tidy/1", "the staged prefix is not a version"
     assert len(_objects(fs, staged)) == 2, "a young staged upload may be in use: it is kept"
 
-    monkeypatch.setattr(prepare_module, "_STALE_AFTER", 0.0)
+    monkeypatch.setattr(versions_module, "_STALE_AFTER", 0.0)
     second = prepare_dataset(source, output, "tidy", label="y", shards=1, storage_options=options)
     assert second["dataset_uri"] == f"{output}/tidy/2"
     assert _objects(fs, staged) == [], "the abandoned staged upload is deleted"

@@ -255,7 +255,7 @@ def test_temporary_directory_of_a_killed_run_is_cleaned_up_later(tmp_path):
 
 
 def test_cache_reuses_the_version_of_an_unchanged_input_and_encodes_nothing(tmp_path, monkeypatch, caplog):
-    from airflow_tf.data import prepare as prepare_module
+    from airflow_tf.data import stream as stream_module
 
     src = _csv(tmp_path / "in.csv", range(400))
     first = prepare_dataset(src, tmp_path / "out", "c", label="label", cache=True)
@@ -264,7 +264,7 @@ def test_cache_reuses_the_version_of_an_unchanged_input_and_encodes_nothing(tmp_
     def no_encoding(*args, **kwargs):
         raise AssertionError("a cache hit encoded rows")
 
-    monkeypatch.setattr(prepare_module, "_encode_group", no_encoding)
+    monkeypatch.setattr(stream_module, "_encode_group", no_encoding)
     with caplog.at_level("INFO", logger="airflow_tf.data.prepare"):
         again = prepare_dataset(src, tmp_path / "out", "c", label="label", cache=True)
     assert again["cached"] is True and again["dataset_uri"] == first["dataset_uri"]
@@ -281,7 +281,7 @@ def test_cache_reuses_the_version_of_an_unchanged_input_and_encodes_nothing(tmp_
 
 
 def test_encoding_threads_default_to_the_cores_the_process_may_use(tmp_path):
-    from airflow_tf.data.prepare import usable_cpus
+    from airflow_tf.data.cpus import usable_cpus
 
     cpu_max = tmp_path / "cpu.max"
     cores = len(os.sched_getaffinity(0))
@@ -296,6 +296,6 @@ def test_encoding_threads_default_to_the_cores_the_process_may_use(tmp_path):
     # A process bound to one core (taskset, a static CPU manager) encodes on one thread.
     bound = subprocess.run(
         [sys.executable, "-c", "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-         "from airflow_tf.data.prepare import usable_cpus; print(usable_cpus())"],
+         "from airflow_tf.data.cpus import usable_cpus; print(usable_cpus())"],
         capture_output=True, text=True, check=True)
     assert bound.stdout.strip() == "1"

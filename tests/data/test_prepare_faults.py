@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_tf.data import DataError, InputDataError, SchemaError, load_schema, prepare_dataset
-from airflow_tf.data.prepare import buffer_plan
+from airflow_tf.data.stream import buffer_plan
 
 HINT = r"pass string_columns=\['n'\] \(CLI: --string-columns n\) or declare it as string in a schema"
 

@@ -1,0 +1,124 @@
+"""Local processes of a group: telling a live process from a reused pid, signalling and stopping
+them, their CPU time, free loopback ports, and the minimal environment they start with."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+STOP_GRACE = 1.0
+"""Seconds between SIGTERM and SIGKILL when stopping a task."""
+KILL_WAIT = 5.0
+"""Seconds a SIGKILLed process is given to be gone before a stop returns anyway."""
+PASSED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH",
+              "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "KERAS_HOME", "KERAS_BACKEND")
+PASSED_ENV_PREFIXES = ("LC_", "TF_")
+"""What every task gets from the launcher's environment: what TensorFlow and the runtime need."""
+
+
+def process_start_time(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot), or None when it is gone
+    or a zombie. With the pid it identifies a process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def is_running(pid: int | None, start_time: int | None) -> bool:
+    if not pid:
+        return False
+    current = process_start_time(pid)
+    return current is not None and (start_time is None or current == start_time)
+
+
+def task_environment(pass_env: Iterable[str] = (), environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a group's supervisor and tasks: ``PASSED_ENV``, ``LC_*`` and ``TF_*``
+    (TensorFlow's settings), the names in ``pass_env``, and a ``PYTHONPATH`` that finds this
+    package. Never the rest: the launcher's ``AIRFLOW__*`` settings, connections, variables,
+    database URLs and secrets stay with the launcher."""
+    source: Mapping[str, str] = os.environ if environ is None else environ
+    env = {k: v for k, v in source.items()
+           if (k in PASSED_ENV or k.startswith(PASSED_ENV_PREFIXES)) and k != "TF_CONFIG"}
+    env.update({k: source[k] for k in pass_env if k in source})
+    root = str(Path(__file__).resolve().parents[2])
+    if not root.startswith(sys.prefix) and root not in env.get("PYTHONPATH", "").split(os.pathsep):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), root) if p)
+    return env
+
+
+def signal_process(pid: int, start_time: int | None, signum: int, group: bool = False) -> None:
+    if not is_running(pid, start_time):
+        return
+    try:
+        if group:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def stop_processes(procs: Iterable[tuple[int, int | None]], grace: float = STOP_GRACE) -> None:
+    """SIGTERM each (pid, start time) and its process group, SIGKILL what is left after ``grace``;
+    returns once they are gone (or ``KILL_WAIT`` after the SIGKILL)."""
+    procs = [p for p in procs if is_running(*p)]
+    for pid, start in procs:
+        signal_process(pid, start, signal.SIGTERM, group=True)
+    wait_gone(procs, grace)
+    for pid, start in procs:
+        signal_process(pid, start, signal.SIGKILL, group=True)
+    wait_gone(procs, KILL_WAIT)
+
+
+def wait_gone(procs: list[tuple[int, int | None]], timeout: float) -> bool:
+    """Wait up to ``timeout`` for every (pid, start time) to be gone; True when they are. A killed
+    process takes a moment to exit (a ps unmaps its tables): a teardown returns after that."""
+    deadline = time.monotonic() + timeout
+    while (left := any(is_running(*p) for p in procs)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not left
+
+
+def cpu_ticks(pid: int) -> int | None:
+    """User + system CPU time of ``pid`` in clock ticks (None when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[11]) + int(fields[12])
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports nobody listens on right now (held together so none repeats)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def kill_group(proc: subprocess.Popen, signum: int) -> None:
+    """Signal the task and anything it started (each task leads its own process group)."""
+    try:
+        os.killpg(proc.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):  # it has exited already
+            proc.send_signal(signum)
