@@ -74,10 +74,7 @@ def resolved_backend(backend: str | None, options: dict[str, Any] | None) -> tup
         raise ValueError(f"[airflow_tf] backend / $AIRFLOW_TF_BACKEND: {configured!r} is not one of "
                          f"{', '.join(BACKENDS)}")
     name = backend or configured
-    if options is None and name == configured:
-        resolved = configured_backend_options()
-    else:
-        resolved = dict(options or {})
+    resolved = configured_backend_options() if options is None and name == configured else dict(options or {})
     if name == "local" and not resolved.get("state_dir"):
         directory = state_dir()
         if directory:

@@ -328,7 +328,7 @@ def pod_settings(opts: PodOptions, resources: dict[str, dict[str, str]]) -> dict
     }
 
 
-def health_probes(spec: GroupSpec, role: str) -> dict[str, dict | None]:
+def health_probes(spec: GroupSpec, role: str) -> dict[str, dict | int | None]:
     """The liveness and startup probes of a task of ``role``: the health question to its own
     TensorFlow server, with the group's bounds (``health_timeout``); None for both when the
     role's tasks are not asked. The startup probe gives TensorFlow's import and the server's
