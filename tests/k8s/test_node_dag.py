@@ -32,7 +32,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="th
 
 
 def _leftovers(directory: Path) -> dict:
-    return {"processes": processes(str(directory)), "namespaces": namespaces(), "mounts": mounts()}
+    """What a plane in ``directory`` could leave behind: processes, network namespaces, mounts,
+    its files (the storage folder is the test's, removed by ``shared_storage``)."""
+    return {"processes": processes(str(directory)), "namespaces": namespaces(), "mounts": mounts(),
+            "files": directory.exists()}
 
 
 def test_the_demo_dag_trains_on_kubernetes_end_to_end_and_leaves_nothing_behind(tmp_path):
