@@ -101,7 +101,7 @@ class KubernetesBackend:
     :param progress_interval: how often ``watch()`` re-reads the chief's log for progress,
         and the longest a single pod watch request stays open.
     :param poll_interval: how often ``watch()`` lists pods while the watch API is unavailable,
-        and how often ``run_component()`` checks its Job.
+        and the longest ``run_component()`` waits between checks of its Job (from 1 s, doubling).
     :param task_template: recorded at launch (in the GroupRef): the lead trainer's pod
         template, which the evaluation and export Jobs reuse (image, volumes, service account).
     """
@@ -480,7 +480,10 @@ class KubernetesBackend:
 
     def _wait_one_off(self, namespace: str, name: str, selector: str, container: str,
                       follower: _LogFollower | None) -> tuple[dict, str]:
-        """The one-off Job once it finished, and how (``Complete`` or why it failed)."""
+        """The one-off Job once it finished, and how (``Complete`` or why it failed). Checked
+        after 1 s, then twice as long each time up to ``poll_interval``: an evaluation or export
+        of a few seconds ends its task within seconds, a long prepare part costs few calls."""
+        delay = min(1.0, self.poll_interval)
         while True:
             jobs = [j for j in self._list("jobs", namespace, selector) if _name(j) == name]
             if not jobs:
@@ -496,7 +499,8 @@ class KubernetesBackend:
                     return jobs[0], "Failed"  # waiting cannot help (an image that cannot be pulled, a missing Secret)
                 if follower is not None and phase in _STARTED_PHASES:
                     follower.feed(self._read_log(namespace, _name(pod), container, PROGRESS_TAIL_LINES))
-            time.sleep(self.poll_interval)
+            time.sleep(delay)
+            delay = min(delay * 2, self.poll_interval)
 
     # -- watching ------------------------------------------------------------------------
     async def watch(self, ref: GroupRef, timeout: float | None = None) -> AsyncIterator[GroupStatus]:
