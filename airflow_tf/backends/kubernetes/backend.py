@@ -32,7 +32,6 @@ from airflow_tf.cluster.components import REFUSED_EXIT, RESULT_MARKER, component
 from airflow_tf.cluster.progress import parse_progress
 
 from ..base import BackendError, ComponentRefusedError, GroupRef
-from .jobs import render_group
 from .labels import COMPONENT_LABEL, GROUP_LABEL, ONE_OFF_LABEL, ROLE_LABEL, ROOT_ANNOTATION, SUCCESS_POLICY
 from .manifests import DEFAULT_PS_MAX_LIFETIME_SECONDS, DEFAULT_TTL_SECONDS_AFTER_FINISHED, group_selector, owned_by
 from .pod_options import check_cluster_domain
@@ -46,6 +45,7 @@ from .status import (
     overdue_unschedulable,
     scheduler_message,
 )
+from .workloads import DEFAULT_WORKLOAD, check_workload, render_workload
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,9 @@ class KubernetesBackend:
     :param cluster_domain: appended to the tasks' DNS names (``cluster.local``); by default
         the names end in ``.svc`` and the pods' DNS search path completes them.
     :param network_policy: also create a NetworkPolicy admitting gRPC only from the group's pods.
+    :param workload: the group's form: ``"jobs"`` (default), one Indexed Job per role, or
+        ``"jobset"``, the whole group as one JobSet (needs the JobSet controller; the form a Kueue
+        ``queue_name`` requires, as Kueue admits a JobSet whole). See :mod:`.workloads`.
     :param pod_defaults: pod settings for every role (same keys as ``RoleSpec.kubernetes``,
         which wins per key), e.g. the data and run-output volumes, a pod template, a Kueue queue.
     :param ttl_seconds_after_finished: the whole group (parameter servers included) is
@@ -108,7 +111,7 @@ class KubernetesBackend:
     def __init__(self, kubernetes_conn_id: str | None = "kubernetes_default", namespace: str | None = None, *,
                  in_cluster: bool | None = None, config_file: str | None = None, cluster_context: str | None = None,
                  cluster_domain: str | None = None, network_policy: bool = False,
-                 pod_defaults: dict[str, Any] | None = None,
+                 workload: str = DEFAULT_WORKLOAD, pod_defaults: dict[str, Any] | None = None,
                  ttl_seconds_after_finished: int | None = DEFAULT_TTL_SECONDS_AFTER_FINISHED,
                  ps_max_lifetime_seconds: int = DEFAULT_PS_MAX_LIFETIME_SECONDS,
                  progress_interval: float = 60.0, poll_interval: float = 30.0,
@@ -120,6 +123,7 @@ class KubernetesBackend:
         self.cluster_context = cluster_context
         try:
             self.cluster_domain = check_cluster_domain(cluster_domain)
+            self.workload = check_workload(workload)
         except SpecError as e:
             raise BackendError(str(e)) from None
         self.network_policy = network_policy
@@ -175,6 +179,7 @@ class KubernetesBackend:
     def _ref(self, group: str, success_policy: str, task_template: dict | None = None,
              root: dict | None = None) -> GroupRef:
         options = {**self._hook_args(), "cluster_domain": self.cluster_domain, "network_policy": self.network_policy,
+                   "workload": self.workload,
                    "ttl_seconds_after_finished": self.ttl_seconds_after_finished,
                    "ps_max_lifetime_seconds": self.ps_max_lifetime_seconds,
                    "progress_interval": self.progress_interval, "poll_interval": self.poll_interval,
@@ -266,17 +271,24 @@ class KubernetesBackend:
 
     # -- the protocol --------------------------------------------------------------------
     def render(self, spec: GroupSpec) -> list[dict]:
-        """The objects ``launch()`` creates (without the ownerReferences, which need the root's uid)."""
-        return render_group(spec, self.namespace, cluster_domain=self.cluster_domain,
-                            network_policy=self.network_policy, pod_defaults=self.pod_defaults,
-                            ttl_seconds_after_finished=self.ttl_seconds_after_finished,
-                            ps_max_lifetime_seconds=self.ps_max_lifetime_seconds)
+        """The objects ``launch()`` creates (without the ownerReferences, which need the root's uid),
+        in the backend's workload form."""
+        return render_workload(self.workload, spec, self.namespace, cluster_domain=self.cluster_domain,
+                               network_policy=self.network_policy, pod_defaults=self.pod_defaults,
+                               ttl_seconds_after_finished=self.ttl_seconds_after_finished,
+                               ps_max_lifetime_seconds=self.ps_max_lifetime_seconds)
 
     def launch(self, spec: GroupSpec) -> GroupRef:
         try:
             objects = self.render(spec)
         except SpecError as e:
             raise BackendError(str(e)) from e
+        if self.workload == "jobset":
+            # Rendered (and so checked) above; status, watch, logs and teardown do not read a
+            # JobSet yet, and a teardown deleting its Jobs would have them recreated.
+            raise BackendError(f"group {spec.name}: workload='jobset' is rendered (airflow-tf render --workload "
+                               "jobset) but not yet launched by this version of the Kubernetes backend; "
+                               "apply the rendered JobSet yourself, or launch with workload='jobs' without queue_name")
         namespace = self.namespace
         kinds = ["jobs", "services"] + (["networkpolicies"] if self.network_policy else [])
         # Keyed by the kind listed: a real API server's list items carry no kind of their own.

@@ -364,7 +364,8 @@ POD_OPTION_TABLE: dict[str, PodOption] = {
     "labels": PodOption("extra labels {key: value} on the Jobs and pods", _check_labels),
     "annotations": PodOption("extra annotations {key: value} on the Jobs and pods", _check_annotations),
     "queue_name": PodOption(
-        f"Kueue LocalQueue: sets {KUEUE_QUEUE_LABEL} and creates the Jobs suspended for Kueue to admit",
+        f"Kueue LocalQueue, with workload='jobset' only: sets {KUEUE_QUEUE_LABEL} on the JobSet and creates it "
+        "suspended for Kueue to admit the whole group",
         _check_queue_name),
     "priority_class": PodOption("PriorityClass name", _object_name("PriorityClass name")),
     "pod_template": PodOption(

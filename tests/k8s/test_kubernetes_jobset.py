@@ -1,0 +1,344 @@
+"""The JobSet workload form (``workload="jobset"``), offline: the JobSet validated against the
+JobSet v0.11.1 CRD's schema (``schemas/``, vendored from the Go module) and its Jobs against the
+Kubernetes schemas of every supported version; the same pods and TF_CONFIG as the Jobs form
+(but for the host names the controllers give); the success, failure and startup policies; the
+queue; and the refusal of a queue with the Jobs form, at render, launch and DAG parse time."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from airflow_tf.backends import BackendError, backend_for, get_backend
+from airflow_tf.backends.kubernetes.jobs import render_group
+from airflow_tf.backends.kubernetes.jobset import render_jobset
+from airflow_tf.backends.kubernetes.manifests import USER_ERROR_EXIT_CODES
+from airflow_tf.backends.kubernetes.workloads import check_launch_options, render_workload
+from airflow_tf.cli import main
+from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name
+
+from .test_kubernetes_manifests import SUPPORTED_VERSIONS
+
+CRD = Path(__file__).with_name("schemas") / "jobset.x-k8s.io_jobsets-v0.11.1.yaml"
+QUEUE_REFUSED = (r"queue_name: 'team-a' needs workload='jobset': with workload='jobs' every role is a Job of its own, "
+                 r"and Kueue admits each Job as its own Workload, so a group would be admitted role by role")
+
+
+def training(**kw):
+    return TrainingConfig(dataset="/data/ds/1", run_dir="/runs/r", steps=100, **kw)
+
+
+def spec(name="tf-demo", mode=None, **kw) -> GroupSpec:
+    options = dict(ps=2, workers=3, image="registry.example/tf:2.21")
+    options.update(kw)
+    return GroupSpec.for_training(name, training(**({"mode": mode} if mode else {})), **options)
+
+
+def the_jobset(objects) -> dict:
+    return next(o for o in objects if o["kind"] == "JobSet")
+
+
+def replicated(jobset) -> dict[str, dict]:
+    return {r["name"]: r for r in jobset["spec"]["replicatedJobs"]}
+
+
+def tf_config(pod) -> dict:
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    return json.loads(env["TF_CONFIG"])
+
+
+def _strict(schema):
+    """The CRD's schema with unknown fields refused where the API server would silently prune
+    them (an object with properties and no preserve-unknown-fields), so a misspelt key fails."""
+    if isinstance(schema, dict):
+        schema = {k: _strict(v) for k, v in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema \
+                and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+@functools.cache
+def crd_validator() -> jsonschema.Draft4Validator:
+    crd = yaml.safe_load(CRD.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha2")
+    assert version["served"] and version["storage"]
+    # OpenAPI 3.0's schema keywords are JSON Schema draft 4's (exclusiveMinimum is a boolean there).
+    return jsonschema.Draft4Validator(_strict(version["schema"]["openAPIV3Schema"]))
+
+
+def validate_jobset(jobset: dict) -> None:
+    """The JobSet against the CRD, and each replicated job's Job against every supported
+    Kubernetes version (the CRD leaves the templates' metadata unchecked; the API server checks
+    the Jobs when the JobSet controller creates them)."""
+    crd_validator().validate(jobset)
+    assert (jobset["apiVersion"], jobset["kind"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet")
+    for rjob in jobset["spec"]["replicatedJobs"]:
+        job = {"apiVersion": "batch/v1", "kind": "Job",
+               "metadata": {**rjob["template"]["metadata"], "name": f"{jobset['metadata']['name']}-{rjob['name']}-0"},
+               "spec": rjob["template"]["spec"]}
+        for version in SUPPORTED_VERSIONS:
+            kubernetes_validate.validate(job, version, strict=True)
+
+
+# -- the manifest ----------------------------------------------------------------------------------------
+def test_the_jobset_validates_against_the_jobset_crd_and_its_jobs_against_every_kubernetes_version(tmp_path):
+    objects = render_jobset(spec(chief=1, role_options={"worker": {"resources": {"limits": {"nvidia.com/gpu": "1"}}}}),
+                            "ml", network_policy=True, cluster_domain="cluster.local", pod_defaults={
+                                "queue_name": "team-a", "volumes": [{"claim": "tf-runs", "mount_path": "/runs"}],
+                                "sidecars": [{"name": "log-shipper", "image": "fluent/fluent-bit:3.0"}]})
+    assert [o["kind"] for o in objects] == ["JobSet", "NetworkPolicy"], "the JobSet first; no Job, no Service of ours"
+    validate_jobset(objects[0])
+    for version in SUPPORTED_VERSIONS:
+        kubernetes_validate.validate(objects[1], version, strict=True)
+    assert [r["name"] for r in objects[0]["spec"]["replicatedJobs"]] == ["ps", "worker", "chief"]
+    assert {r["replicas"] for r in objects[0]["spec"]["replicatedJobs"]} == {1}
+
+
+def test_a_schema_violation_is_caught_by_the_crd_validation():
+    # The validation must be able to fail: a misspelt key, a value outside an enum, a missing field.
+    for break_it in (lambda js: js["spec"].update(startupPolicy={"startupPolicyOrdre": "InOrder"}),
+                     lambda js: js["spec"]["successPolicy"].update(operator="Most"),
+                     lambda js: js["spec"]["replicatedJobs"][0].pop("template"),
+                     lambda js: js["spec"]["failurePolicy"]["rules"][0].update(action="Retry")):
+        jobset = the_jobset(render_jobset(spec(), "ml"))
+        break_it(jobset)
+        with pytest.raises(jsonschema.ValidationError):
+            crd_validator().validate(jobset)
+
+
+def test_render_prints_the_jobset_with_the_workload_flag(capsys):
+    code = main(["render", "--name", "demo", "--ps", "1", "--workers", "2", "--image", "tf:2.21", "--namespace", "ml",
+                 "--workload", "jobset", "--queue-name", "team-a", "--network-policy", "--runs-claim", "tf-runs"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    documents = list(yaml.safe_load_all(out))
+    assert [d["kind"] for d in documents] == ["JobSet", "NetworkPolicy"]
+    validate_jobset(documents[0])
+    assert documents[0]["spec"]["suspend"] is True
+
+
+# -- the same group as the Jobs form ---------------------------------------------------------------------
+@pytest.mark.parametrize("cluster_domain", [None, "cluster.local"])
+def test_tf_config_is_the_jobs_forms_but_for_the_job_index_in_each_host(cluster_domain):
+    """Same roles, task counts, order, service (subdomain), namespace, domain and port; each host is
+    the pod's as the controllers name it: the Job controller's ``<job>-<index>``, the Job being the
+    JobSet controller's ``<jobset>-<replicated job>-<job index>``, under ``network.subdomain``."""
+    group = spec(chief=1)
+    by_jobs = {o["metadata"]["name"]: o for o in render_group(group, "ml", cluster_domain=cluster_domain)}
+    jobset = the_jobset(render_jobset(group, "ml", cluster_domain=cluster_domain))
+    subdomain = jobset["spec"]["network"]["subdomain"]
+    assert subdomain == by_jobs["tf-demo"]["metadata"]["name"], "the Jobs form's headless Service's name"
+    assert jobset["spec"]["network"] == {"enableDNSHostnames": True, "subdomain": subdomain,
+                                         "publishNotReadyAddresses": True}
+    suffix = ".ml.svc" + (f".{cluster_domain}" if cluster_domain else "")
+    for role, rjob in replicated(jobset).items():
+        ours = tf_config(rjob["template"]["spec"]["template"])
+        theirs = tf_config(by_jobs[f"tf-demo-{role}"]["spec"]["template"])
+        assert ours["task"] == theirs["task"] == {"type": role}
+        assert list(ours["cluster"]) == list(theirs["cluster"]) == ["chief", "ps", "worker"]
+        for name, addresses in ours["cluster"].items():
+            job = f"{jobset['metadata']['name']}-{name}-0"  # the JobSet controller's Job name
+            assert addresses == [f"{job}-{i}.{subdomain}{suffix}:2222" for i in range(len(addresses))]
+            assert [re.sub(rf"^tf-demo-{name}-0-", f"tf-demo-{name}-", a) for a in addresses] == theirs["cluster"][name]
+
+
+def test_each_replicated_job_is_the_jobs_forms_job_without_what_the_jobset_holds():
+    """Pods, restarts, failure rules, deadlines: the Jobs form's Job; the JobSet holds the name,
+    the suspension, the queue label and the TTL."""
+    group = spec(chief=1, success_policy="ChiefOrWorker0", active_deadline_seconds=900)
+    jobs = {o["metadata"]["name"]: o for o in render_group(group, "ml") if o["kind"] == "Job"}
+    for role, rjob in replicated(the_jobset(render_jobset(group, "ml"))).items():
+        job = copy.deepcopy(jobs[f"tf-demo-{role}"])
+        job["spec"].pop("suspend")
+        job["spec"].pop("ttlSecondsAfterFinished", None)
+        ours = copy.deepcopy(rjob["template"])
+        for pod in (ours["spec"]["template"], job["spec"]["template"]):
+            pod["spec"]["containers"][0]["env"] = [e for e in pod["spec"]["containers"][0]["env"] if e["name"] != "TF_CONFIG"]
+        assert ours == {"metadata": {"labels": job["metadata"]["labels"], "annotations": job["metadata"]["annotations"]},
+                        "spec": job["spec"]}
+        assert "ttlSecondsAfterFinished" not in rjob["template"]["spec"], "a child Job's TTL would have it recreated"
+
+
+def test_ttl_is_the_jobsets_and_the_ps_keep_their_deadline():
+    jobset = the_jobset(render_jobset(spec(), "ml", ps_max_lifetime_seconds=7200))
+    assert jobset["spec"]["ttlSecondsAfterFinished"] == 3600
+    assert replicated(jobset)["ps"]["template"]["spec"]["activeDeadlineSeconds"] == 7200
+    assert "activeDeadlineSeconds" not in replicated(jobset)["worker"]["template"]["spec"]
+    assert "ttlSecondsAfterFinished" not in the_jobset(render_jobset(spec(), "ml", ttl_seconds_after_finished=None))["spec"]
+    assert the_jobset(render_jobset(spec(), "ml", ttl_seconds_after_finished=0))["spec"]["ttlSecondsAfterFinished"] == 0
+
+
+# -- policies ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("options, targets, lead", [
+    ({}, ["worker"], None),
+    ({"chief": 1}, ["worker", "chief"], None),
+    ({"success_policy": "ChiefOrWorker0"}, ["worker"], "worker"),
+    ({"chief": 1, "success_policy": "ChiefOrWorker0"}, ["chief"], "chief"),
+    ({"mode": "coordinator"}, ["chief"], "chief"),
+])
+def test_success_policy_is_todays_on_the_trainers(options, targets, lead):
+    """AllWorkers: every worker's (and the chief's) Job; ChiefOrWorker0: the lead trainer's Job,
+    which completes when its index 0 succeeds. Parameter servers are never waited for (and
+    coordinator-mode workers, which serve until stopped, neither)."""
+    jobset = the_jobset(render_jobset(spec(**options), "ml"))
+    validate_jobset(jobset)
+    assert jobset["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": targets}
+    for role, rjob in replicated(jobset).items():
+        rules = rjob["template"]["spec"].get("successPolicy")
+        assert rules == ({"rules": [{"succeededIndexes": "0", "succeededCount": 1}]} if role == lead else None)
+
+
+def test_failure_policy_keeps_todays_meaning_per_restart_policy():
+    """The Job controller restarts a task within its budget (a killed ps comes back), fails its
+    Job at once on a program error under ExitCode, and ignores disruptions; the JobSet then fails
+    as a whole on its first failed Job, never recreating the group."""
+    group = spec(chief=1, backoff_limit=4, role_options={"chief": {"restart_policy": "Never"}})
+    jobset = the_jobset(render_jobset(group, "ml"))
+    validate_jobset(jobset)
+    assert jobset["spec"]["failurePolicy"] == {"maxRestarts": 0, "rules": [
+        {"name": "FailGroupOnFailedJob", "action": "FailJobSet"}]}
+    jobs = {role: rjob["template"]["spec"] for role, rjob in replicated(jobset).items()}
+    disruption = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    # ps (OnFailure): any exit, a kill (137) included, is restarted up to backoff_limit times.
+    assert jobs["ps"]["backoffLimitPerIndex"] == 4 and jobs["ps"]["podFailurePolicy"]["rules"] == [disruption]
+    # worker (ExitCode): a program error (exit 1-128) fails the Job, so the group, at once.
+    assert jobs["worker"]["backoffLimitPerIndex"] == 4
+    assert jobs["worker"]["podFailurePolicy"]["rules"] == [disruption, {"action": "FailJob", "onExitCodes": {
+        "containerName": "worker", "operator": "In", "values": USER_ERROR_EXIT_CODES}}]
+    # chief (Never): no restart at all.
+    assert jobs["chief"]["backoffLimitPerIndex"] == 0 and jobs["chief"]["podFailurePolicy"]["rules"] == [disruption]
+    assert {job["maxFailedIndexes"] for job in jobs.values()} == {0}, "one task out of restarts fails its Job"
+
+
+def test_startup_policy_starts_the_parameter_servers_first():
+    jobset = the_jobset(render_jobset(spec(chief=1), "ml"))
+    assert jobset["spec"]["startupPolicy"] == {"startupPolicyOrder": "InOrder"}
+    assert [r["name"] for r in jobset["spec"]["replicatedJobs"]] == ["ps", "worker", "chief"]
+    assert not any("dependsOn" in r for r in jobset["spec"]["replicatedJobs"]), \
+        "the CRD refuses dependsOn beside startupPolicy InOrder (a CEL rule the offline check cannot run)"
+
+
+# -- the queue ----------------------------------------------------------------------------------------------------
+def test_a_queued_group_is_one_suspended_jobset_carrying_the_queue_label():
+    jobset = the_jobset(render_jobset(spec(), "ml", pod_defaults={"queue_name": "team-a"}))
+    validate_jobset(jobset)
+    assert jobset["spec"]["suspend"] is True
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    for rjob in jobset["spec"]["replicatedJobs"]:
+        template = rjob["template"]
+        assert "kueue.x-k8s.io/queue-name" not in template["metadata"]["labels"], "Kueue admits the JobSet, not its Jobs"
+        assert "kueue.x-k8s.io/queue-name" not in template["spec"]["template"]["metadata"]["labels"]
+        assert "suspend" not in template["spec"], "the JobSet controller suspends and resumes its Jobs"
+    unqueued = the_jobset(render_jobset(spec(), "ml"))
+    assert unqueued["spec"]["suspend"] is False and "kueue.x-k8s.io/queue-name" not in unqueued["metadata"]["labels"]
+
+
+def test_one_jobset_takes_one_queue():
+    with pytest.raises(SpecError, match=r"queue_name: a JobSet is admitted as one Kueue Workload, so every role must "
+                                        r"name the same queue .*ps: None, worker: 'team-b'"):
+        render_jobset(spec(role_options={"worker": {"kubernetes": {"queue_name": "team-b"}}}), "ml")
+    jobset = the_jobset(render_jobset(spec(role_options={"ps": {"kubernetes": {"queue_name": "team-b"}}}), "ml",
+                                      pod_defaults={"queue_name": "team-b"}))
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-b"
+
+
+def test_a_queue_with_the_jobs_form_is_refused_at_render_saying_why_and_naming_jobset(capsys):
+    with pytest.raises(SpecError, match=QUEUE_REFUSED) as refused:
+        render_group(spec(), "ml", pod_defaults={"queue_name": "team-a"})
+    message = str(refused.value)
+    for words in ("parameter servers holding quota and never exiting while their workers wait",
+                  "a JobSet is one Workload, admitted whole or not at all",
+                  "backend_options={'workload': 'jobset'}", "airflow-tf render --workload jobset"):
+        assert words in message
+    with pytest.raises(SpecError, match=QUEUE_REFUSED):  # one role's queue is enough
+        render_group(spec(role_options={"ps": {"kubernetes": {"queue_name": "team-a"}}}), "ml")
+
+    code = main(["render", "--name", "demo", "--image", "tf:2.21", "--queue-name", "team-a"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", "no manifest is printed"
+    assert re.search(QUEUE_REFUSED, err)
+
+
+def test_a_queue_with_the_jobs_form_is_refused_at_launch_before_any_api_call():
+    backend = get_backend("kubernetes", kubernetes_conn_id=None, namespace="ml", pod_defaults={"queue_name": "team-a"})
+    with pytest.raises(BackendError, match=QUEUE_REFUSED):
+        backend.launch(spec())
+    assert "hook" not in vars(backend), "refused before connecting to anything"
+
+
+def test_a_queue_with_the_jobs_form_is_refused_at_dag_parse_time():
+    from airflow_tf.operators import LaunchTFClusterOperator
+
+    def launch(**kw):
+        return LaunchTFClusterOperator(task_id="launch", dataset="/data/ds/1", backend="kubernetes", **kw)
+
+    with pytest.raises(SpecError, match=QUEUE_REFUSED):
+        launch(backend_options={"pod_defaults": {"queue_name": "team-a"}})
+    with pytest.raises(SpecError, match=QUEUE_REFUSED):
+        launch(backend_options={"workload": "jobs"}, role_options={"worker": {"kubernetes": {"queue_name": "team-a"}}})
+    with pytest.raises(SpecError, match=r"backend_options.workload: 'jobsets' is not a workload form; the forms are: "
+                                        r"'jobs' \(one Indexed Job per role \(default\)\); 'jobset' \("):
+        launch(backend_options={"workload": "jobsets"})
+    # Accepted: the JobSet form; values only known when the task runs (checked again at launch);
+    # a queue on another backend's options is not this check's business.
+    launch(backend_options={"workload": "jobset", "pod_defaults": {"queue_name": "team-a"}})
+    launch(backend_options={"pod_defaults": {"queue_name": "{{ var.value.queue }}"}})
+    launch(backend_options={"workload": "{{ var.value.workload }}", "pod_defaults": {"queue_name": "team-a"}})
+    LaunchTFClusterOperator(task_id="local", dataset="/data/ds/1", backend_options={"workload": "anything"})
+
+
+# -- the option ----------------------------------------------------------------------------------------------------
+def test_the_workload_option_is_validated_naming_the_argument_and_the_forms(capsys):
+    with pytest.raises(BackendError, match=r"^workload: 'JobSet' is not a workload form; the forms are: 'jobs' \(one "
+                                           r"Indexed Job per role \(default\)\); 'jobset' \(the group as one JobSet"):
+        get_backend("kubernetes", kubernetes_conn_id=None, namespace="ml", workload="JobSet")
+    with pytest.raises(SpecError, match=r"^backend_options.workload: None is not a workload form"):
+        check_launch_options({"workload": None})
+    with pytest.raises(SpecError, match="workload: 'pods' is not a workload form"):
+        render_workload("pods", spec(), "ml")
+    with pytest.raises(SystemExit):
+        main(["render", "--name", "demo", "--image", "tf:2.21", "--workload", "pods"])
+    assert "argument --workload: invalid choice: 'pods' (choose from 'jobs', 'jobset')" in capsys.readouterr().err
+
+
+def test_the_backend_renders_its_workload_and_its_reference_keeps_it():
+    jobset = get_backend("kubernetes", kubernetes_conn_id=None, namespace="ml", workload="jobset")
+    assert [o["kind"] for o in jobset.render(spec())] == ["JobSet"]
+    jobs = get_backend("kubernetes", kubernetes_conn_id=None, namespace="ml")
+    assert jobs.workload == "jobs" and [o["kind"] for o in jobs.render(spec())] == ["Job", "Service", "Job"]
+    ref = jobset._ref("tf-demo", "AllWorkers")
+    assert ref.options["workload"] == "jobset" and backend_for(ref).workload == "jobset"
+
+
+def test_launching_a_jobset_is_refused_until_the_backend_reads_one():
+    backend = get_backend("kubernetes", kubernetes_conn_id=None, namespace="ml", workload="jobset",
+                          pod_defaults={"queue_name": "team-a"})
+    with pytest.raises(BackendError, match=r"group tf-demo: workload='jobset' is rendered \(airflow-tf render "
+                                           r"--workload jobset\) but not yet launched"):
+        backend.launch(spec())
+    assert "hook" not in vars(backend)
+
+
+def test_names_too_long_for_the_jobset_webhook_are_refused_naming_the_limit():
+    """The JobSet webhook checks that the longest pod name, ``<jobset>-<job>-0-<index>-xxxxx``, is a
+    DNS-1035 label; the render says so first, with the longest group name that fits."""
+    auto = group_name("a_rather_long_dag_id_for_the_example", "train_the_model", "manual__2026-01-01")
+    validate_jobset(the_jobset(render_jobset(spec(name=auto, workers=99), "ml")))
+    with pytest.raises(SpecError, match=r"name: with workload='jobset' the worker pods are named like "
+                                        r"'a{46}-worker-0-99-abcde' \(64 characters\).*at most 45 characters"):
+        render_jobset(spec(name="a" * 46, workers=100), "ml")
+    with pytest.raises(SpecError, match=r"starting with a letter.*that starts with a letter"):
+        render_jobset(spec(name="1demo"), "ml")
+
