@@ -28,6 +28,7 @@ from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name
 from .test_kubernetes_manifests import SUPPORTED_VERSIONS
 
 CRD = Path(__file__).with_name("schemas") / "jobset.x-k8s.io_jobsets-v0.11.1.yaml"
+ROLE_FILE = Path(__file__).resolve().parents[2] / "airflow_tf" / "rbac" / "role.yaml"
 QUEUE_REFUSED = (r"queue_name: 'team-a' needs workload='jobset': with workload='jobs' every role is a Job of its own, "
                  r"and Kueue admits each Job as its own Workload, so a group would be admitted role by role")
 
@@ -342,3 +343,15 @@ def test_names_too_long_for_the_jobset_webhook_are_refused_naming_the_limit():
     with pytest.raises(SpecError, match=r"starting with a letter.*that starts with a letter"):
         render_jobset(spec(name="1demo"), "ml")
 
+
+# -- RBAC ------------------------------------------------------------------------------------------------------------
+def test_the_role_grants_only_create_list_delete_on_jobsets_each_explained():
+    role = yaml.safe_load(ROLE_FILE.read_text())
+    jobset_rules = [r for r in role["rules"] if "jobset.x-k8s.io" in r["apiGroups"]]
+    assert jobset_rules == [{"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
+                             "verbs": ["create", "list", "delete"]}]
+    header = ROLE_FILE.read_text().split("apiVersion:")[0]
+    explained = re.search(r"#   jobsets +(.*?)(?=\n#   \w|\napiVersion|\Z)", header + "\napiVersion", re.S)
+    assert explained, "role.yaml's header explains the jobsets rule"
+    for verb in ("create", "list", "delete"):
+        assert f"{verb} (" in explained.group(1), f"{verb} on jobsets is not explained"
