@@ -246,6 +246,19 @@ def test_a_queued_group_is_one_suspended_jobset_carrying_the_queue_label():
     assert unqueued["spec"]["suspend"] is False and "kueue.x-k8s.io/queue-name" not in unqueued["metadata"]["labels"]
 
 
+def kueue_pod_sets(jobset) -> dict[str, int]:
+    """The pod sets of the ONE Workload Kueue makes for a JobSet (its jobset integration, v0.17):
+    one per replicated job, counting replicas x min(parallelism, completions) pods."""
+    return {r["name"]: r["replicas"] * min(r["template"]["spec"]["parallelism"], r["template"]["spec"]["completions"])
+            for r in jobset["spec"]["replicatedJobs"]}
+
+
+def test_kueue_sees_one_workload_with_a_pod_set_per_role_counting_every_task():
+    jobset = the_jobset(render_jobset(spec(chief=1), "ml", pod_defaults={"queue_name": "team-a"}))
+    assert kueue_pod_sets(jobset) == {"ps": 2, "worker": 3, "chief": 1}
+    assert len(kueue_pod_sets(jobset)) <= 8, "a Kueue Workload holds at most 8 pod sets"
+
+
 def test_one_jobset_takes_one_queue():
     with pytest.raises(SpecError, match=r"queue_name: a JobSet is admitted as one Kueue Workload, so every role must "
                                         r"name the same queue .*ps: None, worker: 'team-b'"):
