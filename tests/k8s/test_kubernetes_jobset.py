@@ -2,11 +2,14 @@
 JobSet v0.11.1 CRD's schema (``schemas/``, vendored from the Go module) and its Jobs against the
 Kubernetes schemas of every supported version; the same pods and TF_CONFIG as the Jobs form
 (but for the host names the controllers give); the success, failure and startup policies; the
-queue; and the refusal of a queue with the Jobs form, at render, launch and DAG parse time."""
+queue; the refusal of a queue with the Jobs form, at render, launch and DAG parse time; and the
+status read from a JobSet and the Jobs its controller made (the pure read; the backend lists no
+JobSet yet)."""
 
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import functools
 import json
 import re
@@ -21,9 +24,10 @@ from airflow_tf.backends import BackendError, backend_for, get_backend
 from airflow_tf.backends.kubernetes.jobs import render_group
 from airflow_tf.backends.kubernetes.jobset import render_jobset
 from airflow_tf.backends.kubernetes.manifests import USER_ERROR_EXIT_CODES
+from airflow_tf.backends.kubernetes.status import assess
 from airflow_tf.backends.kubernetes.workloads import check_launch_options, render_workload
 from airflow_tf.cli import main
-from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name
+from airflow_tf.cluster import GroupSpec, Phase, SpecError, TrainingConfig, group_name, group_outcome
 
 from .test_kubernetes_manifests import SUPPORTED_VERSIONS
 
@@ -368,3 +372,85 @@ def test_the_role_grants_only_create_list_delete_on_jobsets_each_explained():
     assert explained, "role.yaml's header explains the jobsets rule"
     for verb in ("create", "list", "delete"):
         assert f"{verb} (" in explained.group(1), f"{verb} on jobsets is not explained"
+
+
+# -- status of a JobSet's group (the pure read; the live backend does not list JobSets yet) ----------------
+NOW = dt.datetime(2026, 11, 26, 10, 0, tzinfo=dt.UTC)
+
+
+def child_job(jobset: dict, role: str, *, suspend: bool = False, conditions=(), **status) -> dict:
+    """A Job as the JobSet controller makes it from the replicated job ``role``."""
+    template = replicated(jobset)[role]["template"]
+    return {"metadata": {"name": f"{jobset['metadata']['name']}-{role}-0", "labels": dict(template["metadata"]["labels"]),
+                         "annotations": dict(template["metadata"]["annotations"])},
+            "spec": {**template["spec"], "suspend": suspend},
+            "status": {**status, "conditions": [{"type": t, "status": "True", "reason": r, "message": m}
+                                                for t, r, m in conditions]}}
+
+
+def task_pod(role: str, index: int, phase: str = "Running", **state) -> dict:
+    return {"metadata": {"name": f"tf-demo-{role}-0-{index}-abcde", "creationTimestamp": "2026-11-26T09:59:00Z",
+                         "labels": {"airflow-tf/group": "tf-demo", "airflow-tf/role": role,
+                                    "batch.kubernetes.io/job-completion-index": str(index)}},
+            "status": {"phase": phase, **({"containerStatuses": [{"name": role, "state": state}]} if state else {})}}
+
+
+def with_conditions(jobset: dict, *conditions) -> dict:
+    return {**jobset, "status": {"conditions": [{"type": t, "status": "True", "reason": r, "message": m}
+                                                for t, r, m in conditions]}}
+
+
+def test_a_queued_jobset_without_jobs_yet_is_a_group_waiting_for_its_queue():
+    jobset = the_jobset(render_jobset(spec(), "ml", pod_defaults={"queue_name": "team-a"}))
+    status = assess("tf-demo", [], [], NOW, jobset=jobset)
+    assert status.exists and status.failure is None
+    assert [(t.name, t.phase) for t in status.tasks] == [
+        ("tf-demo-ps-0-0", Phase.PENDING), ("tf-demo-ps-0-1", Phase.PENDING), ("tf-demo-worker-0-0", Phase.PENDING),
+        ("tf-demo-worker-0-1", Phase.PENDING), ("tf-demo-worker-0-2", Phase.PENDING)]
+    assert {t.reason for t in status.tasks} == {
+        "JobSet tf-demo is suspended: waiting for the queue team-a to admit the whole group"}
+    assert not group_outcome(status).done
+    # Its Jobs, made suspended by the JobSet controller, carry no queue label: the JobSet's names it.
+    status = assess("tf-demo", [child_job(jobset, "ps", suspend=True), child_job(jobset, "worker", suspend=True)], [],
+                    NOW, jobset=jobset)
+    assert status.task("worker", 2).reason == (
+        "Job tf-demo-worker-0 is suspended: waiting for the queue team-a to admit it")
+
+
+def test_in_order_the_workers_wait_for_the_jobset_controller_not_a_failure():
+    jobset = the_jobset(render_jobset(spec(), "ml"))
+    status = assess("tf-demo", [child_job(jobset, "ps", active=2)], [task_pod("ps", 0), task_pod("ps", 1)], NOW,
+                    jobset=jobset)
+    assert status.failure is None and status.task("ps", 1).phase is Phase.RUNNING
+    assert status.task("worker", 0).phase is Phase.PENDING
+    assert status.task("worker", 0).reason == ("waiting for the JobSet controller to create Job tf-demo-worker-0 "
+                                               "(startupPolicy InOrder: once every pod of the roles before it is ready)")
+    # The Jobs form, missing its workers' Job, says it was deleted.
+    jobs_form = {o["metadata"]["name"]: o for o in render_group(spec(), "ml")}
+    assert "deleted outside airflow-tf" in assess("tf-demo", [jobs_form["tf-demo-ps"]], [], NOW).failure
+
+
+def test_a_completed_jobset_succeeds_though_its_controller_deleted_the_ps_and_other_jobs():
+    jobset = with_conditions(the_jobset(render_jobset(spec(chief=1, success_policy="ChiefOrWorker0"), "ml")),
+                             ("Completed", "AllJobsCompleted", "jobset completed successfully"))
+    chief = child_job(jobset, "chief", completedIndexes="0", conditions=[("Complete", "", "")])
+    status = assess("tf-demo", [chief], [task_pod("chief", 0, "Succeeded")], NOW, jobset=jobset)
+    assert status.failure is None
+    assert [(t.name, t.phase) for t in status.tasks] == [("tf-demo-chief-0-0", Phase.SUCCEEDED)]
+    assert group_outcome(status, "ChiefOrWorker0").succeeded
+
+
+def test_a_failed_jobset_fails_the_group_with_the_jobs_reason_or_its_own():
+    jobset = with_conditions(the_jobset(render_jobset(spec(), "ml")),
+                             ("Failed", "FailedJobs", "jobset failed due to one or more job failures"))
+    worker = child_job(jobset, "worker", conditions=[("Failed", "PodFailurePolicy", "Container worker exited 2")])
+    pods = [task_pod("worker", 0, "Failed", terminated={"exitCode": 2, "message": "model refused"}),
+            task_pod("worker", 1)]
+    outcome = group_outcome(assess("tf-demo", [worker], pods, NOW, jobset=jobset))
+    assert outcome.done and not outcome.succeeded
+    assert outcome.reason.startswith("task tf-demo-worker-0-0 (worker 0) failed: ") and "podFailurePolicy" in outcome.reason
+    # Its Jobs gone (deleted by its controller): the JobSet's own condition is the reason.
+    status = assess("tf-demo", [], [], NOW, jobset=jobset)
+    assert status.tasks == [] and status.failure == (
+        "JobSet tf-demo failed: FailedJobs: jobset failed due to one or more job failures")
+    assert not group_outcome(status).succeeded
