@@ -22,7 +22,7 @@ import yaml
 
 from airflow_tf.backends import BackendError, backend_for, get_backend
 from airflow_tf.backends.kubernetes.jobs import render_group
-from airflow_tf.backends.kubernetes.jobset import render_jobset
+from airflow_tf.backends.kubernetes.jobset import queue_reason, render_jobset
 from airflow_tf.backends.kubernetes.manifests import USER_ERROR_EXIT_CODES
 from airflow_tf.backends.kubernetes.status import assess
 from airflow_tf.backends.kubernetes.workloads import check_launch_options, render_workload
@@ -340,15 +340,6 @@ def test_the_backend_renders_its_workload_and_its_reference_keeps_it():
     assert ref.options["workload"] == "jobset" and backend_for(ref).workload == "jobset"
 
 
-def test_launching_a_jobset_is_refused_until_the_backend_reads_one():
-    backend = get_backend("kubernetes", kubernetes_conn_id=None, namespace="ml", workload="jobset",
-                          pod_defaults={"queue_name": "team-a"})
-    with pytest.raises(BackendError, match=r"group tf-demo: workload='jobset' is rendered \(airflow-tf render "
-                                           r"--workload jobset\) but not yet launched"):
-        backend.launch(spec())
-    assert "hook" not in vars(backend)
-
-
 def test_names_too_long_for_the_jobset_webhook_are_refused_naming_the_limit():
     """The JobSet webhook checks that the longest pod name, ``<jobset>-<job>-0-<index>-xxxxx``, is a
     DNS-1035 label; the render says so first, with the longest group name that fits."""
@@ -410,11 +401,35 @@ def test_a_queued_jobset_without_jobs_yet_is_a_group_waiting_for_its_queue():
     assert {t.reason for t in status.tasks} == {
         "JobSet tf-demo is suspended: waiting for the queue team-a to admit the whole group"}
     assert not group_outcome(status).done
-    # Its Jobs, made suspended by the JobSet controller, carry no queue label: the JobSet's names it.
+    # Its Jobs, made suspended by the JobSet controller (or suspended again when Kueue evicts the
+    # group), carry no queue label: the JobSet's wait is theirs.
     status = assess("tf-demo", [child_job(jobset, "ps", suspend=True), child_job(jobset, "worker", suspend=True)], [],
                     NOW, jobset=jobset)
     assert status.task("worker", 2).reason == (
-        "Job tf-demo-worker-0 is suspended: waiting for the queue team-a to admit it")
+        "JobSet tf-demo is suspended: waiting for the queue team-a to admit the whole group")
+
+
+def workload(*conditions) -> dict:
+    """Kueue's Workload of a JobSet, with ``(type, status, reason, message)`` conditions."""
+    return {"metadata": {"name": "jobset-tf-demo-1a2b3"}, "status": {"conditions": [
+        {"type": t, "status": s, "reason": r, "message": m} for t, s, r, m in conditions]}}
+
+
+def test_a_queued_group_says_why_kueue_holds_it_from_its_workloads_condition():
+    jobset = the_jobset(render_jobset(spec(), "ml", pod_defaults={"queue_name": "team-a"}))
+    quota = ("couldn't assign flavors to pod set ps: insufficient unused quota for cpu in flavor default, "
+             "2 more needed")
+    reason = queue_reason([workload(("QuotaReserved", "False", "Pending", quota))])
+    assert reason == quota
+    status = assess("tf-demo", [], [], NOW, jobset=jobset, queue_reason=reason)
+    assert {t.reason for t in status.tasks} == {
+        f"JobSet tf-demo is suspended: waiting for the queue team-a to admit the whole group ({quota})"}
+    # Preempted by a higher-priority group: evicted, the whole group suspended again.
+    evicted = queue_reason([workload(("QuotaReserved", "False", "Pending", "waiting"),
+                                     ("Evicted", "True", "Preempted", "Preempted to accommodate a workload (UID: 1)"))])
+    assert evicted == "evicted by Kueue (Preempted): Preempted to accommodate a workload (UID: 1)"
+    assert queue_reason([]).startswith("Kueue has made no Workload for it yet")
+    assert queue_reason([workload(("QuotaReserved", "True", "QuotaReserved", "ok"))]) is None
 
 
 def test_in_order_the_workers_wait_for_the_jobset_controller_not_a_failure():

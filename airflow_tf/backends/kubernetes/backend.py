@@ -45,6 +45,7 @@ from .status import (
     overdue_unschedulable,
     scheduler_message,
 )
+from .jobset import JobSetGroup, is_jobset, lead_template, read_view
 from .workloads import DEFAULT_WORKLOAD, check_workload, render_workload
 
 log = logging.getLogger(__name__)
@@ -284,11 +285,9 @@ class KubernetesBackend:
         except SpecError as e:
             raise BackendError(str(e)) from e
         if self.workload == "jobset":
-            # Rendered (and so checked) above; status, watch, logs and teardown do not read a
-            # JobSet yet, and a teardown deleting its Jobs would have them recreated.
-            raise BackendError(f"group {spec.name}: workload='jobset' is rendered (airflow-tf render --workload "
-                               "jobset) but not yet launched by this version of the Kubernetes backend; "
-                               "apply the rendered JobSet yourself, or launch with workload='jobs' without queue_name")
+            jobset, made = JobSetGroup(self).launch(spec, objects)
+            self._log_launch(spec.name, made)
+            return self._ref(spec.name, spec.success_policy, task_template=lead_template(objects[0]), root=jobset)
         namespace = self.namespace
         kinds = ["jobs", "services"] + (["networkpolicies"] if self.network_policy else [])
         # Keyed by the kind listed: a real API server's list items carry no kind of their own.
@@ -297,7 +296,7 @@ class KubernetesBackend:
         # The root first: everything else is owned by it, so deleting it removes the group.
         root_body, rest = objects[0], objects[1:]
         root = existing.get(("Job", _name(root_body)))
-        created = []
+        created: list[str] = []
         if root is None:
             root = self._create(root_body)
             if root is None:  # created by a concurrent try since we listed
@@ -308,18 +307,28 @@ class KubernetesBackend:
         for obj in rest:
             if (obj["kind"], _name(obj)) not in existing and self._create(owned_by(obj, root)) is not None:
                 created.append(f"{obj['kind']}/{_name(obj)}")
-        if created:
-            log.info("launched training group %s in namespace %s: created %s", spec.name, namespace, ", ".join(created))
-        else:
-            log.info("training group %s already exists in namespace %s; re-attached", spec.name, namespace)
+        self._log_launch(spec.name, created)
         return self._ref(spec.name, spec.success_policy, task_template=root_body["spec"]["template"],
                          root=root)
+
+    def _log_launch(self, group: str, created: list[str]) -> None:
+        if created:
+            log.info("launched training group %s in namespace %s: created %s", group, self.namespace,
+                     ", ".join(created))
+        else:
+            log.info("training group %s already exists in namespace %s; re-attached", group, self.namespace)
 
     def hand_over(self, ref: GroupRef) -> None:
         """Nothing to untie: the group's lifetime is bounded by Kubernetes itself (the root
         Job's TTL and the parameter servers' deadline), not by the launching process."""
 
     def find(self, name: str) -> GroupRef | None:
+        if self.workload == "jobset":
+            jobset = JobSetGroup(self).get(self.namespace, name)
+            if jobset is None:
+                return None
+            policy = (jobset["metadata"].get("annotations") or {}).get(SUCCESS_POLICY, "AllWorkers")
+            return self._ref(name, policy, task_template=lead_template(jobset), root=jobset)
         jobs = self._list("jobs", self.namespace, group_selector(name))
         roots = [j for j in jobs if (j["metadata"].get("annotations") or {}).get(ROOT_ANNOTATION) == "true"]
         if not roots:
@@ -347,7 +356,8 @@ class KubernetesBackend:
         progress = None
         if lead is not None and (lead.get("status") or {}).get("phase") in _STARTED_PHASES:
             progress = parse_progress(self._read_log(namespace, _name(lead), _role(lead) or "", PROGRESS_TAIL_LINES))
-        return assess(ref.name, jobs, pods, now, scheduler_messages=messages, progress=progress)
+        jobset = JobSetGroup(self).view(namespace, ref.name) if is_jobset(ref) else {}
+        return assess(ref.name, jobs, pods, now, scheduler_messages=messages, progress=progress, **jobset)
 
     def logs(self, ref: GroupRef, role: str, index: int, tail_lines: int | None = None) -> str:
         namespace = self._ns(ref)
@@ -360,6 +370,9 @@ class KubernetesBackend:
         or only the Jobs of ``roles``. Pods go with their Job."""
         namespace = self._ns(ref)
         deleted = []
+        # A JobSet first: its controller would otherwise make again the Jobs deleted below.
+        if roles is None and is_jobset(ref) and JobSetGroup(self).delete(namespace, ref.name):
+            deleted.append(f"jobset/{ref.name}")
         if roles is None:
             jobs = sorted(self._list("jobs", namespace, group_selector(ref.name)),
                           key=lambda j: (j["metadata"].get("annotations") or {}).get(ROOT_ANNOTATION) != "true")
@@ -656,7 +669,8 @@ class _WatchedGroup:
             events = await self.core.list_namespaced_event(self.namespace, field_selector=_event_selector(pod))
             messages[pod] = scheduler_message([self.api.sanitize_for_serialization(e) for e in events.items])
         await self._read_progress()
-        return assess(self.ref.name, jobs, pods, now, scheduler_messages=messages, progress=self.progress)
+        jobset = await read_view(self.api, self.namespace, self.ref.name) if is_jobset(self.ref) else {}
+        return assess(self.ref.name, jobs, pods, now, scheduler_messages=messages, progress=self.progress, **jobset)
 
 
 def _job_finished(job: dict) -> str | None:

@@ -30,10 +30,13 @@ What the JobSet adds, and how each keeps the Jobs form's meaning:
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
 from airflow_tf.cluster import GroupSpec, SpecError
+
+from ..base import BackendError
 
 from .labels import GROUP_LABEL, KUEUE_QUEUE_LABEL, REPLICAS, SUCCESS_POLICY
 from .manifests import (
@@ -41,12 +44,16 @@ from .manifests import (
     DEFAULT_TTL_SECONDS_AFTER_FINISHED,
     Group,
     Role,
+    group_selector,
     job_name,
+    owned_by,
     plan_group,
     render,
     role_job,
     service_name,
 )
+
+log = logging.getLogger(__name__)
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 START_ORDER = ("ps", "worker", "chief", "evaluator")
@@ -147,3 +154,163 @@ def render_jobset(spec: GroupSpec, namespace: str, *, cluster_domain: str | None
         objects += render("networkpolicy.yaml.j2", name=f"{spec.name}-grpc", namespace=namespace,
                           labels=group.labels, selector={GROUP_LABEL: spec.name}, port=spec.port)
     return objects
+
+
+# -- the live group: launch, find, status, teardown of a JobSet ---------------------------------
+JOBSET_GROUP, JOBSET_VERSION, JOBSETS = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+KUEUE_GROUP, KUEUE_VERSION, WORKLOADS = "kueue.x-k8s.io", "v1beta2", "workloads"
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+"""On the Kueue Workload of a job-like object: that object's uid."""
+
+
+def is_jobset(ref: Any) -> bool:
+    """Whether the group of ``ref`` was launched as one JobSet."""
+    return (ref.options or {}).get("workload") == "jobset"
+
+
+def lead_template(jobset: dict) -> dict | None:
+    """The lead trainer's pod template (the evaluation and export Jobs reuse it)."""
+    jobs = {r["name"]: r for r in (jobset.get("spec") or {}).get("replicatedJobs") or []}
+    for name in ("chief", "worker"):  # the group's root role: its chief, else its workers
+        if name in jobs:
+            return ((jobs[name].get("template") or {}).get("spec") or {}).get("template")
+    return None
+
+
+def queue_reason(workloads: list[dict]) -> str | None:
+    """Why Kueue keeps a JobSet suspended, from its Workload's conditions: evicted (preempted) or
+    not admitted yet, with Kueue's own message (e.g. not enough quota in the ClusterQueue)."""
+    if not workloads:
+        return "Kueue has made no Workload for it yet (is Kueue running, with the jobset.x-k8s.io/jobset integration?)"
+    conditions = {c.get("type"): c for c in (workloads[0].get("status") or {}).get("conditions") or []}
+    evicted = conditions.get("Evicted")
+    if evicted and evicted.get("status") == "True":
+        return f"evicted by Kueue ({evicted.get('reason')}): {evicted.get('message') or ''}".rstrip(": ")
+    for kind in ("QuotaReserved", "Admitted"):
+        cond = conditions.get(kind)
+        if cond and cond.get("status") == "False" and cond.get("message"):
+            return cond["message"]
+    return None
+
+
+class JobSetGroup:
+    """The Kubernetes calls for a group launched as one JobSet, made through the backend's
+    connection (its hook, error wording and Job, pod and NetworkPolicy calls)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    @property
+    def _custom(self):
+        from kubernetes import client
+
+        return client.CustomObjectsApi(api_client=self.backend.hook.api_client)
+
+    def list_jobsets(self, namespace: str, group: str) -> list[dict]:
+        with self.backend._api(f"list jobsets of group {group} in namespace {namespace}"):
+            result = self._custom.list_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSETS,
+                                                                label_selector=group_selector(group))
+        return [j for j in result.get("items") or [] if j["metadata"]["name"] == group]
+
+    def get(self, namespace: str, group: str) -> dict | None:
+        return next(iter(self.list_jobsets(namespace, group)), None)
+
+    def workloads(self, namespace: str, jobset: dict) -> list[dict] | None:
+        """Kueue's Workloads of the JobSet; None when they cannot be read (no Kueue, no right)."""
+        from kubernetes.client.exceptions import ApiException
+
+        uid = jobset["metadata"].get("uid")
+        try:
+            result = self._custom.list_namespaced_custom_object(KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOADS,
+                                                                label_selector=f"{KUEUE_JOB_UID_LABEL}={uid}")
+        except ApiException as e:
+            if e.status in (403, 404):
+                log.warning("cannot read Kueue's Workload of JobSet %s (HTTP %s); grant 'list' on workloads "
+                            "(kueue.x-k8s.io, airflow_tf/rbac/role.yaml) to see why it waits", _name(jobset), e.status)
+                return None
+            raise
+        return result.get("items") or []
+
+    def view(self, namespace: str, group: str) -> dict[str, Any]:
+        """What assess() reads of the JobSet: the JobSet itself, and why its queue holds it."""
+        jobset = self.get(namespace, group)
+        reason = None
+        if jobset is not None and (jobset.get("spec") or {}).get("suspend") and _queue_of(jobset):
+            workloads = self.workloads(namespace, jobset)
+            reason = None if workloads is None else queue_reason(workloads)
+        return {"jobset": jobset, "queue_reason": reason}
+
+    def launch(self, spec: GroupSpec, objects: list[dict]) -> tuple[dict, list[str]]:
+        """Create the JobSet (re-attach to it when it exists) and what it owns; the JobSet as
+        stored and what was created."""
+        from kubernetes.client.exceptions import ApiException
+
+        namespace, body = self.backend.namespace, objects[0]
+        created: list[str] = []
+        jobset = self.get(namespace, spec.name)
+        if jobset is None:
+            try:
+                with self.backend._api(f"create JobSet {spec.name} in namespace {namespace}"):
+                    jobset = self._custom.create_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, namespace,
+                                                                          JOBSETS, body)
+                created.append(f"JobSet/{spec.name}")
+            except Exception as e:
+                cause = e.__cause__ if isinstance(e.__cause__, ApiException) else None
+                if cause is None or cause.status != 409:
+                    if cause is not None and cause.status == 404:
+                        raise type(e)(f"{e}; the JobSet CRD (jobset.x-k8s.io/v1alpha2) is not installed in this "
+                                      "cluster: install the JobSet controller, or launch with workload='jobs'") from e
+                    raise
+                jobset = self.get(namespace, spec.name)  # created by a concurrent try since we listed
+                if jobset is None:
+                    raise BackendError(f"JobSet {spec.name} in namespace {namespace} exists but cannot be "
+                                       "listed (being deleted?); launch again in a moment") from e
+        existing = {_name(o) for o in self.backend._list("networkpolicies", namespace, group_selector(spec.name))} \
+            if len(objects) > 1 else set()
+        for obj in objects[1:]:
+            if _name(obj) not in existing and self.backend._create(owned_by(obj, jobset)) is not None:
+                created.append(f"{obj['kind']}/{_name(obj)}")
+        return jobset, created
+
+    def delete(self, namespace: str, name: str) -> bool:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            with self.backend._api(f"delete JobSet {name} in namespace {namespace}"):
+                self._custom.delete_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSETS, name,
+                                                             propagation_policy="Background")
+        except Exception as e:
+            if isinstance(e.__cause__, ApiException) and e.__cause__.status == 404:
+                return False
+            raise
+        return True
+
+
+def _name(obj: dict) -> str:
+    return obj["metadata"]["name"]
+
+
+def _queue_of(jobset: dict) -> str | None:
+    return (jobset["metadata"].get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+
+
+async def read_view(api: Any, namespace: str, group: str) -> dict[str, Any]:
+    """:meth:`JobSetGroup.view` through the asynchronous client (the deferrable sensor's watch)."""
+    from kubernetes_asyncio import client as async_client
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    custom = async_client.CustomObjectsApi(api)
+    result = await custom.list_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSETS,
+                                                        label_selector=group_selector(group))
+    jobset = next((j for j in result.get("items") or [] if j["metadata"]["name"] == group), None)
+    reason = None
+    if jobset is not None and (jobset.get("spec") or {}).get("suspend") and _queue_of(jobset):
+        try:
+            workloads = await custom.list_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOADS,
+                label_selector=f"{KUEUE_JOB_UID_LABEL}={jobset['metadata'].get('uid')}")
+            reason = queue_reason(workloads.get("items") or [])
+        except ApiException as e:
+            if e.status not in (403, 404):
+                raise
+    return {"jobset": jobset, "queue_reason": reason}

@@ -445,9 +445,11 @@ def one_off_pod_template(*, container: str, image: str, command: list[str], env:
 
 
 def owned_by(obj: dict, root: dict) -> dict:
-    """``obj`` with an ownerReference to the root Job: garbage-collected with it."""
+    """``obj`` with an ownerReference to the root (the root Job, or the JobSet): garbage-collected
+    with it. A Job read from a list carries no kind: a root without one is a Job."""
     meta = root["metadata"]
-    reference = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"],
+    reference = {"apiVersion": root.get("apiVersion") or "batch/v1", "kind": root.get("kind") or "Job",
+                 "name": meta["name"], "uid": meta["uid"],
                  "blockOwnerDeletion": False}
     return {**obj, "metadata": {**obj["metadata"], "ownerReferences": [reference]}}
 

@@ -154,9 +154,11 @@ class _RoleJob:
     suspended: bool
     queue: str | None = None
     """The Kueue queue it waits for when suspended: its own label, else its JobSet's."""
+    waiting: str | None = None
+    """Why it is suspended, when its JobSet says more than the Job (a suspended JobSet's)."""
 
     @classmethod
-    def read(cls, name: str, job: dict, queue: str | None = None) -> _RoleJob:
+    def read(cls, name: str, job: dict, queue: str | None = None, waiting: str | None = None) -> _RoleJob:
         status = job.get("status") or {}
         # FailureTarget and SuccessCriteriaMet are the Job controller's decision; Failed and
         # Complete follow only once the Job's pods are gone, and no pod event comes after them.
@@ -165,7 +167,7 @@ class _RoleJob:
                    failed_indexes=_indexes(status.get("failedIndexes")),
                    completed_indexes=_indexes(status.get("completedIndexes")),
                    suspended=bool((job.get("spec") or {}).get("suspend")),
-                   queue=(_meta(job).get("labels") or {}).get(KUEUE_QUEUE_LABEL) or queue)
+                   queue=(_meta(job).get("labels") or {}).get(KUEUE_QUEUE_LABEL) or queue, waiting=waiting)
 
     def failure(self) -> str:
         return _job_failure(self.job, self.failed)
@@ -207,21 +209,32 @@ def _jobset_job_name(jobset: dict, role: str) -> str:
     return f"{_meta(jobset).get('name')}-{role}-0"
 
 
-def _waiting_for_jobset(jobset: dict, role: str) -> str:
-    """Why a role of a JobSet that has not finished has no Job yet."""
+def _jobset_suspended(jobset: dict, queue_reason: str | None) -> str | None:
+    """Why a suspended JobSet waits (its queue, and Kueue's reason when known); None when it runs."""
+    if not (jobset.get("spec") or {}).get("suspend"):
+        return None
     name = _meta(jobset).get("name")
-    if (jobset.get("spec") or {}).get("suspend"):
-        queue = (_meta(jobset).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
-        return (f"JobSet {name} is suspended: waiting for the queue {queue} to admit the whole group" if queue
-                else f"JobSet {name} is suspended")
-    return (f"waiting for the JobSet controller to create Job {_jobset_job_name(jobset, role)} "
-            "(startupPolicy InOrder: once every pod of the roles before it is ready)")
+    queue = (_meta(jobset).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+    if not queue:
+        return f"JobSet {name} is suspended"
+    return (f"JobSet {name} is suspended: waiting for the queue {queue} to admit the whole group"
+            + (f" ({queue_reason})" if queue_reason else ""))
+
+
+def _waiting_for_jobset(jobset: dict, role: str, queue_reason: str | None = None, made: bool = False) -> str:
+    """Why a role of a JobSet that has not finished has no Job yet (or, ``made``, a suspended one)."""
+    suspended = _jobset_suspended(jobset, queue_reason)
+    if suspended:
+        return suspended
+    return (f"waiting for the JobSet controller to {'start' if made else 'create'} Job "
+            f"{_jobset_job_name(jobset, role)} (startupPolicy InOrder: once every pod of the roles before it is ready)")
 
 
 def assess(group: str, jobs: list[dict], pods: list[dict], now: dt.datetime, *,
            scheduler_messages: dict[str, str | None] | None = None, progress: dict[str, Any] | None = None,
-           jobset: dict | None = None) -> GroupStatus:
-    """The group's status from its Jobs and their pods, and from its JobSet when it is one."""
+           jobset: dict | None = None, queue_reason: str | None = None) -> GroupStatus:
+    """The group's status from its Jobs and their pods, and from its JobSet when it is one;
+    ``queue_reason``: why Kueue has not admitted a suspended JobSet (its Workload's condition)."""
     if not jobs and jobset is None:
         return GroupStatus(name=group, exists=False)
     by_role = {(_meta(j).get("labels") or {}).get(ROLE_LABEL): j for j in jobs}
@@ -244,13 +257,15 @@ def assess(group: str, jobs: list[dict], pods: list[dict], now: dt.datetime, *,
         if job is None:
             if jobset is not None and not jobset_finished:
                 tasks += [TaskStatus(role=role, index=index, name=f"{job_name}-{index}", phase=Phase.PENDING,
-                                     reason=_waiting_for_jobset(jobset, role)) for index in range(int(expected[role]))]
+                                     reason=_waiting_for_jobset(jobset, role, queue_reason))
+                          for index in range(int(expected[role]))]
             elif role in TRAINERS and jobset is None:
                 failure = f"Job {group}-{role} not found: it was deleted outside airflow-tf; launch the group again"
             # Parameter servers are gone after a ps-only teardown, and every Job still running
             # once its JobSet finished (its controller deletes them): fine.
             continue
-        role_job = _RoleJob.read(job_name, job, queue)
+        role_job = _RoleJob.read(job_name, job, queue,
+                                 None if jobset is None else _waiting_for_jobset(jobset, role, queue_reason, made=True))
         for index in range(int(expected[role])):
             task, was_stopped = _assess_task(group, role, index, role_job, attempts=attempts, now=now,
                                               scheduler_messages=scheduler_messages or {},
@@ -301,7 +316,7 @@ def _task_without_pod(task: TaskStatus, job: _RoleJob) -> bool:
     if task.index in job.completed_indexes or job.complete:
         task.phase, task.exit_code = Phase.SUCCEEDED, 0
     elif job.suspended:
-        task.reason = (f"Job {job.name} is suspended: waiting for the queue {job.queue} to admit it" if job.queue
+        task.reason = job.waiting or (f"Job {job.name} is suspended: waiting for the queue {job.queue} to admit it" if job.queue
                        else f"Job {job.name} is suspended")
     elif job.failed:
         task.phase, task.reason = Phase.FAILED, f"stopped by Kubernetes: {job.failure()}"
