@@ -3,8 +3,8 @@ JobSet v0.11.1 CRD's schema (``schemas/``, vendored from the Go module) and its 
 Kubernetes schemas of every supported version; the same pods and TF_CONFIG as the Jobs form
 (but for the host names the controllers give); the success, failure and startup policies; the
 queue; the refusal of a queue with the Jobs form, at render, launch and DAG parse time; and the
-status read from a JobSet and the Jobs its controller made (the pure read; the backend lists no
-JobSet yet)."""
+status read from a JobSet, the Jobs its controller made and its Kueue Workload (the pure read;
+test_kubernetes_kueue.py runs them on the plane with the real JobSet controller and Kueue)."""
 
 from __future__ import annotations
 
@@ -353,7 +353,7 @@ def test_names_too_long_for_the_jobset_webhook_are_refused_naming_the_limit():
 
 
 # -- RBAC ------------------------------------------------------------------------------------------------------------
-def test_the_role_grants_only_create_list_delete_on_jobsets_each_explained():
+def test_the_role_grants_create_list_delete_on_jobsets_and_list_on_workloads_each_explained():
     role = yaml.safe_load(ROLE_FILE.read_text())
     jobset_rules = [r for r in role["rules"] if "jobset.x-k8s.io" in r["apiGroups"]]
     assert jobset_rules == [{"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
@@ -363,9 +363,12 @@ def test_the_role_grants_only_create_list_delete_on_jobsets_each_explained():
     assert explained, "role.yaml's header explains the jobsets rule"
     for verb in ("create", "list", "delete"):
         assert f"{verb} (" in explained.group(1), f"{verb} on jobsets is not explained"
+    workloads = [r for r in role["rules"] if "kueue.x-k8s.io" in r["apiGroups"]]
+    assert workloads == [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list"]}]
+    assert re.search(r"#   workloads +list \(kueue\.x-k8s\.io\): only with a Kueue queue_name", header)
 
 
-# -- status of a JobSet's group (the pure read; the live backend does not list JobSets yet) ----------------
+# -- status of a JobSet's group (the pure read) ------------------------------------------------------------
 NOW = dt.datetime(2026, 11, 26, 10, 0, tzinfo=dt.UTC)
 
 
@@ -439,6 +442,13 @@ def test_in_order_the_workers_wait_for_the_jobset_controller_not_a_failure():
     assert status.failure is None and status.task("ps", 1).phase is Phase.RUNNING
     assert status.task("worker", 0).phase is Phase.PENDING
     assert status.task("worker", 0).reason == ("waiting for the JobSet controller to create Job tf-demo-worker-0 "
+                                               "(startupPolicy InOrder: once every pod of the roles before it is ready)")
+    # Admitted by Kueue, the JobSet controller makes the workers' Job suspended and starts it in turn.
+    queued = the_jobset(render_jobset(spec(), "ml", pod_defaults={"queue_name": "team-a"}))
+    queued["spec"]["suspend"] = False
+    status = assess("tf-demo", [child_job(queued, "ps", active=2), child_job(queued, "worker", suspend=True)],
+                    [task_pod("ps", 0), task_pod("ps", 1)], NOW, jobset=queued)
+    assert status.task("worker", 2).reason == ("waiting for the JobSet controller to start Job tf-demo-worker-0 "
                                                "(startupPolicy InOrder: once every pod of the roles before it is ready)")
     # The Jobs form, missing its workers' Job, says it was deleted.
     jobs_form = {o["metadata"]["name"]: o for o in render_group(spec(), "ml")}
