@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from airflow_tf.backends import BackendError, backend_for, get_backend
+from airflow_tf.backends.wait import waiting_message
 from airflow_tf.backends.kubernetes.jobs import render_group
 from airflow_tf.backends.kubernetes.jobset import queue_reason, render_jobset
 from airflow_tf.backends.kubernetes.manifests import USER_ERROR_EXIT_CODES
@@ -430,6 +431,10 @@ def test_a_queued_group_says_why_kueue_holds_it_from_its_workloads_condition():
     # Preempted by a higher-priority group: evicted, the whole group suspended again.
     evicted = queue_reason([workload(("QuotaReserved", "False", "Pending", "waiting"),
                                      ("Evicted", "True", "Preempted", "Preempted to accommodate a workload (UID: 1)"))])
+    # The sensor's and trigger's log line says it too.
+    assert waiting_message(status, "AllWorkers") == (
+        "workers done 0/3; no training progress yet; waiting: JobSet tf-demo is suspended: waiting for the queue "
+        f"team-a to admit the whole group ({quota})")
     assert evicted == "evicted by Kueue (Preempted): Preempted to accommodate a workload (UID: 1)"
     assert queue_reason([]).startswith("Kueue has made no Workload for it yet")
     assert queue_reason([workload(("QuotaReserved", "True", "QuotaReserved", "ok"))]) is None

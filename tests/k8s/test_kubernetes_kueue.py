@@ -18,6 +18,7 @@ import pytest
 
 from airflow_tf.backends import BackendError, get_backend
 from airflow_tf.backends.kubernetes.labels import GROUP_LABEL
+from airflow_tf.backends.wait import waiting_message
 from airflow_tf.cluster import GroupSpec, Phase, TrainingConfig, group_outcome
 
 from .plane import wait_for
@@ -124,6 +125,7 @@ def test_two_groups_under_a_quota_for_one_run_one_after_the_other_never_half_eac
     assert reason.startswith(f"JobSet tf-b is suspended: waiting for the queue {QUEUE} to admit the whole group (")
     assert "cpu" in reason, reason  # Kueue's own words: not enough CPU quota left in the ClusterQueue
     assert not group_outcome(status, second.success_policy).done
+    assert f"; waiting: {reason}" in waiting_message(status, second.success_policy)  # the sensor's log line
 
     # The first runs on: its ps ready, its workers start (startupPolicy InOrder) while the second
     # still has no pod at all, not even its ps.
