@@ -251,6 +251,26 @@ def test_a_queued_group_is_one_suspended_jobset_carrying_the_queue_label():
     assert unqueued["spec"]["suspend"] is False and "kueue.x-k8s.io/queue-name" not in unqueued["metadata"]["labels"]
 
 
+def test_a_workload_priority_class_labels_the_queued_jobset_and_needs_a_queue_and_the_jobset_form():
+    queued = {"queue_name": "team-a", "workload_priority_class": "urgent"}
+    jobset = the_jobset(render_jobset(spec(), "ml", pod_defaults=queued))
+    validate_jobset(jobset)
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "urgent"
+    assert all("kueue.x-k8s.io/priority-class" not in r["template"]["spec"]["template"]["metadata"]["labels"]
+               for r in jobset["spec"]["replicatedJobs"]), "Kueue reads it from the JobSet"
+    with pytest.raises(SpecError, match=r"workload_priority_class: 'urgent' needs queue_name: Kueue orders and "
+                                        r"preempts only the groups of its queues"):
+        render_jobset(spec(), "ml", pod_defaults={"workload_priority_class": "urgent"})
+    with pytest.raises(SpecError, match=r"workload_priority_class: a JobSet is admitted as one Kueue Workload, so "
+                                        r"every role must name the same WorkloadPriorityClass"):
+        render_jobset(spec(role_options={"ps": {"kubernetes": {"workload_priority_class": "low"}}}), "ml",
+                      pod_defaults=queued)
+    with pytest.raises(SpecError, match=r"workload_priority_class: 'urgent' needs workload='jobset' and a queue_name"):
+        render_group(spec(), "ml", pod_defaults={"workload_priority_class": "urgent"})
+    with pytest.raises(SpecError, match=r"workload_priority_class: 'Not A Name' is not a valid WorkloadPriorityClass name"):
+        render_jobset(spec(), "ml", pod_defaults={**queued, "workload_priority_class": "Not A Name"})
+
+
 def kueue_pod_sets(jobset) -> dict[str, int]:
     """The pod sets of the ONE Workload Kueue makes for a JobSet (its jobset integration, v0.17):
     one per replicated job, counting replicas x min(parallelism, completions) pods."""

@@ -30,12 +30,12 @@ QUEUE = "team-a"
 FLAVOR = "airflow-tf-test"
 
 
-def group(name: str, queue: str | None = QUEUE, priority_class: str | None = None) -> GroupSpec:
+def group(name: str, queue: str | None = QUEUE, priority: str | None = None) -> GroupSpec:
     """1 ps + 2 workers of 1 CPU each: 3 CPUs for the group."""
     training = TrainingConfig(dataset="/data/mnist/1", run_dir=f"/runs/{name}", steps=200)
     cpu = {"resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}
     options = {"ps": dict(cpu), "worker": dict(cpu)}
-    settings = {**({"queue_name": queue} if queue else {}), **({"priority_class": priority_class} if priority_class else {})}
+    settings = {**({"queue_name": queue} if queue else {}), **({"workload_priority_class": priority} if priority else {})}
     if settings:
         options = {role: {**o, "kubernetes": settings} for role, o in options.items()}
     return GroupSpec.for_training(name, training, ps=1, workers=2, image="registry.example/tf:2.21",
@@ -163,32 +163,33 @@ def test_a_queue_with_the_two_job_form_is_refused_naming_jobset_before_anything_
 
 
 @pytest.fixture
-def priorities(kube):
-    """PriorityClasses ``<namespace>-low`` (100) and ``<namespace>-high`` (1000): Kueue reads a
-    Workload's priority from its pods' PriorityClass."""
+def priorities(kube, kueue):
+    """Kueue WorkloadPriorityClasses ``<namespace>-low`` (100) and ``<namespace>-high`` (1000)."""
     from kubernetes import client
 
-    scheduling = client.SchedulingV1Api(kube.plane.api)
+    custom = client.CustomObjectsApi(kube.plane.api)
     names = {"low": f"{kube.ns}-low", "high": f"{kube.ns}-high"}
     for level, value in (("low", 100), ("high", 1000)):
-        scheduling.create_priority_class({"metadata": {"name": names[level]}, "value": value})
+        custom.create_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
+            "metadata": {"name": names[level]}, "value": value})
     yield names
     for name in names.values():
-        scheduling.delete_priority_class(name)
+        custom.delete_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", name)
 
 
 def test_a_higher_priority_group_preempts_a_running_lower_one_whole(kube, kubelet, quota, priorities, backend):
     """The lower group is suspended whole, its ps too, and says it was preempted; it waits for the
     queue again. (That, readmitted, it resumes from its checkpoint needs a node that runs pods.)"""
     quota(3, preemption=True)
-    low = backend.launch(group("tf-low", priority_class=priorities["low"]))
+    low = backend.launch(group("tf-low", priority=priorities["low"]))
     ps = kubelet.pod("tf-low-ps-0", 0)
     kubelet.run(ps)
     for index in (0, 1):
         kubelet.run(kubelet.pod("tf-low-worker-0", index))
     wait_for(lambda: all(t.phase is Phase.RUNNING for t in backend.status(low).tasks), 30, "tf-low to run")
 
-    high = backend.launch(group("tf-high", priority_class=priorities["high"]))
+    high = backend.launch(group("tf-high", priority=priorities["high"]))
     kubelet.pod("tf-high-ps-0", 0, timeout=60)  # admitted in the lower group's place
     assert jobset(kube, "tf-low")["spec"]["suspend"] is True
     wait_for(lambda: not pods_of(kube, "tf-low"), 30, "every pod of tf-low, its ps too, to be gone")

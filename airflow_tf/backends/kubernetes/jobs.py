@@ -49,7 +49,8 @@ def render_group(spec: GroupSpec, namespace: str, *, cluster_domain: str | None 
                                                           cluster_domain=cluster_domain),
         cluster_domain=cluster_domain, pod_defaults=pod_defaults,
         ttl_seconds_after_finished=ttl_seconds_after_finished, ps_max_lifetime_seconds=ps_max_lifetime_seconds)
-    refuse_queue_without_jobset("jobs", (role.options.queue_name for role in roles.values()))
+    refuse_queue_without_jobset("jobs", (role.options.queue_name for role in roles.values()),
+                                (role.options.workload_priority_class for role in roles.values()))
     jobs = {name: role_job(group, role) for name, role in roles.items()}
 
     objects = [jobs.pop(group.root)]

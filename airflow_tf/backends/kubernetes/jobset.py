@@ -23,7 +23,9 @@ What the JobSet adds, and how each keeps the Jobs form's meaning:
   JobSet completes, its controller deletes the Jobs still running: the parameter servers.
 - **Start.** ``startupPolicy`` InOrder: the ps first; each next role once the one before is ready.
 - **Queue.** With ``queue_name`` (the same for every role) the JobSet carries Kueue's queue label
-  and is created ``suspend: true``; its Jobs carry no queue label (Kueue admits the JobSet).
+  and is created ``suspend: true``; its Jobs carry no queue label (Kueue admits the JobSet). With
+  ``workload_priority_class`` too, it carries Kueue's priority label: a group of a higher
+  WorkloadPriorityClass preempts a running lower one, which Kueue suspends whole.
 - **Lifetime.** ``ttlSecondsAfterFinished`` on the JobSet removes the whole group; the ps Job's
   ``activeDeadlineSeconds`` bounds the parameter servers as in the Jobs form.
 """
@@ -38,7 +40,7 @@ from airflow_tf.cluster import GroupSpec, SpecError
 
 from ..base import BackendError
 
-from .labels import GROUP_LABEL, KUEUE_QUEUE_LABEL, REPLICAS, SUCCESS_POLICY
+from .labels import GROUP_LABEL, KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL, REPLICAS, SUCCESS_POLICY
 from .manifests import (
     DEFAULT_PS_MAX_LIFETIME_SECONDS,
     DEFAULT_TTL_SECONDS_AFTER_FINISHED,
@@ -95,14 +97,24 @@ def check_names(spec: GroupSpec) -> None:
                 f"use a group name of at most {spare} characters that starts with a letter")
 
 
-def _queue(roles: dict[str, Role]) -> str | None:
-    """The group's one Kueue queue: a JobSet is one Workload, so every role names the same one."""
-    queues = {name: role.options.queue_name for name, role in roles.items()}
+def _queue(roles: dict[str, Role], key: str = "queue_name", what: str = "queue") -> str | None:
+    """The group's one Kueue queue (or WorkloadPriorityClass): a JobSet is one Workload, so every
+    role names the same one."""
+    queues = {name: getattr(role.options, key) for name, role in roles.items()}
     if len(set(queues.values())) > 1:
-        raise SpecError("queue_name: a JobSet is admitted as one Kueue Workload, so every role must name the same "
-                        "queue (set it once in pod_defaults); got "
+        raise SpecError(f"{key}: a JobSet is admitted as one Kueue Workload, so every role must name the same "
+                        f"{what} (set it once in pod_defaults); got "
                         + ", ".join(f"{role}: {queue!r}" for role, queue in sorted(queues.items())))
     return next(iter(queues.values()), None)
+
+
+def _priority(roles: dict[str, Role], queue: str | None) -> str | None:
+    """The group's Kueue WorkloadPriorityClass, which only a queued group can have."""
+    priority = _queue(roles, "workload_priority_class", "WorkloadPriorityClass")
+    if priority is not None and queue is None:
+        raise SpecError(f"workload_priority_class: {priority!r} needs queue_name: Kueue orders and preempts only the "
+                        "groups of its queues; set queue_name too, or give the pods a priority_class instead")
+    return priority
 
 
 def _replicated_job(group: Group, role: Role) -> dict[str, Any]:
@@ -138,10 +150,12 @@ def render_jobset(spec: GroupSpec, namespace: str, *, cluster_domain: str | None
         cluster_domain=cluster_domain, pod_defaults=pod_defaults,
         ttl_seconds_after_finished=ttl_seconds_after_finished, ps_max_lifetime_seconds=ps_max_lifetime_seconds)
     queue = _queue(roles)
+    priority = _priority(roles, queue)
     root = roles[group.root].options
     objects = render(
         "jobset.yaml.j2", name=spec.name, namespace=namespace,
-        labels={**root.labels, **group.labels, **({KUEUE_QUEUE_LABEL: queue} if queue else {})},
+        labels={**root.labels, **group.labels, **({KUEUE_QUEUE_LABEL: queue} if queue else {}),
+                **({KUEUE_PRIORITY_LABEL: priority} if priority else {})},
         annotations={**root.annotations, **group.annotations, SUCCESS_POLICY: spec.success_policy,
                      REPLICAS: group.replicas},
         suspend=queue is not None, subdomain=service_name(spec.name),

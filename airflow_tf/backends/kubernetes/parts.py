@@ -37,6 +37,7 @@ WHERE = "kubernetes"
 
 _NOT_FOR_PARTS = {
     "queue_name": "a part's Job is created to run at once; give the pods a priority_class instead",
+    "workload_priority_class": "a part's Job is created to run at once, in no Kueue queue",
     "schedule_timeout_seconds": "a part waits for a node until its timeout (timeout_seconds)",
 }
 _RESERVED_ENV = ("PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES")

@@ -30,7 +30,8 @@ def check_workload(value: Any, where: str = "workload") -> str:
     return value
 
 
-def refuse_queue_without_jobset(workload: str, queues: Iterable[str | None]) -> None:
+def refuse_queue_without_jobset(workload: str, queues: Iterable[str | None],
+                                priorities: Iterable[str | None] = ()) -> None:
     """A Kueue queue with the ``jobs`` form is refused: Kueue makes one Workload per Job and admits
     them one by one, so half a group (parameter servers that never exit, holding quota) could run
     while its other half waits, or two groups' ps could each hold the quota the other's workers need."""
@@ -42,6 +43,12 @@ def refuse_queue_without_jobset(workload: str, queues: Iterable[str | None]) -> 
             "(parameter servers holding quota and never exiting while their workers wait); a JobSet is one "
             "Workload, admitted whole or not at all. Set backend_options={'workload': 'jobset'} "
             "(airflow-tf render --workload jobset), or drop queue_name")
+    priority = sorted({p for p in priorities if p is not None})
+    if priority and workload == "jobs":
+        raise SpecError(
+            f"workload_priority_class: {priority[0]!r} needs workload='jobset' and a queue_name: Kueue orders and "
+            "preempts only the groups of its queues, and a queued group must be one JobSet. Set "
+            "backend_options={'workload': 'jobset'} and queue_name, or give the pods a priority_class instead")
 
 
 def _known(value: Any) -> bool:
