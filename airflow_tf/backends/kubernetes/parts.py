@@ -23,7 +23,8 @@ from airflow_tf.cluster.components import PART_COMPONENT, part_command
 from airflow_tf.cluster.names import dns1123_label, label_value
 
 from ..base import BackendError
-from .backend import TERMINATION_MESSAGE_PATH, KubernetesBackend, one_off_job
+from .backend import KubernetesBackend
+from .one_off import TERMINATION_MESSAGE_PATH, one_off_job
 from .labels import COMPONENT_LABEL, PREFIX
 from .manifests import DEFAULT_TTL_SECONDS_AFTER_FINISHED, one_off_pod_template
 from .pod_options import _ENV_NAME, check_image, check_namespace, check_resources, pod_options
