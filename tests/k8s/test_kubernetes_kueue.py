@@ -6,12 +6,14 @@ suspended and has no Job running, so no pod at all.
 
 Shown here: two groups under a ClusterQueue quota for one run one after the other, never half each,
 and the waiting group's status says it waits for the queue and Kueue's reason; the two-Job form
-with a queue is refused naming JobSet before anything is created; a JobSet group's life cycle
-(launch, re-attach, find, status, watch, logs, success, teardown) through the backend's service
-account, bound only to ``role.yaml``."""
+with a queue is refused naming JobSet before anything is created; a group of a higher Kueue
+WorkloadPriorityClass preempts a running lower one whole; a JobSet group's life cycle (launch,
+re-attach, find, status, watch, logs, success, teardown) and its evaluation Job, through the
+backend's service account, bound only to ``role.yaml``."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -46,6 +48,13 @@ def group(name: str, queue: str | None = QUEUE, priority: str | None = None) -> 
 def backend(kube, kueue):
     return get_backend("kubernetes", kubernetes_conn_id=None, config_file=str(kube.kubeconfig), namespace=kube.ns,
                        workload="jobset")
+
+
+@pytest.fixture
+def kube_backend_fast(kube, kueue):
+    """The backend polling a one-off Job every 50 ms."""
+    return get_backend("kubernetes", kubernetes_conn_id=None, config_file=str(kube.kubeconfig), namespace=kube.ns,
+                       workload="jobset", poll_interval=0.05)
 
 
 @pytest.fixture
@@ -248,3 +257,28 @@ def test_a_jobset_group_runs_to_success_through_the_backend(kube, kubelet, backe
     wait_for(lambda: kube.gone("jobs", f"{GROUP_LABEL}=tf-c") and kube.gone("pods", f"{GROUP_LABEL}=tf-c"), 30,
              "tf-c's Jobs and pods to be gone")
     assert backend.status(ref).exists is False
+
+
+def test_evaluation_of_a_jobset_group_runs_on_the_template_its_launch_recorded(kube, kubelet, kube_backend_fast):
+    """After the teardown, from the lead trainer's pod template in the reference: one Job, not queued."""
+    ref = kube_backend_fast.launch(group("tf-d", queue=None))
+    kube_backend_fast.teardown(ref)
+    request = {"run_dir": "/runs/tf-d", "dataset": "/data/mnist/1", "training": {"steps": 10}}
+    made = []
+
+    def play():
+        name = wait_for(lambda: next((p["metadata"]["name"] for p in kube.objects("pods", "airflow-tf/component=evaluate")
+                                      if p["spec"].get("nodeName")), None), 60, "the evaluation pod")
+        made.append(kube.get("jobs", "tf-d-evaluate"))
+        kubelet.succeed(name, termination_message='{"blessed":true,"metrics":{"mse":0.5}}')
+
+    runner = threading.Thread(target=play)
+    runner.start()
+    result = kube_backend_fast.run_component(ref, "evaluate", request, timeout=120)
+    runner.join()
+    assert result == {"blessed": True, "metrics": {"mse": 0.5}}
+    container = made[0]["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "registry.example/tf:2.21" and container["name"] == "evaluate"
+    assert container["resources"]["requests"]["cpu"] == "1", "the worker's own resources"
+    assert "kueue.x-k8s.io/queue-name" not in made[0]["metadata"]["labels"]
+    assert made[0]["spec"].get("suspend") in (None, False)
