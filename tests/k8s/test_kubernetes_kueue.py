@@ -20,8 +20,8 @@ import pytest
 
 from airflow_tf.backends import BackendError, get_backend
 from airflow_tf.backends.kubernetes.labels import GROUP_LABEL
-from airflow_tf.backends.wait import waiting_message
 from airflow_tf.cluster import GroupSpec, Phase, TrainingConfig, group_outcome
+from airflow_tf.sensors import WorkerCompletionSensor
 
 from .plane import wait_for
 from .test_kubernetes import SETTLE_SECONDS, _granted, collect
@@ -116,7 +116,8 @@ def pods_of(kube, name: str) -> list[str]:
 
 
 # -- gang admission --------------------------------------------------------------------------------------
-def test_two_groups_under_a_quota_for_one_run_one_after_the_other_never_half_each(kube, kubelet, quota, backend):
+def test_two_groups_under_a_quota_for_one_run_one_after_the_other_never_half_each(kube, kubelet, quota, backend,
+                                                                                  capsys):
     quota(3)
     first = backend.launch(group("tf-a"))
     ps = kubelet.pod("tf-a-ps-0", 0)  # admitted whole: its JobSet resumed, its ps pod made and placed
@@ -134,7 +135,10 @@ def test_two_groups_under_a_quota_for_one_run_one_after_the_other_never_half_eac
     assert reason.startswith(f"JobSet tf-b is suspended: waiting for the queue {QUEUE} to admit the whole group (")
     assert "cpu" in reason, reason  # Kueue's own words: not enough CPU quota left in the ClusterQueue
     assert not group_outcome(status, second.success_policy).done
-    assert f"; waiting: {reason}" in waiting_message(status, second.success_policy)  # the sensor's log line
+    # The sensor's task log says so.
+    capsys.readouterr()
+    assert WorkerCompletionSensor(task_id="wait", group=second.to_dict()).poke({}) is False
+    assert f"group tf-b: workers done 0/2; no training progress yet; waiting: {reason[:60]}" in capsys.readouterr().out
 
     # The first runs on: its ps ready, its workers start (startupPolicy InOrder) while the second
     # still has no pod at all, not even its ps.
