@@ -473,6 +473,9 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--queue-name", default=None,
                    help="Kueue LocalQueue (needs --workload jobset): labels the JobSet and creates it suspended "
                    "for Kueue to admit the whole group")
+    p.add_argument("--workload-priority-class", default=None,
+                   help="Kueue WorkloadPriorityClass (needs --queue-name): labels the JobSet; a group of a higher "
+                   "one preempts a running lower one")
     p.add_argument("--pod-template", default=None, metavar="FILE",
                    help="a Pod manifest (YAML) merged under what the backend sets")
     p.add_argument("--shm-size", default=None, help="memory-backed /dev/shm of this size, e.g. 1Gi")
@@ -490,7 +493,7 @@ def _cmd_render(args: argparse.Namespace, out: TextIO) -> int:
     volumes += [{"claim": args.runs_claim, "mount_path": args.runs_mount}] if args.runs_claim else []
     if volumes:
         pod_defaults["volumes"] = volumes
-    for key in ("service_account", "queue_name", "pod_template", "shm_size"):
+    for key in ("service_account", "queue_name", "workload_priority_class", "pod_template", "shm_size"):
         if getattr(args, key) is not None:
             pod_defaults[key] = getattr(args, key)
     worker: dict[str, Any] = {}

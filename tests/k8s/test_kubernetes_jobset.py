@@ -126,13 +126,15 @@ def test_a_schema_violation_is_caught_by_the_crd_validation():
 
 def test_render_prints_the_jobset_with_the_workload_flag(capsys):
     code = main(["render", "--name", "demo", "--ps", "1", "--workers", "2", "--image", "tf:2.21", "--namespace", "ml",
-                 "--workload", "jobset", "--queue-name", "team-a", "--network-policy", "--runs-claim", "tf-runs"])
+                 "--workload", "jobset", "--queue-name", "team-a", "--network-policy", "--runs-claim", "tf-runs",
+                 "--workload-priority-class", "urgent"])
     out, err = capsys.readouterr()
     assert code == 0, err
     documents = list(yaml.safe_load_all(out))
     assert [d["kind"] for d in documents] == ["JobSet", "NetworkPolicy"]
     validate_jobset(documents[0])
     assert documents[0]["spec"]["suspend"] is True
+    assert documents[0]["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "urgent"
 
 
 # -- the same group as the Jobs form ---------------------------------------------------------------------
