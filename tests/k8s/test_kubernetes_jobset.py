@@ -23,7 +23,7 @@ import yaml
 from airflow_tf.backends import BackendError, backend_for, get_backend
 from airflow_tf.backends.wait import waiting_message
 from airflow_tf.backends.kubernetes.jobs import render_group
-from airflow_tf.backends.kubernetes.jobset import queue_reason, render_jobset
+from airflow_tf.backends.kubernetes.jobset import JobSetGroup, queue_reason, render_jobset
 from airflow_tf.backends.kubernetes.manifests import USER_ERROR_EXIT_CODES
 from airflow_tf.backends.kubernetes.status import assess
 from airflow_tf.backends.kubernetes.workloads import check_launch_options, render_workload
@@ -361,6 +361,22 @@ def test_the_backend_renders_its_workload_and_its_reference_keeps_it():
     assert jobs.workload == "jobs" and [o["kind"] for o in jobs.render(spec())] == ["Job", "Service", "Job"]
     ref = jobset._ref("tf-demo", "AllWorkers")
     assert ref.options["workload"] == "jobset" and backend_for(ref).workload == "jobset"
+
+
+def test_a_cluster_without_the_jobset_crd_is_named_in_the_launchs_error(monkeypatch):
+    from kubernetes.client.exceptions import ApiException
+
+    class NoJobSetResource:
+        def list_namespaced_custom_object(self, *args, **kwargs):
+            raise ApiException(status=404, reason="Not Found")
+
+    monkeypatch.setattr(JobSetGroup, "_custom", property(lambda self: NoJobSetResource()))
+    backend = get_backend("kubernetes", kubernetes_conn_id=None, namespace="ml", workload="jobset")
+    with pytest.raises(BackendError, match=r"list jobsets of group tf-demo in namespace ml: HTTP 404 Not Found .*; or "
+                                           r"the JobSet CRD \(jobset.x-k8s.io/v1alpha2\) is not installed in this "
+                                           r"cluster: install the JobSet controller \(v0.11\), or launch with "
+                                           r"workload='jobs'"):
+        backend.launch(spec())
 
 
 def test_names_too_long_for_the_jobset_webhook_are_refused_naming_the_limit():

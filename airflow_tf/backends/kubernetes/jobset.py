@@ -221,9 +221,12 @@ class JobSetGroup:
         return client.CustomObjectsApi(api_client=self.backend.hook.api_client)
 
     def list_jobsets(self, namespace: str, group: str) -> list[dict]:
-        with self.backend._api(f"list jobsets of group {group} in namespace {namespace}"):
-            result = self._custom.list_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSETS,
-                                                                label_selector=group_selector(group))
+        try:
+            with self.backend._api(f"list jobsets of group {group} in namespace {namespace}"):
+                result = self._custom.list_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSETS,
+                                                                    label_selector=group_selector(group))
+        except BackendError as e:
+            raise _without_crd(e) from e.__cause__
         return [j for j in result.get("items") or [] if j["metadata"]["name"] == group]
 
     def get(self, namespace: str, group: str) -> dict | None:
@@ -268,13 +271,9 @@ class JobSetGroup:
                     jobset = self._custom.create_namespaced_custom_object(JOBSET_GROUP, JOBSET_VERSION, namespace,
                                                                           JOBSETS, body)
                 created.append(f"JobSet/{spec.name}")
-            except Exception as e:
-                cause = e.__cause__ if isinstance(e.__cause__, ApiException) else None
-                if cause is None or cause.status != 409:
-                    if cause is not None and cause.status == 404:
-                        raise type(e)(f"{e}; the JobSet CRD (jobset.x-k8s.io/v1alpha2) is not installed in this "
-                                      "cluster: install the JobSet controller, or launch with workload='jobs'") from e
-                    raise
+            except BackendError as e:
+                if not (isinstance(e.__cause__, ApiException) and e.__cause__.status == 409):
+                    raise _without_crd(e) from e.__cause__
                 jobset = self.get(namespace, spec.name)  # created by a concurrent try since we listed
                 if jobset is None:
                     raise BackendError(f"JobSet {spec.name} in namespace {namespace} exists but cannot be "
@@ -302,6 +301,16 @@ class JobSetGroup:
 
 def _name(obj: dict) -> str:
     return obj["metadata"]["name"]
+
+
+def _without_crd(error: BackendError) -> BackendError:
+    """``error``, and when the API server answered 404 (no such resource), that the JobSet CRD may
+    be missing."""
+    cause = error.__cause__
+    if getattr(cause, "status", None) == 404:
+        return BackendError(f"{error}; or the JobSet CRD (jobset.x-k8s.io/v1alpha2) is not installed in this "
+                            "cluster: install the JobSet controller (v0.11), or launch with workload='jobs'")
+    return error
 
 
 def _queue_of(jobset: dict) -> str | None:
