@@ -439,13 +439,16 @@ def _cmd_export(args: argparse.Namespace, out: TextIO) -> int:
 
 # -- render -------------------------------------------------------------------------------
 def _add_render(sub: argparse._SubParsersAction) -> None:
+    from airflow_tf.backends.kubernetes.workloads import DEFAULT_WORKLOAD, WORKLOADS
+
     p = sub.add_parser(
         "render", help="print the Kubernetes manifests of a group (for kubectl apply -f -)",
         description="Print the Indexed Jobs (one per role), the headless Service (and optionally the "
         "NetworkPolicy) of a parameter-server/worker group as multi-document YAML, exactly as the "
         "Kubernetes backend creates them, the root Job first; the backend also sets ownerReferences "
         "from every other object to the root Job, which need its uid: "
-        "airflow-tf render --name demo --ps 1 --workers 2 --image IMAGE | kubectl apply -f -",
+        "airflow-tf render --name demo --ps 1 --workers 2 --image IMAGE | kubectl apply -f -. "
+        "With --workload jobset: one JobSet (and the NetworkPolicy), the form a --queue-name needs.",
     )
     p.add_argument("--name", required=True, help="group name (made a valid DNS-1123 label if it is not one)")
     p.add_argument("--ps", type=int, default=1, help="parameter-server tasks (default 1)")
@@ -454,6 +457,8 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--namespace", default="default", help="namespace of every object (default: default)")
     add_training_arguments(p, dataset="/data", run_dir=None, steps=1000)
     p.add_argument("--port", type=int, default=2222, help="gRPC port of every task (default 2222)")
+    p.add_argument("--workload", choices=list(WORKLOADS), default=DEFAULT_WORKLOAD,
+                   help="the group's form: " + "; ".join(f"{k}: {v}" for k, v in WORKLOADS.items()))
     p.add_argument("--network-policy", action="store_true",
                    help="add a NetworkPolicy admitting gRPC only from the group's own pods")
     p.add_argument("--cluster-domain", default=None, help="append this cluster domain to the tasks' DNS names")
@@ -466,7 +471,11 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--worker-gpus", type=int, default=0, help="GPUs per worker (nvidia.com/gpu limit, >= 0)")
     p.add_argument("--service-account", default=None, help="service account of the training pods")
     p.add_argument("--queue-name", default=None,
-                   help="Kueue LocalQueue: labels the Jobs and creates them suspended for Kueue to admit")
+                   help="Kueue LocalQueue (needs --workload jobset): labels the JobSet and creates it suspended "
+                   "for Kueue to admit the whole group")
+    p.add_argument("--workload-priority-class", default=None,
+                   help="Kueue WorkloadPriorityClass (needs --queue-name): labels the JobSet; a group of a higher "
+                   "one preempts a running lower one")
     p.add_argument("--pod-template", default=None, metavar="FILE",
                    help="a Pod manifest (YAML) merged under what the backend sets")
     p.add_argument("--shm-size", default=None, help="memory-backed /dev/shm of this size, e.g. 1Gi")
@@ -474,8 +483,8 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_render(args: argparse.Namespace, out: TextIO) -> int:
-    from airflow_tf.backends.kubernetes.jobs import render_group
     from airflow_tf.backends.kubernetes.manifests import to_yaml
+    from airflow_tf.backends.kubernetes.workloads import render_workload
     from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, dns1123_label
 
     name = dns1123_label(args.name, max_length=46)
@@ -484,7 +493,7 @@ def _cmd_render(args: argparse.Namespace, out: TextIO) -> int:
     volumes += [{"claim": args.runs_claim, "mount_path": args.runs_mount}] if args.runs_claim else []
     if volumes:
         pod_defaults["volumes"] = volumes
-    for key in ("service_account", "queue_name", "pod_template", "shm_size"):
+    for key in ("service_account", "queue_name", "workload_priority_class", "pod_template", "shm_size"):
         if getattr(args, key) is not None:
             pod_defaults[key] = getattr(args, key)
     worker: dict[str, Any] = {}
@@ -498,8 +507,8 @@ def _cmd_render(args: argparse.Namespace, out: TextIO) -> int:
         training = TrainingConfig.from_namespace(args, run_dir=args.run_dir or f"{args.runs_mount}/{name}", steps=steps)
         spec = GroupSpec.for_training(name, training, ps=args.ps, workers=args.workers, image=args.image,
                                       port=args.port, role_options={"worker": worker} if worker else None)
-        objects = render_group(spec, args.namespace, cluster_domain=args.cluster_domain,
-                               network_policy=args.network_policy, pod_defaults=pod_defaults)
+        objects = render_workload(args.workload, spec, args.namespace, cluster_domain=args.cluster_domain,
+                                  network_policy=args.network_policy, pod_defaults=pod_defaults)
     except (SpecError, ValueError) as e:
         sys.stderr.write(f"airflow-tf render: {e}\n")
         return 2

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_tf.cluster import GroupSpec, GroupStatus, Outcome, group_outcome
+from airflow_tf.cluster import GroupSpec, GroupStatus, Outcome, Phase, group_outcome
 from airflow_tf.cluster.progress import describe as describe_progress
 from airflow_tf.files import atomic_write_text
 
@@ -88,9 +88,15 @@ def completion_event(backend: Backend, ref: GroupRef, status: GroupStatus, succe
 
 def waiting_message(status: GroupStatus, success_policy: str) -> str:
     """``workers done 1/2; global step 120/1000 (12.0%), 5300 examples/s, ETA 8s``, and each task
-    restarted so far and why (``; replaced: G-ps-0 restarted 1 time(s), last: stuck: ...``)."""
+    restarted so far and why (``; replaced: G-ps-0 restarted 1 time(s), last: stuck: ...``); when
+    every task waits for one same reason (a queue holding the whole group), that reason
+    (``; waiting: JobSet G is suspended: waiting for the queue q to admit the whole group (...)``)."""
     replaced = status.replacements()
+    reasons = {t.reason for t in status.tasks}
+    waiting = next(iter(reasons)) if len(reasons) == 1 and status.tasks and all(
+        t.phase is Phase.PENDING for t in status.tasks) else None
     return (f"{group_outcome(status, success_policy).reason}; {describe_progress(status.progress)}"
+            + (f"; waiting: {waiting}" if waiting else "")
             + (f"; replaced: {'; '.join(replaced)}" if replaced else ""))
 
 

@@ -69,7 +69,8 @@ class LaunchTFClusterOperator(BaseOperator):
     :param backend: ``local`` (processes on this machine) or ``kubernetes``; None (default): the
         deployment's, ``[airflow_tf] backend``, else ``local``.
     :param backend_options: e.g. ``{"state_dir": ...}`` for local, or ``{"kubernetes_conn_id":
-        ..., "namespace": ...}`` for kubernetes.
+        ..., "namespace": ...}`` for kubernetes (``"workload": "jobset"`` makes the group one JobSet,
+        which a Kueue ``queue_name`` requires; a queue with the default ``"jobs"`` is refused here).
     :param image: the training image (kubernetes).
     :param role_options: per role ``RoleSpec`` fields: ``{"worker": {"resources": {...}}}``.
     :param backoff_limit: restarts of a failed task before the group fails.
@@ -159,6 +160,11 @@ class LaunchTFClusterOperator(BaseOperator):
         self.isolate_network, self.pass_env = isolate_network, list(pass_env or [])
         if training is not None:
             self._set_deprecated_training(training)
+        if backend == "kubernetes":
+            # Refused now rather than at launch: a queue with the two-Job form, an unknown workload.
+            from airflow_tf.backends.kubernetes.workloads import check_launch_options
+
+            check_launch_options(self.backend_options, self.role_options)
 
     def _set_deprecated_training(self, training: Any) -> None:
         """The first release's ``training={...}``: each key becomes its own (templated) parameter."""

@@ -30,6 +30,17 @@ def plane(tmp_path_factory):
 
 
 @pytest.fixture(scope="package")
+def kueue(plane):
+    """Kueue and the JobSet controller on this session's plane (``scripts/kube kueue``, started by
+    the first test that asks); on a configured cluster, skips unless both CRDs are installed."""
+    if plane.private:
+        plane.start_kueue()
+    elif not plane.has_kueue():
+        pytest.skip(f"the cluster {CLUSTER_ENV} names has no Kueue and JobSet CRDs installed")
+    return plane
+
+
+@pytest.fixture(scope="package")
 def node(plane):
     """This session's node, its kubelet played by the tests (the private plane only)."""
     if not plane.private:

@@ -100,6 +100,20 @@ class Plane:
         if self.directory is not None:
             subprocess.run([sys.executable, str(KUBE_SCRIPT), "down", str(self.directory)], check=True)
 
+    def start_kueue(self) -> None:
+        """Add Kueue and the JobSet controller to this private plane, once (``scripts/kube kueue``)."""
+        assert self.directory is not None
+        if not json.loads((self.directory / "plane.json").read_text()).get("kueue"):
+            subprocess.run([sys.executable, str(KUBE_SCRIPT), "kueue", str(self.directory)], check=True,
+                           stdout=subprocess.DEVNULL)
+
+    def has_kueue(self) -> bool:
+        """Whether the cluster serves the JobSet and Kueue Workload resources."""
+        from kubernetes import client
+
+        names = {crd.metadata.name for crd in client.ApiextensionsV1Api(self.api).list_custom_resource_definition().items}
+        return {"jobsets.jobset.x-k8s.io", "workloads.kueue.x-k8s.io"} <= names
+
     def keep_logs(self, destination: Path) -> Path | None:
         """Copy the plane's logs (components and audit) to ``destination``; None on a cluster."""
         if self.directory is None:

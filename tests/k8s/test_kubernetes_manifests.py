@@ -285,7 +285,7 @@ def test_the_platform_knobs_reach_the_jobs_and_validate_against_every_supported_
     }))
     settings = {
         "pod_template": str(template),
-        "labels": {"cost-center": "ml-42"}, "annotations": {"owner": "ml-platform"}, "queue_name": "team-a",
+        "labels": {"cost-center": "ml-42"}, "annotations": {"owner": "ml-platform"},
         "volumes": [{"secret": "gcs-key", "mount_path": "/secrets/gcs"},
                     {"config_map": "tf-settings", "mount_path": "/etc/tf"},
                     {"empty_dir": {"medium": "Memory", "size_limit": "512Mi"}, "mount_path": "/scratch"}],
@@ -302,7 +302,7 @@ def test_the_platform_knobs_reach_the_jobs_and_validate_against_every_supported_
         for document in objects:
             kubernetes_validate.validate(document, version, strict=True)
     job = jobs(objects)["tf-demo-worker"]
-    assert job["spec"]["suspend"] is True and job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert job["spec"]["suspend"] is False and "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
     assert job["metadata"]["labels"]["cost-center"] == "ml-42" and job["metadata"]["annotations"]["owner"] == "ml-platform"
     pod = job["spec"]["template"]
     assert pod["metadata"]["labels"]["team"] == "vision" and pod["metadata"]["labels"]["cost-center"] == "ml-42"

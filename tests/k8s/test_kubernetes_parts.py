@@ -29,7 +29,7 @@ from .test_kubernetes import kubeconfig  # noqa: F401 (fixtures)
 
 from airflow_tf.backends import BackendError
 from airflow_tf.backends.base import ComponentRefusedError
-from airflow_tf.backends.kubernetes.backend import TERMINATION_MESSAGE_PATH
+from airflow_tf.backends.kubernetes.one_off import TERMINATION_MESSAGE_PATH
 from airflow_tf.backends.kubernetes.parts import KubernetesPartOptions, part_job, part_job_name, run_part
 from airflow_tf.cluster import SpecError
 from airflow_tf.cluster.names import is_dns1123_label

@@ -1,6 +1,8 @@
-"""The Kubernetes backend: each role of a group is an Indexed Job, the group's headless
+"""The Kubernetes backend: each role of a group is an Indexed Job (or, with
+``workload="jobset"``, the group is one JobSet: :mod:`.jobset`), the group's headless
 Service gives every task a stable DNS name, and Kubernetes owns the lifecycle (restarts,
-deadline, cleanup); see :mod:`.jobs` and :mod:`.manifests` for the objects and why.
+deadline, cleanup); see :mod:`.jobs` and :mod:`.manifests` for the objects and why. The
+one-off Jobs (evaluation, export, a prepare's parts) are :mod:`.one_off`'s.
 
 Every API call goes through the cncf-kubernetes provider's hooks: ``KubernetesHook`` for
 the synchronous calls (launch, status, logs, teardown, one-off Jobs) and
@@ -19,27 +21,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import datetime as dt
 import json
 import logging
 import math
-import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from functools import cached_property
 from typing import Any
 
-from airflow_tf.cluster import GroupSpec, GroupStatus, Phase, SpecError
-from airflow_tf.cluster.components import REFUSED_EXIT, RESULT_MARKER, component_command
+from airflow_tf.cluster import GroupSpec, GroupStatus, SpecError
 from airflow_tf.cluster.progress import parse_progress
 
-from ..base import BackendError, ComponentRefusedError, GroupRef
-from .jobs import render_group
-from .labels import COMPONENT_LABEL, GROUP_LABEL, ONE_OFF_LABEL, ROLE_LABEL, ROOT_ANNOTATION, SUCCESS_POLICY
+from ..base import BackendError, GroupRef
+from .labels import COMPONENT_LABEL, ROLE_LABEL, ROOT_ANNOTATION, SUCCESS_POLICY
 from .manifests import DEFAULT_PS_MAX_LIFETIME_SECONDS, DEFAULT_TTL_SECONDS_AFTER_FINISHED, group_selector, owned_by
 from .pod_options import check_cluster_domain, check_image
 from .status import (
     INDEX_LABEL,
-    _task_status,
     assess,
     latest_pods,
     lead_pod,
@@ -47,11 +44,18 @@ from .status import (
     overdue_unschedulable,
     scheduler_message,
 )
+from .jobset import JobSetGroup, is_jobset, lead_template, read_view
+from .one_off import (
+    PROGRESS_TAIL_LINES,
+    STARTED_PHASES,
+    OneOffJobs,
+)
+from .one_off import name_of as _name
+from .one_off import now as _now
+from .workloads import DEFAULT_WORKLOAD, check_workload, render_workload
 
 log = logging.getLogger(__name__)
 
-PROGRESS_TAIL_LINES = 20
-_STARTED_PHASES = ("Running", "Succeeded", "Failed")
 _KINDS = ("jobs", "services", "networkpolicies")
 _KIND_OF = {"jobs": "Job", "services": "Service", "networkpolicies": "NetworkPolicy"}
 # Deleting a Job through the API orphans its pods unless told otherwise (kubectl defaults
@@ -59,26 +63,11 @@ _KIND_OF = {"jobs": "Job", "services": "Service", "networkpolicies": "NetworkPol
 _PROPAGATION = "Background"
 
 
-ONE_OFF_LOG_TAIL_LINES = 50
-TERMINATION_MESSAGE_PATH = "/dev/termination-log"
-"""Where a one-off component's container writes its result (Kubernetes' default path)."""
-TERMINATION_MESSAGE_MAX_BYTES = 4096
-"""The most of a termination message the kubelet keeps (the end of a longer one)."""
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-def _name(obj: dict) -> str:
-    return obj["metadata"]["name"]
-
-
 def _role(obj: dict) -> str | None:
     return (obj["metadata"].get("labels") or {}).get(ROLE_LABEL)
 
 
-class KubernetesBackend:
+class KubernetesBackend(OneOffJobs):
     """Run a training group as Indexed Jobs and a headless Service in one namespace.
 
     :param kubernetes_conn_id: the provider's Kubernetes connection (None: no connection,
@@ -88,6 +77,9 @@ class KubernetesBackend:
     :param cluster_domain: appended to the tasks' DNS names (``cluster.local``); by default
         the names end in ``.svc`` and the pods' DNS search path completes them.
     :param network_policy: also create a NetworkPolicy admitting gRPC only from the group's pods.
+    :param workload: the group's form: ``"jobs"`` (default), one Indexed Job per role, or
+        ``"jobset"``, the whole group as one JobSet (needs the JobSet controller; the form a Kueue
+        ``queue_name`` requires, as Kueue admits a JobSet whole). See :mod:`.workloads`.
     :param pod_defaults: pod settings for every role (same keys as ``RoleSpec.kubernetes``,
         which wins per key), e.g. the data and run-output volumes, a pod template, a Kueue queue.
     :param image: the training image of groups that name none (neither the launch's ``image``
@@ -111,7 +103,8 @@ class KubernetesBackend:
     def __init__(self, kubernetes_conn_id: str | None = "kubernetes_default", namespace: str | None = None, *,
                  in_cluster: bool | None = None, config_file: str | None = None, cluster_context: str | None = None,
                  cluster_domain: str | None = None, network_policy: bool = False,
-                 pod_defaults: dict[str, Any] | None = None, image: str | None = None,
+                 workload: str = DEFAULT_WORKLOAD, pod_defaults: dict[str, Any] | None = None,
+                 image: str | None = None,
                  ttl_seconds_after_finished: int | None = DEFAULT_TTL_SECONDS_AFTER_FINISHED,
                  ps_max_lifetime_seconds: int = DEFAULT_PS_MAX_LIFETIME_SECONDS,
                  progress_interval: float = 60.0, poll_interval: float = 30.0,
@@ -123,6 +116,7 @@ class KubernetesBackend:
         self.cluster_context = cluster_context
         try:
             self.cluster_domain = check_cluster_domain(cluster_domain)
+            self.workload = check_workload(workload)
         except SpecError as e:
             raise BackendError(str(e)) from None
         self.network_policy = network_policy
@@ -182,6 +176,7 @@ class KubernetesBackend:
     def _ref(self, group: str, success_policy: str, task_template: dict | None = None,
              root: dict | None = None) -> GroupRef:
         options = {**self._hook_args(), "cluster_domain": self.cluster_domain, "network_policy": self.network_policy,
+                   "workload": self.workload,
                    "ttl_seconds_after_finished": self.ttl_seconds_after_finished,
                    "ps_max_lifetime_seconds": self.ps_max_lifetime_seconds,
                    "progress_interval": self.progress_interval, "poll_interval": self.poll_interval,
@@ -273,19 +268,24 @@ class KubernetesBackend:
 
     # -- the protocol --------------------------------------------------------------------
     def render(self, spec: GroupSpec) -> list[dict]:
-        """The objects ``launch()`` creates (without the ownerReferences, which need the root's uid)."""
+        """The objects ``launch()`` creates (without the ownerReferences, which need the root's uid),
+        in the backend's workload form."""
         if spec.image is None and self.image is not None:
             spec = dataclasses.replace(spec, image=self.image)
-        return render_group(spec, self.namespace, cluster_domain=self.cluster_domain,
-                            network_policy=self.network_policy, pod_defaults=self.pod_defaults,
-                            ttl_seconds_after_finished=self.ttl_seconds_after_finished,
-                            ps_max_lifetime_seconds=self.ps_max_lifetime_seconds)
+        return render_workload(self.workload, spec, self.namespace, cluster_domain=self.cluster_domain,
+                               network_policy=self.network_policy, pod_defaults=self.pod_defaults,
+                               ttl_seconds_after_finished=self.ttl_seconds_after_finished,
+                               ps_max_lifetime_seconds=self.ps_max_lifetime_seconds)
 
     def launch(self, spec: GroupSpec) -> GroupRef:
         try:
             objects = self.render(spec)
         except SpecError as e:
             raise BackendError(str(e)) from e
+        if self.workload == "jobset":
+            jobset, made = JobSetGroup(self).launch(spec, objects)
+            self._log_launch(spec.name, made)
+            return self._ref(spec.name, spec.success_policy, task_template=lead_template(objects[0]), root=jobset)
         namespace = self.namespace
         kinds = ["jobs", "services"] + (["networkpolicies"] if self.network_policy else [])
         # Keyed by the kind listed: a real API server's list items carry no kind of their own.
@@ -294,7 +294,7 @@ class KubernetesBackend:
         # The root first: everything else is owned by it, so deleting it removes the group.
         root_body, rest = objects[0], objects[1:]
         root = existing.get(("Job", _name(root_body)))
-        created = []
+        created: list[str] = []
         if root is None:
             root = self._create(root_body)
             if root is None:  # created by a concurrent try since we listed
@@ -305,18 +305,28 @@ class KubernetesBackend:
         for obj in rest:
             if (obj["kind"], _name(obj)) not in existing and self._create(owned_by(obj, root)) is not None:
                 created.append(f"{obj['kind']}/{_name(obj)}")
-        if created:
-            log.info("launched training group %s in namespace %s: created %s", spec.name, namespace, ", ".join(created))
-        else:
-            log.info("training group %s already exists in namespace %s; re-attached", spec.name, namespace)
+        self._log_launch(spec.name, created)
         return self._ref(spec.name, spec.success_policy, task_template=root_body["spec"]["template"],
                          root=root)
+
+    def _log_launch(self, group: str, created: list[str]) -> None:
+        if created:
+            log.info("launched training group %s in namespace %s: created %s", group, self.namespace,
+                     ", ".join(created))
+        else:
+            log.info("training group %s already exists in namespace %s; re-attached", group, self.namespace)
 
     def hand_over(self, ref: GroupRef) -> None:
         """Nothing to untie: the group's lifetime is bounded by Kubernetes itself (the root
         Job's TTL and the parameter servers' deadline), not by the launching process."""
 
     def find(self, name: str) -> GroupRef | None:
+        if self.workload == "jobset":
+            jobset = JobSetGroup(self).get(self.namespace, name)
+            if jobset is None:
+                return None
+            policy = (jobset["metadata"].get("annotations") or {}).get(SUCCESS_POLICY, "AllWorkers")
+            return self._ref(name, policy, task_template=lead_template(jobset), root=jobset)
         jobs = self._list("jobs", self.namespace, group_selector(name))
         roots = [j for j in jobs if (j["metadata"].get("annotations") or {}).get(ROOT_ANNOTATION) == "true"]
         if not roots:
@@ -342,9 +352,10 @@ class KubernetesBackend:
             messages[pod] = scheduler_message([self._plain(e) for e in events.items])
         lead = lead_pod(pods)
         progress = None
-        if lead is not None and (lead.get("status") or {}).get("phase") in _STARTED_PHASES:
+        if lead is not None and (lead.get("status") or {}).get("phase") in STARTED_PHASES:
             progress = parse_progress(self._read_log(namespace, _name(lead), _role(lead) or "", PROGRESS_TAIL_LINES))
-        return assess(ref.name, jobs, pods, now, scheduler_messages=messages, progress=progress)
+        jobset = JobSetGroup(self).view(namespace, ref.name) if is_jobset(ref) else {}
+        return assess(ref.name, jobs, pods, now, scheduler_messages=messages, progress=progress, **jobset)
 
     def logs(self, ref: GroupRef, role: str, index: int, tail_lines: int | None = None) -> str:
         namespace = self._ns(ref)
@@ -359,6 +370,9 @@ class KubernetesBackend:
         once it has the result (Kubernetes does, after its TTL, should the task die)."""
         namespace = self._ns(ref)
         deleted = []
+        # A JobSet first: its controller would otherwise make again the Jobs deleted below.
+        if roles is None and is_jobset(ref) and JobSetGroup(self).delete(namespace, ref.name):
+            deleted.append(f"jobset/{ref.name}")
         if roles is None:
             jobs = sorted(self._group_jobs(namespace, ref.name),
                           key=lambda j: (j["metadata"].get("annotations") or {}).get(ROOT_ANNOTATION) != "true")
@@ -376,131 +390,6 @@ class KubernetesBackend:
         if deleted:
             log.info("deleted from namespace %s: %s", namespace, ", ".join(deleted))
         return deleted
-
-    # -- one-off Jobs: evaluation, export and prepare parts on the cluster ---------------
-    def run_component(self, ref: GroupRef, component: str, request: dict[str, Any], *,
-                      timeout: float = 3600.0) -> dict[str, Any]:
-        """Run ``python -m airflow_tf.serving <component>`` once as a Job on the group's training
-        image, with the lead trainer's volumes and service account, wait for it, and return the
-        result its container wrote to its termination message.
-
-        The Job is named ``<group>-<component>``; a Job of that name left by an earlier try is
-        replaced when it finished, re-attached to while it runs, and deleted once its result is
-        read. Raises BackendError naming the pod and its reason when it fails
-        (ComponentRefusedError when it refused the request) or when its termination message
-        holds no result."""
-        try:
-            command = component_command(component, request, TERMINATION_MESSAGE_PATH)
-        except ValueError as e:
-            raise BackendError(f"group {ref.name}: {e}") from None
-        template = ref.options.get("task_template") or self.task_template
-        if not template:
-            raise BackendError(f"group {ref.name}: the launch recorded no pod template to run {component} with; "
-                               "launch the group again with this version of airflow-tf")
-        namespace, name = self._ns(ref), f"{ref.name}-{component}"
-        body = one_off_job(name, namespace, container=component, template=template, command=command,
-                           timeout=timeout, ttl=self.ttl_seconds_after_finished,
-                           labels={GROUP_LABEL: ref.name, COMPONENT_LABEL: component})
-        pod = self.run_one_off(body, what=component)
-        result = self.one_off_result(pod, component)
-        self.delete_job(namespace, name)
-        return result
-
-    def run_one_off(self, body: dict, *, what: str, on_log: Callable[[str], None] | None = None) -> dict:
-        """Run the one-off Job ``body`` (see :func:`one_off_job`) to its end and return its pod.
-
-        A Job of that name left by an earlier try is replaced when it finished and re-attached
-        to while it runs. ``on_log`` gets each new line of the pod's log while it runs. Raises
-        BackendError naming the pod, its phase and reason and the last lines of its log when the
-        Job fails (ComponentRefusedError when the container exited with REFUSED_EXIT)."""
-        meta = body["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
-        container = body["spec"]["template"]["spec"]["containers"][0]["name"]
-        selector = f"{ONE_OFF_LABEL}={meta['labels'][ONE_OFF_LABEL]}"
-        self._start_one_off(body, selector, what)
-        log.info("running %s on the cluster as Job %s in namespace %s", what, name, namespace)
-        follower = _LogFollower(on_log) if on_log else None
-        job, state = self._wait_one_off(namespace, name, selector, container, follower)
-        pod = next(iter(latest_pods(self._list("pods", namespace, selector)).values()), None)
-        if follower is not None and pod is not None:  # the lines written since the last poll
-            follower.feed(self._read_log(namespace, _name(pod), container, PROGRESS_TAIL_LINES))
-        if state == "Complete":
-            if pod is None:
-                raise BackendError(f"{what} Job {name} completed, but its pod, which holds the result, is gone "
-                                   "(deleted outside airflow-tf); run the task again")
-            return pod
-        text = self._read_log(namespace, _name(pod), container, ONE_OFF_LOG_TAIL_LINES) if pod else ""
-        task = _task_status(pod, _now(), {}, name, 0) if pod else None
-        detail = (task.reason or (f"exit code {task.exit_code}" if task.exit_code is not None else None)) if task else None
-        phase = ((pod.get("status") or {}).get("phase") or "Pending") if pod else None
-        detail = detail.removeprefix(f"pod {_name(pod)}: ") if detail and pod else detail
-        error = ComponentRefusedError if task and task.exit_code == REFUSED_EXIT else BackendError
-        raise error(f"{what} Job {name} failed (pod {_name(pod) if pod else 'none'}: "
-                    f"{detail or _job_condition_text(job)}{f', phase {phase}' if phase else ''}); "
-                    f"last lines of its log:\n{text.rstrip() or '(empty)'}")
-
-    def one_off_result(self, pod: dict, container: str) -> dict[str, Any]:
-        """The JSON object a one-off Job's container wrote to its termination message, or, when
-        that was too small to hold it, the last line of its log (after RESULT_MARKER)."""
-        try:
-            return _component_result(pod, container)
-        except _ResultTooLarge as too_large:
-            last = self._read_log(pod["metadata"].get("namespace") or self.namespace, _name(pod), container,
-                                  1).strip()
-            try:
-                result = json.loads(last.removeprefix(RESULT_MARKER))
-            except json.JSONDecodeError:
-                raise BackendError(f"{too_large}, which is not JSON either: {last[:200]!r}") from None
-            if not isinstance(result, dict):
-                raise BackendError(f"{too_large}, which is not a JSON object: {last[:200]!r}") from None
-            return result
-
-    def delete_job(self, namespace: str, name: str) -> bool:
-        """Delete a Job and its pods; False when it was gone already."""
-        return self._delete("jobs", namespace, name)
-
-    def _start_one_off(self, body: dict, selector: str, what: str) -> None:
-        """Create the one-off Job, replacing a finished one of its name and re-attaching to a
-        running one (started by an earlier try)."""
-        meta = body["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
-        for old in self._list("jobs", namespace, selector):
-            if _job_finished(old):
-                self._delete("jobs", namespace, _name(old))
-        deadline = time.monotonic() + 60
-        while self._create(body) is None:  # the old Job is still being deleted, or a running one
-            # Not being deleted: started by an earlier try (it may have finished since we listed).
-            if [j for j in self._list("jobs", namespace, selector) if not j["metadata"].get("deletionTimestamp")]:
-                log.info("re-attaching to %s Job %s started by an earlier try", what, name)
-                return
-            if time.monotonic() > deadline:
-                raise BackendError(f"could not create Job {name} in namespace {namespace}: "
-                                   "a Job of that name is still being deleted")
-            time.sleep(min(self.poll_interval, 1.0))
-
-    def _wait_one_off(self, namespace: str, name: str, selector: str, container: str,
-                      follower: _LogFollower | None) -> tuple[dict, str]:
-        """The one-off Job once it finished, and how (``Complete`` or why it failed). Checked
-        after 1 s, then twice as long each time up to ``poll_interval``: an evaluation or export
-        of a few seconds ends its task within seconds, a long prepare part costs few calls."""
-        delay = min(1.0, self.poll_interval)
-        while True:
-            jobs = [j for j in self._list("jobs", namespace, selector) if _name(j) == name]
-            if not jobs:
-                raise BackendError(f"Job {name} in namespace {namespace} disappeared before it finished "
-                                   "(deleted outside airflow-tf)")
-            state = _job_finished(jobs[0])
-            if state:
-                return jobs[0], state
-            pod = next(iter(latest_pods(self._list("pods", namespace, selector)).values()), None)
-            if pod is not None:
-                phase = (pod.get("status") or {}).get("phase") or "Pending"
-                if phase == "Pending" and _task_status(pod, _now(), {}, name, 0).phase == Phase.FAILED:
-                    return jobs[0], "Failed"  # waiting cannot help (an image that cannot be pulled, a missing Secret)
-                if follower is not None and phase in _STARTED_PHASES:
-                    follower.feed(self._read_log(namespace, _name(pod), container, PROGRESS_TAIL_LINES))
-            time.sleep(delay)
-            delay = min(delay * 2, self.poll_interval)
 
     # -- watching ------------------------------------------------------------------------
     async def watch(self, ref: GroupRef, timeout: float | None = None) -> AsyncIterator[GroupStatus]:
@@ -633,7 +522,7 @@ class _WatchedGroup:
         if self._progress_read_at is not None and loop.time() - self._progress_read_at < self.backend.progress_interval:
             return
         lead = lead_pod(list(self.pods.values()))
-        if lead is None or (lead.get("status") or {}).get("phase") not in _STARTED_PHASES:
+        if lead is None or (lead.get("status") or {}).get("phase") not in STARTED_PHASES:
             return
         self._progress_read_at = loop.time()
         from kubernetes_asyncio.client.exceptions import ApiException
@@ -659,98 +548,8 @@ class _WatchedGroup:
             events = await self.core.list_namespaced_event(self.namespace, field_selector=_event_selector(pod))
             messages[pod] = scheduler_message([self.api.sanitize_for_serialization(e) for e in events.items])
         await self._read_progress()
-        return assess(self.ref.name, jobs, pods, now, scheduler_messages=messages, progress=self.progress)
-
-
-def _job_finished(job: dict) -> str | None:
-    """'Complete' or 'Failed' once the Job finished, else None."""
-    for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
-            return cond["type"]
-    return None
-
-
-def _job_condition_text(job: dict) -> str:
-    for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Failed" and cond.get("status") == "True":
-            return f"{cond.get('reason')}: {cond.get('message') or ''}".rstrip(": ")
-    return "no pod ran"
-
-
-class _ResultTooLarge(BackendError):
-    """A component's result was cut short by the termination message's size limit."""
-
-
-def _component_result(pod: dict, component: str) -> dict[str, Any]:
-    """The result a one-off component's container wrote to its termination message (the kubelet
-    copies it into the pod's status); BackendError naming the pod when it is missing, cut
-    short or not a JSON object."""
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    status = next((c for c in statuses if c.get("name") == component), statuses[0] if statuses else {})
-    message = ((status.get("state") or {}).get("terminated") or {}).get("message") or ""
-    where = f"{component} pod {_name(pod)} (namespace {pod['metadata'].get('namespace')})"
-    if not message.strip():
-        raise BackendError(f"{where} succeeded without writing its result to its termination message "
-                           f"({TERMINATION_MESSAGE_PATH}); the training image's airflow-tf may be older than "
-                           "this one: build it from the same version")
-    try:
-        result = json.loads(message)
-    except json.JSONDecodeError as e:
-        if len(message.encode()) >= TERMINATION_MESSAGE_MAX_BYTES:
-            raise _ResultTooLarge(f"{where}: its result is larger than a termination message holds "
-                                  f"({TERMINATION_MESSAGE_MAX_BYTES} bytes; the kubelet kept the end only); the "
-                                  "whole result is the last line of the pod's log") from None
-        raise BackendError(f"{where}: its termination message is not JSON ({e}): {message[:200]!r}") from None
-    if not isinstance(result, dict):
-        raise BackendError(f"{where}: its termination message is not a JSON object: {message[:200]!r}")
-    return result
-
-
-def one_off_job(name: str, namespace: str, *, container: str, template: dict, command: list[str],
-                timeout: float, ttl: int | None, labels: dict[str, str]) -> dict:
-    """A Job running ``command`` once in ``template`` (a Job's pod template: its image, volumes,
-    service account and security), as container ``container``: no TF_CONFIG, no port, no
-    retry. The container's result goes to its termination message (on failure, the end of
-    its log does). The Job and its pod carry ``labels`` and ONE_OFF_LABEL (the Job's name)."""
-    spec = json.loads(json.dumps(template["spec"]))
-    spec.pop("subdomain", None)
-    main = dict(spec["containers"][0])
-    main.update(name=container, command=command, terminationMessagePath=TERMINATION_MESSAGE_PATH,
-                terminationMessagePolicy="FallbackToLogsOnError",
-                env=[e for e in main.get("env") or [] if e.get("name") not in ("TF_CONFIG",)])
-    main.pop("ports", None)
-    spec["containers"] = [main, *spec["containers"][1:]]
-    meta = template.get("metadata") or {}
-    labels = {**labels, ONE_OFF_LABEL: name}
-    return {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {
-            "backoffLimit": 0, "completions": 1, "parallelism": 1,
-            "activeDeadlineSeconds": max(1, math.ceil(timeout)),
-            **({"ttlSecondsAfterFinished": ttl} if ttl is not None else {}),
-            "template": {"metadata": {"labels": labels, "annotations": meta.get("annotations") or {}},
-                         "spec": spec},
-        },
-    }
-
-
-class _LogFollower:
-    """Hands each new line of a log, read as a tail again and again, to ``emit`` once."""
-
-    def __init__(self, emit: Callable[[str], None]) -> None:
-        self.emit = emit
-        self.seen: list[str] = []
-
-    def feed(self, tail: str) -> None:
-        lines = tail.splitlines()
-        # Where the lines seen last overlap the start of this tail; what follows is new.
-        for start in range(len(lines), -1, -1):
-            if start <= len(self.seen) and lines[:start] == self.seen[len(self.seen) - start:]:
-                break
-        for line in lines[start:]:
-            self.emit(line)
-        self.seen = (self.seen + lines[start:])[-PROGRESS_TAIL_LINES * 4:]
+        jobset = await read_view(self.api, self.namespace, self.ref.name) if is_jobset(self.ref) else {}
+        return assess(self.ref.name, jobs, pods, now, scheduler_messages=messages, progress=self.progress, **jobset)
 
 
 def _event_selector(pod: str) -> str:

@@ -16,3 +16,5 @@ RESTART_POLICY = f"{PREFIX}/restart-policy"
 # Set by the Job controller on every pod of an Indexed Job (label since Kubernetes 1.28).
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+"""A Kueue WorkloadPriorityClass: how Kueue orders and preempts the Workloads of its queues."""

@@ -18,6 +18,7 @@ import functools
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,13 +27,18 @@ import yaml
 from jinja2 import FileSystemLoader, StrictUndefined
 from jinja2.sandbox import SandboxedEnvironment
 
-from airflow_tf.cluster import GroupSpec, RoleSpec, SpecError, label_value, task_name
+from airflow_tf.cluster import GroupSpec, RoleSpec, SpecError, cluster_def, label_value, task_name
 from airflow_tf.cluster.spec import HEALTH_STARTUP_SECS
 
 from .labels import (
     GROUP_LABEL,
     PREFIX,
+    REPLICAS,
+    RESTART_POLICY,
     ROLE_LABEL,
+    ROOT_ANNOTATION,
+    SCHEDULE_TIMEOUT,
+    SUCCESS_POLICY,
 )
 from .pod_options import (
     LABEL_KEY,
@@ -347,6 +353,86 @@ def health_probes(spec: GroupSpec, role: str) -> dict[str, dict | int | None]:
             "termination_grace_seconds": PS_STOP_GRACE_SECONDS if role == "ps" else None}
 
 
+def pod_failure_rules(role: Role) -> list[dict]:
+    """Disruptions never count; under ``ExitCode`` a program error fails the Job at once."""
+    rules: list[dict] = [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+    if role.spec.restart_policy == "ExitCode":
+        rules.append({"action": "FailJob", "onExitCodes": {
+            "containerName": role.name, "operator": "In", "values": USER_ERROR_EXIT_CODES}})
+    return rules
+
+
+def _job_metadata(group: Group, role: Role) -> dict[str, dict[str, str]]:
+    """Labels and annotations of the Job and of its pods. Never Kueue's queue label: a queued
+    group is one JobSet, which Kueue admits (:mod:`.workloads`)."""
+    opts = role.options
+    labels = {**opts.labels, **group.labels, ROLE_LABEL: role.name}
+    job_annotations = {**opts.annotations, **group.annotations, SUCCESS_POLICY: group.spec.success_policy,
+                       REPLICAS: group.replicas, RESTART_POLICY: role.spec.restart_policy}
+    if role.name == group.root:
+        job_annotations[ROOT_ANNOTATION] = "true"
+    return {
+        "job_labels": labels,
+        "job_annotations": job_annotations,
+        "pod_labels": labels,
+        "pod_annotations": {**opts.annotations, SCHEDULE_TIMEOUT: f"{float(opts.schedule_timeout_seconds):g}"},
+    }
+
+
+def _lifecycle(group: Group, role: Role, *, standalone: bool) -> dict[str, Any]:
+    """The Job's restart budget, failure and success rules and how long it may live. Inside a
+    JobSet (``standalone`` False) the JobSet holds the TTL. Never suspended: a queued group is a
+    JobSet, which its controller suspends and resumes with its Jobs."""
+    is_root = role.name == group.root
+    return {
+        "backoff_limit_per_index": 0 if role.spec.restart_policy == "Never" else group.spec.backoff_limit,
+        "pod_failure_rules": pod_failure_rules(role),
+        "success_policy": ({"rules": [{"succeededIndexes": "0", "succeededCount": 1}]}
+                           if group.spec.success_policy == "ChiefOrWorker0" and is_root else None),
+        "active_deadline_seconds": group.deadline or (
+            group.ps_max_lifetime_seconds if group.serves_until_stopped(role.name) else None),
+        "ttl_seconds_after_finished": group.ttl_seconds_after_finished if is_root and standalone else None,
+        "suspend": False,
+    }
+
+
+def role_job(group: Group, role: Role, *, standalone: bool = True) -> dict:
+    """One role's Indexed Job: its tasks are the Job's pods, index = task index. ``standalone``
+    False: the Job as a JobSet's replicated job builds it (no TTL of its own; the JobSet
+    controller names it, suspends it with the JobSet and sets its pods' subdomain)."""
+    spec = group.spec
+    job = render(
+        "job.yaml.j2", name=job_name(spec.name, role.name), namespace=group.namespace,
+        replicas=spec.replicas(role.name), service=service_name(spec.name), role=role.name,
+        image=role.spec.image or spec.image, command=spec.command(role.name), env=task_env(group, role),
+        port=spec.port if role.name != "evaluator" else None, **health_probes(spec, role.name),
+        **_job_metadata(group, role), **_lifecycle(group, role, standalone=standalone),
+        **pod_settings(role.options, role.resources),
+    )[0]
+    if role.options.pod_template:
+        job["spec"]["template"] = merge_pod_template(role.options.pod_template, job["spec"]["template"])
+    return job
+
+
+def plan_group(spec: GroupSpec, namespace: str, address: Callable[[str, int], str], *,
+               cluster_domain: str | None, pod_defaults: dict[str, Any] | None,
+               ttl_seconds_after_finished: int | None, ps_max_lifetime_seconds: int) -> tuple[Group, dict[str, Role]]:
+    """The group's shared settings and its roles, validated; ``address(role, index)`` is a
+    task's ``host:port`` in TF_CONFIG (it depends on the workload form's pod hostnames)."""
+    check_group(spec, namespace, cluster_domain, {"ttl_seconds_after_finished": ttl_seconds_after_finished,
+                                                   "ps_max_lifetime_seconds": ps_max_lifetime_seconds})
+    roles = roles_of(spec, pod_defaults)
+    airflow_labels, airflow_annotations = extra_labels(spec)
+    group = Group(
+        spec=spec, namespace=namespace, root=root_role(spec), cluster=cluster_def(spec, address),
+        labels={**airflow_labels, GROUP_LABEL: spec.name}, annotations=airflow_annotations,
+        replicas=json.dumps({role: spec.replicas(role) for role in roles}, sort_keys=True),
+        deadline=math.ceil(spec.active_deadline_seconds) if spec.active_deadline_seconds else None,
+        ttl_seconds_after_finished=ttl_seconds_after_finished, ps_max_lifetime_seconds=ps_max_lifetime_seconds,
+    )
+    return group, roles
+
+
 def one_off_pod_template(*, container: str, image: str, command: list[str], env: dict[str, str],
                          options: PodOptions, resources: dict[str, dict[str, str]]) -> dict:
     """The pod template (metadata + spec) of a container run once outside any training group
@@ -366,9 +452,11 @@ def one_off_pod_template(*, container: str, image: str, command: list[str], env:
 
 
 def owned_by(obj: dict, root: dict) -> dict:
-    """``obj`` with an ownerReference to the root Job: garbage-collected with it."""
+    """``obj`` with an ownerReference to the root (the root Job, or the JobSet): garbage-collected
+    with it. A Job read from a list carries no kind: a root without one is a Job."""
     meta = root["metadata"]
-    reference = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"],
+    reference = {"apiVersion": root.get("apiVersion") or "batch/v1", "kind": root.get("kind") or "Job",
+                 "name": meta["name"], "uid": meta["uid"],
                  "blockOwnerDeletion": False}
     return {**obj, "metadata": {**obj["metadata"], "ownerReferences": [reference]}}
 

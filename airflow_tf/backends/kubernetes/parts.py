@@ -23,7 +23,8 @@ from airflow_tf.cluster.components import PART_COMPONENT, part_command
 from airflow_tf.cluster.names import dns1123_label, label_value
 
 from ..base import BackendError
-from .backend import TERMINATION_MESSAGE_PATH, KubernetesBackend, one_off_job
+from .backend import KubernetesBackend
+from .one_off import TERMINATION_MESSAGE_PATH, one_off_job
 from .labels import COMPONENT_LABEL, PREFIX
 from .manifests import DEFAULT_TTL_SECONDS_AFTER_FINISHED, one_off_pod_template
 from .pod_options import _ENV_NAME, check_image, check_namespace, check_resources, pod_options
@@ -37,6 +38,7 @@ WHERE = "kubernetes"
 
 _NOT_FOR_PARTS = {
     "queue_name": "a part's Job is created to run at once; give the pods a priority_class instead",
+    "workload_priority_class": "a part's Job is created to run at once, in no Kueue queue",
     "schedule_timeout_seconds": "a part waits for a node until its timeout (timeout_seconds)",
 }
 _RESERVED_ENV = ("PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES")

@@ -19,6 +19,7 @@ import yaml
 from airflow_tf.cluster import SpecError
 
 from .labels import (
+    KUEUE_PRIORITY_LABEL,
     KUEUE_QUEUE_LABEL,
     PREFIX,
 )
@@ -94,6 +95,7 @@ class PodOptions:
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     queue_name: str | None = None
+    workload_priority_class: str | None = None
     priority_class: str | None = None
     pod_template: dict | None = None
 
@@ -364,8 +366,13 @@ POD_OPTION_TABLE: dict[str, PodOption] = {
     "labels": PodOption("extra labels {key: value} on the Jobs and pods", _check_labels),
     "annotations": PodOption("extra annotations {key: value} on the Jobs and pods", _check_annotations),
     "queue_name": PodOption(
-        f"Kueue LocalQueue: sets {KUEUE_QUEUE_LABEL} and creates the Jobs suspended for Kueue to admit",
+        f"Kueue LocalQueue, with workload='jobset' only: sets {KUEUE_QUEUE_LABEL} on the JobSet and creates it "
+        "suspended for Kueue to admit the whole group",
         _check_queue_name),
+    "workload_priority_class": PodOption(
+        f"Kueue WorkloadPriorityClass, with queue_name only: sets {KUEUE_PRIORITY_LABEL} on the JobSet; a "
+        "group of a higher one preempts a running lower one (suspended whole)",
+        _object_name("WorkloadPriorityClass name")),
     "priority_class": PodOption("PriorityClass name", _object_name("PriorityClass name")),
     "pod_template": PodOption(
         "a Pod manifest (object, or path of a YAML file) merged under what the backend sets", _check_pod_template),

@@ -9,6 +9,13 @@ latest pod failed is ``Restarting`` while its Job will replace it, ``Failed`` on
 index failed or its Job did. Failures a restart would only repeat are reported at once,
 naming the pod: image pull errors, a missing Secret or ConfigMap, OOMKilled, a pod
 unschedulable past its schedule timeout.
+
+A group launched as one JobSet (``workload="jobset"``) is read from the same Jobs and pods, made
+by the JobSet controller, and from the JobSet itself: until the controller made a role's Job
+(right after the launch, or under ``startupPolicy: InOrder`` until the roles before it are
+ready) its tasks wait; a suspended JobSet waits for its Kueue queue; once the JobSet finished,
+the Jobs its controller deleted (the parameter servers, trainers that were not needed) are
+expected gone, and a failed JobSet is the group's failure when no task says more.
 """
 
 from __future__ import annotations
@@ -145,9 +152,13 @@ class _RoleJob:
     failed_indexes: set[int]
     completed_indexes: set[int]
     suspended: bool
+    queue: str | None = None
+    """The Kueue queue it waits for when suspended: its own label, else its JobSet's."""
+    waiting: str | None = None
+    """Why it is suspended, when its JobSet says more than the Job (a suspended JobSet's)."""
 
     @classmethod
-    def read(cls, name: str, job: dict) -> _RoleJob:
+    def read(cls, name: str, job: dict, queue: str | None = None, waiting: str | None = None) -> _RoleJob:
         status = job.get("status") or {}
         # FailureTarget and SuccessCriteriaMet are the Job controller's decision; Failed and
         # Complete follow only once the Job's pods are gone, and no pod event comes after them.
@@ -155,7 +166,8 @@ class _RoleJob:
                    complete=bool(_condition(job, "Complete") or _condition(job, "SuccessCriteriaMet")),
                    failed_indexes=_indexes(status.get("failedIndexes")),
                    completed_indexes=_indexes(status.get("completedIndexes")),
-                   suspended=bool((job.get("spec") or {}).get("suspend")))
+                   suspended=bool((job.get("spec") or {}).get("suspend")),
+                   queue=(_meta(job).get("labels") or {}).get(KUEUE_QUEUE_LABEL) or queue, waiting=waiting)
 
     def failure(self) -> str:
         return _job_failure(self.job, self.failed)
@@ -184,14 +196,56 @@ class _Attempts:
         return max(0, len(self.by_task.get(task, [])) - 1)
 
 
+def _jobset_condition(jobset: dict, kind: str) -> dict | None:
+    for cond in (jobset.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return cond
+    return None
+
+
+def _jobset_job_name(jobset: dict, role: str) -> str:
+    """A role's Job as the JobSet controller names it: ``<jobset>-<replicated job>-<job index>``
+    (one Job per replicated job: index 0)."""
+    return f"{_meta(jobset).get('name')}-{role}-0"
+
+
+def _jobset_suspended(jobset: dict, queue_reason: str | None) -> str | None:
+    """Why a suspended JobSet waits (its queue, and Kueue's reason when known); None when it runs."""
+    if not (jobset.get("spec") or {}).get("suspend"):
+        return None
+    name = _meta(jobset).get("name")
+    queue = (_meta(jobset).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+    if not queue:
+        return f"JobSet {name} is suspended"
+    return (f"JobSet {name} is suspended: waiting for the queue {queue} to admit the whole group"
+            + (f" ({queue_reason})" if queue_reason else ""))
+
+
+def _waiting_for_jobset(jobset: dict, role: str, queue_reason: str | None = None, made: bool = False) -> str:
+    """Why a role of a JobSet that has not finished has no Job yet (or, ``made``, a suspended one)."""
+    suspended = _jobset_suspended(jobset, queue_reason)
+    if suspended:
+        return suspended
+    return (f"waiting for the JobSet controller to {'start' if made else 'create'} Job "
+            f"{_jobset_job_name(jobset, role)} (startupPolicy InOrder: once every pod of the roles before it is ready)")
+
+
 def assess(group: str, jobs: list[dict], pods: list[dict], now: dt.datetime, *,
-           scheduler_messages: dict[str, str | None] | None = None, progress: dict[str, Any] | None = None) -> GroupStatus:
-    """The group's status from its Jobs and their pods."""
-    if not jobs:
+           scheduler_messages: dict[str, str | None] | None = None, progress: dict[str, Any] | None = None,
+           jobset: dict | None = None, queue_reason: str | None = None) -> GroupStatus:
+    """The group's status from its Jobs and their pods, and from its JobSet when it is one;
+    ``queue_reason``: why Kueue has not admitted a suspended JobSet (its Workload's condition)."""
+    if not jobs and jobset is None:
         return GroupStatus(name=group, exists=False)
     by_role = {(_meta(j).get("labels") or {}).get(ROLE_LABEL): j for j in jobs}
-    root = next((j for j in jobs if _annotation(j, ROOT_ANNOTATION, "") == "true"), jobs[0])
+    if jobset is not None:
+        root = jobset
+    else:
+        root = next((j for j in jobs if _annotation(j, ROOT_ANNOTATION, "") == "true"), jobs[0])
     expected = json.loads(_annotation(root, REPLICAS, "{}"))
+    jobset_failed = _jobset_condition(jobset, "Failed") if jobset is not None else None
+    jobset_finished = jobset is not None and bool(jobset_failed or _jobset_condition(jobset, "Completed"))
+    queue = (_meta(jobset).get("labels") or {}).get(KUEUE_QUEUE_LABEL) if jobset is not None else None
     attempts = _Attempts(pods)
     tasks: list[TaskStatus] = []
     stopped: set[str] = set()  # tasks Kubernetes stopped because another one failed
@@ -199,14 +253,23 @@ def assess(group: str, jobs: list[dict], pods: list[dict], now: dt.datetime, *,
 
     for role in sorted(expected):
         job = by_role.get(role)
+        job_name = f"{group}-{role}" if jobset is None else _jobset_job_name(jobset, role)
         if job is None:
-            if role in TRAINERS:
+            if jobset is not None and not jobset_finished:
+                tasks += [TaskStatus(role=role, index=index, name=f"{job_name}-{index}", phase=Phase.PENDING,
+                                     reason=_waiting_for_jobset(jobset, role, queue_reason))
+                          for index in range(int(expected[role]))]
+            elif role in TRAINERS and jobset is None:
                 failure = f"Job {group}-{role} not found: it was deleted outside airflow-tf; launch the group again"
-            continue  # parameter servers are gone after a ps-only teardown: fine
-        role_job = _RoleJob.read(f"{group}-{role}", job)
+            # Parameter servers are gone after a ps-only teardown, and every Job still running
+            # once its JobSet finished (its controller deletes them): fine.
+            continue
+        role_job = _RoleJob.read(job_name, job, queue,
+                                 None if jobset is None else _waiting_for_jobset(jobset, role, queue_reason, made=True))
         for index in range(int(expected[role])):
             task, was_stopped = _assess_task(group, role, index, role_job, attempts=attempts, now=now,
-                                              scheduler_messages=scheduler_messages or {})
+                                              scheduler_messages=scheduler_messages or {},
+                                              name=None if jobset is None else f"{job_name}-{index}")
             if task is not None:
                 tasks.append(task)
                 if was_stopped:
@@ -214,16 +277,21 @@ def assess(group: str, jobs: list[dict], pods: list[dict], now: dt.datetime, *,
         if role_job.failed and not any(t.phase is Phase.FAILED and t.name not in stopped
                                        for t in tasks if t.role == role):
             failure = failure or f"Job {role_job.name} failed: {role_job.failure()}"
+    if jobset_failed is not None and failure is None and not any(
+            t.phase is Phase.FAILED and t.name not in stopped for t in tasks):
+        reason, message = jobset_failed.get("reason") or "Failed", jobset_failed.get("message") or ""
+        failure = f"JobSet {_meta(jobset or {}).get('name')} failed: {reason}" + (f": {message}" if message else "")
     # The task that failed comes before those stopped because of it: it is the reason.
     tasks.sort(key=lambda t: (t.name in stopped, t.role, t.index))
     return GroupStatus(name=group, tasks=tasks, failure=failure, progress=progress)
 
 
 def _assess_task(group: str, role: str, index: int, job: _RoleJob, *, attempts: _Attempts, now: dt.datetime,
-                 scheduler_messages: dict[str, str | None]) -> tuple[TaskStatus | None, bool]:
+                 scheduler_messages: dict[str, str | None], name: str | None = None) -> tuple[TaskStatus | None, bool]:
     """One task's status and whether Kubernetes stopped it because of another's failure;
-    None for a parameter server being torn down (its exit is expected)."""
-    name, restarts = task_name(group, role, index), attempts.restarts((role, index))
+    None for a parameter server being torn down (its exit is expected). ``name``: the task's
+    pod host when it is not ``<group>-<role>-<index>`` (a JobSet's)."""
+    name, restarts = name or task_name(group, role, index), attempts.restarts((role, index))
     pod = attempts.latest((role, index))
     if pod is None:
         task = TaskStatus(role=role, index=index, name=name, phase=Phase.PENDING, restarts=restarts)
@@ -258,8 +326,7 @@ def _task_without_pod(task: TaskStatus, job: _RoleJob) -> bool:
     if task.index in job.completed_indexes or job.complete:
         task.phase, task.exit_code = Phase.SUCCEEDED, 0
     elif job.suspended:
-        queue = (_meta(job.job).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
-        task.reason = (f"Job {job.name} is suspended: waiting for the queue {queue} to admit it" if queue
+        task.reason = job.waiting or (f"Job {job.name} is suspended: waiting for the queue {job.queue} to admit it" if job.queue
                        else f"Job {job.name} is suspended")
     elif job.failed:
         task.phase, task.reason = Phase.FAILED, f"stopped by Kubernetes: {job.failure()}"
