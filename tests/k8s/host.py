@@ -4,6 +4,7 @@ the tests that start a plane with a node and check that ``scripts/kube down`` re
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -30,13 +31,22 @@ def processes(marker: str) -> list[str]:
     return found
 
 
-def namespaces() -> list[str]:
+def node_prefix(directory: Path) -> str:
+    """The prefix of the network namespaces the plane's node makes (random per plane)."""
+    return json.loads((directory / "plane.json").read_text())["node"]["netns_prefix"]
+
+
+def namespaces(prefix: str) -> list[str]:
+    """The named network namespaces of one plane's node (others' planes may run beside it)."""
     listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return sorted(line.split()[0] for line in listing.splitlines() if line.strip())
+    return sorted(name for line in listing.splitlines() if line.strip() and (name := line.split()[0]).startswith(prefix))
 
 
-def mounts() -> list[str]:
-    return sorted(line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines())
+def mounts(*markers: str) -> list[str]:
+    """This machine's mount points whose path holds one of ``markers`` (a plane's directory, its
+    node's namespace prefix, a mount path its pods use)."""
+    points = (line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines())
+    return sorted(point for point in points if any(marker in point for marker in markers))
 
 
 def plane_env(directory: Path) -> dict[str, str]:

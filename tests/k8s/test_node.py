@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from .host import down, mounts, namespaces, plane_env, processes, up_with_node
+from .host import down, mounts, namespaces, node_prefix, plane_env, processes, up_with_node
 from .plane import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="the node agent makes namespaces (root)")]
@@ -43,10 +43,10 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
     from kubernetes import client, config
 
     marker = f"aftf-node-test-{uuid.uuid4().hex[:8]}"
-    before = {"namespaces": namespaces(), "mounts": mounts(), "data": Path("/data").exists(),
-              "runs": Path("/runs").exists()}
+    before = {"data": Path("/data").exists(), "runs": Path("/runs").exists()}
     directory = tmp_path / "plane"
     up_with_node(directory)
+    prefix = node_prefix(directory)
     try:
         env = plane_env(directory)
         image, storage = env["AIRFLOW_TF_KUBE_IMAGE"], Path(env["AIRFLOW_TF_KUBE_STORAGE"])
@@ -135,13 +135,13 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
         core.delete_namespaced_pod("server", ns)
         wait_for(lambda: not [p for p in core.list_namespaced_pod(ns).items if p.metadata.name == "server"], 30,
                  "the server pod removed by the node")
-        assert len(namespaces()) > len(before["namespaces"])  # the bridge's, at least
+        assert namespaces(prefix)  # the bridge's, at least
     finally:
         down(directory)
     assert not processes(marker)
     assert not processes(str(directory))
-    assert namespaces() == before["namespaces"]
-    assert mounts() == before["mounts"]
+    assert namespaces(prefix) == []
+    assert mounts(prefix, str(directory)) == []
     # The mount points the node made on the host for /data and /runs are gone.
     assert (Path("/data").exists(), Path("/runs").exists()) == (before["data"], before["runs"])
 
@@ -171,9 +171,10 @@ def test_node_probes_restarts_and_grace_periods(tmp_path):
     from kubernetes import client, config
 
     marker = f"aftf-node-test-{uuid.uuid4().hex[:8]}"
-    before = {"namespaces": namespaces(), "mounts": mounts(), "runs": Path("/runs").exists()}
+    runs_before = Path("/runs").exists()
     directory = tmp_path / "plane"
     up_with_node(directory)
+    prefix = node_prefix(directory)
     try:
         image = plane_env(directory)["AIRFLOW_TF_KUBE_IMAGE"]
         core = client.CoreV1Api(config.new_client_from_config(config_file=str(directory / "kubeconfig")))
@@ -227,8 +228,8 @@ def test_node_probes_restarts_and_grace_periods(tmp_path):
         os.kill(int((directory / "run" / "airflow-tf-node.pid").read_text()), signal.SIGKILL)
         time.sleep(1)
         # Its pods' processes die with it (the parent-death signal); its namespaces and mount points stay.
-        assert Path("/runs").exists() and len(namespaces()) > len(before["namespaces"])
+        assert Path("/runs").exists() and namespaces(prefix)
     finally:
         down(directory)
     assert not processes(marker)
-    assert (namespaces(), mounts(), Path("/runs").exists()) == (before["namespaces"], before["mounts"], before["runs"])
+    assert (namespaces(prefix), mounts(prefix, str(directory)), Path("/runs").exists()) == ([], [], runs_before)

@@ -22,7 +22,7 @@ import pytest
 from airflow_tf.demo import DEMO_NAMESPACE, REPO_DAGS, ClusterRecorder, kubernetes_env, run_demo
 
 from serving_check import WARMUP, serve_both_ways
-from .host import down, mounts, namespaces, plane_env, processes, shared_storage, up_with_node
+from .host import down, mounts, namespaces, node_prefix, plane_env, processes, shared_storage, up_with_node
 from .plane import wait_for
 
 sys.path.insert(0, str(REPO_DAGS.parent / "scripts"))
@@ -31,23 +31,27 @@ from airflow_stack import AirflowStack  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="the node agent makes namespaces (root)")]
 
 
-def _leftovers(directory: Path) -> dict:
-    """What a plane in ``directory`` could leave behind: processes, network namespaces, mounts,
-    its files (the storage folder is the test's, removed by ``shared_storage``)."""
-    return {"processes": processes(str(directory)), "namespaces": namespaces(), "mounts": mounts(),
-            "files": directory.exists()}
+def _leftovers(directory: Path, prefix: str) -> dict:
+    """What the plane in ``directory`` (its node's namespaces named ``prefix``...) left behind:
+    processes, network namespaces, mounts, its files (the storage folder is the test's,
+    removed by ``shared_storage``)."""
+    return {"processes": processes(str(directory)), "namespaces": namespaces(prefix),
+            "mounts": mounts(prefix, str(directory)), "files": directory.exists()}
+
+
+NOTHING = {"processes": [], "namespaces": [], "mounts": [], "files": False}
 
 
 def test_the_demo_dag_trains_on_kubernetes_end_to_end_and_leaves_nothing_behind(tmp_path):
     directory = tmp_path / "plane"
-    before = _leftovers(directory)
     with shared_storage() as storage:
         up_with_node(directory, storage)
+        prefix = node_prefix(directory)
         try:
             _demo_on_the_plane(directory, storage, tmp_path)
         finally:
             down(directory)
-    assert _leftovers(directory) == before
+    assert _leftovers(directory, prefix) == NOTHING
 
 
 def _demo_on_the_plane(directory: Path, storage: Path, tmp_path: Path) -> None:
@@ -131,14 +135,14 @@ def test_a_killed_and_a_frozen_ps_are_replaced_and_the_dag_trains_to_its_final_s
     and the Job makes another. Each time the workers restore from the newest checkpoint and the
     DAG trains on to its final step."""
     directory = tmp_path / "plane"
-    before = _leftovers(directory)
     with shared_storage() as storage:
         up_with_node(directory, storage)
+        prefix = node_prefix(directory)
         try:
             _faults_on_the_plane(directory, tmp_path)
         finally:
             down(directory)
-    assert _leftovers(directory) == before
+    assert _leftovers(directory, prefix) == NOTHING
 
 
 def _faults_on_the_plane(directory: Path, tmp_path: Path) -> None:
@@ -225,9 +229,9 @@ def test_the_parts_of_a_partitioned_prepare_run_as_pods_on_the_node(tmp_path):
     from .test_kubernetes_parts import _inputs, _records
 
     directory = tmp_path / "plane"
-    before = _leftovers(directory)
     with shared_storage() as storage:
         up_with_node(directory, storage)
+        prefix = node_prefix(directory)
         try:
             settings, env = plane_env(directory), airflow_env(tmp_path / "demo", tmp_path / "dags")
             env.update(kubernetes_env(directory))
@@ -251,4 +255,4 @@ def test_the_parts_of_a_partitioned_prepare_run_as_pods_on_the_node(tmp_path):
                 assert _records(summary["dataset_uri"], split) == _records(single["dataset_uri"], split)
         finally:
             down(directory)
-    assert _leftovers(directory) == before
+    assert _leftovers(directory, prefix) == NOTHING
