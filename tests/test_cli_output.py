@@ -29,7 +29,7 @@ def airflow_tf(workdir: Path, *args: str) -> subprocess.CompletedProcess:
 def test_a_result_is_alone_on_stdout_whatever_the_work_writes_there(tmp_path, monkeypatch, capfd):
     """``airflow-tf demo > summary.json``: the log lines, prints and child processes of the work
     (here a stand-in for the DAG run) go to stderr; stdout is the JSON result."""
-    def noisy_run_demo(workdir, dags_folder):
+    def noisy_run_demo(workdir, dags_folder, plane=None):
         log("airflow-tf model code my_model from /runs/code/abc sha256=abc")  # a training task's log line
         print("a print of the library")
         os.write(1, b"TensorFlow's C++ code on descriptor 1\n")

@@ -78,12 +78,14 @@ def test_the_teardown_takes_the_launch_object_not_its_id():
 
 
 def test_the_provider_config_section_is_listed_by_airflow(tmp_path):
-    assert set(get_provider_info()["config"]["airflow_tf"]["options"]) == {"storage", "state_dir"}
+    assert set(get_provider_info()["config"]["airflow_tf"]["options"]) == {"storage", "backend", "backend_options",
+                                                                            "state_dir"}
     airflow = str(Path(sys.executable).with_name("airflow"))
     env = {"AIRFLOW_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "AIRFLOW__AIRFLOW_TF__STORAGE": "/shared/tf"}
     listed = subprocess.run([airflow, "config", "list", "--section", "airflow_tf"], env=env,
                             capture_output=True, text=True, timeout=300)
-    assert "[airflow_tf]" in listed.stdout and "state_dir" in listed.stdout, listed.stdout + listed.stderr
+    assert "[airflow_tf]" in listed.stdout, listed.stdout + listed.stderr
+    assert all(option in listed.stdout for option in ("state_dir", "backend_options")), listed.stdout
     code = "from airflow_tf.storage import runs_dir; print(runs_dir())"
     got = subprocess.run([sys.executable, "-c", code], env={**env, "AIRFLOW_TF_STORAGE": "/from/env"},
                          capture_output=True, text=True, timeout=300)
