@@ -54,10 +54,12 @@ def plane_env(directory: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in (directory / "env").read_text().splitlines())
 
 
-def up_with_node(directory: Path, storage: Path | None = None) -> None:
-    """A plane with its node, owned by this test process (its reaper downs it if the test dies)."""
+def up_with_node(directory: Path, storage: Path | None = None, kueue: bool = False) -> None:
+    """A plane with its node (and Kueue and JobSet), owned by this test process (its reaper
+    downs it if the test dies)."""
     subprocess.run([sys.executable, str(KUBE_SCRIPT), "up", str(directory), "--node", "--owner-pid", str(os.getpid()),
-                    *(["--storage", str(storage)] if storage else [])], check=True, stdout=subprocess.DEVNULL)
+                    *(["--storage", str(storage)] if storage else []), *(["--kueue"] if kueue else [])],
+                   check=True, stdout=subprocess.DEVNULL)
 
 
 @contextlib.contextmanager

@@ -129,6 +129,7 @@ def _progress(runs: Path) -> dict:
     return {}
 
 
+@pytest.mark.timeout(1200)  # a real Airflow, two faults and their recoveries: about 8 minutes under load
 def test_a_killed_and_a_frozen_ps_are_replaced_and_the_dag_trains_to_its_final_step(tmp_path):
     """A ps SIGKILLed: the Job controller makes a new pod. The new ps frozen (SIGSTOP, its TCP
     port still accepting): its liveness probe (the health question) fails, the node stops it,
@@ -148,7 +149,7 @@ def test_a_killed_and_a_frozen_ps_are_replaced_and_the_dag_trains_to_its_final_s
 def _faults_on_the_plane(directory: Path, tmp_path: Path) -> None:
     from kubernetes import client, config
 
-    steps = 40000
+    steps = 20000
     env = plane_env(directory)
     core = client.CoreV1Api(config.new_client_from_config(config_file=env["KUBECONFIG"]))
     runs = Path(env["AIRFLOW_TF_KUBE_STORAGE"]) / "runs"
