@@ -193,7 +193,7 @@ def priorities(kube, kueue):
 
 def test_a_higher_priority_group_preempts_a_running_lower_one_whole(kube, kubelet, quota, priorities, backend):
     """The lower group is suspended whole, its ps too, and says it was preempted; it waits for the
-    queue again. (That, readmitted, it resumes from its checkpoint needs a node that runs pods.)"""
+    queue again. (That, readmitted, it resumes from its checkpoint: test_node_kueue.py, on a node.)"""
     quota(3, preemption=True)
     low = backend.launch(group("tf-low", priority=priorities["low"]))
     ps = kubelet.pod("tf-low-ps-0", 0)
