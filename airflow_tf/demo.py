@@ -150,17 +150,33 @@ class ClusterRecorder:
         self._stop.set()
         self._thread.join()
 
+    def _note(self, jobs: list, pods: list) -> None:
+        """The state of each Job and pod listed; one seen before and listed no more was deleted
+        (by the teardown, or by its task once it had the result)."""
+        for job in jobs:
+            done = [c.type for c in job.status.conditions or [] if c.status == "True"]
+            self.jobs[job.metadata.name] = done[-1] if done else "Active"
+        for pod in pods:
+            self.pods[pod.metadata.name] = {"phase": pod.status.phase, "node": pod.spec.node_name,
+                                            "ip": pod.status.pod_ip}
+        listed = {job.metadata.name for job in jobs}
+        for name, state in self.jobs.items():
+            if name not in listed and not state.endswith("(deleted)"):
+                self.jobs[name] = f"{state} (deleted)"
+        listed = {pod.metadata.name for pod in pods}
+        for name, seen in self.pods.items():
+            if name not in listed:
+                seen["deleted"] = True
+
     def _record(self) -> None:
         while True:
             try:
-                for job in self.batch.list_namespaced_job(self.namespace).items:
-                    done = [c.type for c in job.status.conditions or [] if c.status == "True"]
-                    self.jobs[job.metadata.name] = done[-1] if done else "Active"
-                for pod in self.core.list_namespaced_pod(self.namespace).items:
-                    self.pods[pod.metadata.name] = {"phase": pod.status.phase, "node": pod.spec.node_name,
-                                                    "ip": pod.status.pod_ip}
+                jobs = self.batch.list_namespaced_job(self.namespace).items
+                pods = self.core.list_namespaced_pod(self.namespace).items
             except Exception as exc:  # the plane busy for a moment: the next look catches up
                 print(f"airflow-tf demo: could not list the cluster's Jobs and pods: {exc}", file=sys.stderr)
+            else:
+                self._note(jobs, pods)
             if self._stop.wait(1.0):
                 return
 

@@ -69,6 +69,8 @@ def _demo_on_the_plane(directory: Path, storage: Path, tmp_path: Path) -> None:
                          r"\1\2", name) for name in pods) == ["evaluate", "export", "ps-0", "worker-0", "worker-1"]
     assert all(p["node"] == "airflow-tf-node" and p["ip"].startswith("10.244.0.") for p in pods.values()), pods
     assert sorted(job.rsplit("-", 1)[-1] for job in jobs) == ["evaluate", "export", "ps", "worker"], jobs
+    # The teardown deleted the parameter servers, which never exit by themselves.
+    assert next(state for job, state in jobs.items() if job.endswith("-ps")) == "Active (deleted)", jobs
     # What TensorFlow Serving loads: the export answers its warm-up requests both ways.
     serve_both_ways(export, export / WARMUP, tmp_path)
 
