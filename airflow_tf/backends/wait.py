@@ -100,6 +100,23 @@ def waiting_message(status: GroupStatus, success_policy: str) -> str:
             + (f"; replaced: {'; '.join(replaced)}" if replaced else ""))
 
 
+def still_waiting_message(group: str, bound: str, waiting: str) -> str:
+    """Why a wait that reached its bound failed: the bound, then the group's last waiting message,
+    which carries the reason it waits (a queue that never admits it, say), so the failure says
+    what to fix rather than only that time ran out."""
+    return f"training group {group} did not finish within {bound}: {waiting}"
+
+
+def timeout_event(ref: GroupRef, status: GroupStatus, success_policy: str, bound: str) -> dict[str, Any]:
+    """The trigger's event when the wait's bound passes first (JSON, like :func:`completion_event`)."""
+    return {
+        "status": "timeout",
+        "reason": still_waiting_message(ref.name, bound, waiting_message(status, success_policy)),
+        "group": ref.to_dict(),
+        "replacements": status.replacements(),
+    }
+
+
 def save_logs(backend: Backend, ref: GroupRef, spec: GroupSpec, directory: str | os.PathLike) -> Path:
     """Copy every task's log to ``<directory>/<task name>.log`` (before the group is deleted)."""
     directory = Path(directory)

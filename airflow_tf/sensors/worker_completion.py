@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from airflow.configuration import conf
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.providers.common.compat.sdk import AirflowException
+from airflow.providers.common.compat.sdk import AirflowException, AirflowSensorTimeout, AirflowTaskTimeout
 
 from airflow_tf.backends import GroupRef, backend_for
-from airflow_tf.backends.wait import completion_event, group_failure_message, waiting_message
+from airflow_tf.backends.wait import (
+    completion_event,
+    group_failure_message,
+    still_waiting_message,
+    waiting_message,
+)
 from airflow_tf.triggers.worker_completion import WorkerCompletionTrigger
 
 
 FAILURE_XCOM_KEY = "failure_reason"
 """Where a failed wait records why the group failed (read by the Training view)."""
+TRIGGER_TIMEOUT_SLACK_SECONDS = 60.0
+"""How long after the trigger's own deadline Airflow's deferral timeout ends the wait: the trigger
+fails it first, saying what the group waits for; Airflow's timeout is the net if no triggerer runs."""
 REPLACEMENTS_XCOM_KEY = "replacements"
 """Where the wait records each task restarted for a cause of its own and why (read by the Training
 view): as it changes in poke mode, and when the wait ends in both modes."""
@@ -35,7 +44,9 @@ class WorkerCompletionSensor(BaseSensorOperator):
     deadline passes. ``deferrable=True`` waits on the triggerer instead of a worker slot.
 
     Killed (e.g. its DAG run marked failed), it tears the group down. Its ``timeout`` (seconds)
-    bounds the wait: a timed-out wait fails, and the training counts as failed.
+    and its ``execution_timeout`` bound the wait, deferred too: a wait that reaches either fails
+    with what the group still waits for (e.g. ``waiting: JobSet G is suspended: waiting for the
+    queue q to admit the whole group (...)``), and the training counts as failed.
 
     :param group: the launch task's XCom (``launch.output``) or a group reference dict.
     :param success_policy: ``AllWorkers`` or ``ChiefOrWorker0``; default the launch's.
@@ -56,6 +67,7 @@ class WorkerCompletionSensor(BaseSensorOperator):
         self.deferrable = deferrable
         self.log_tail_lines = log_tail_lines
         self._recorded_replacements: list[str] | None = None
+        self._last_waiting: str | None = None
 
     def _ref(self) -> GroupRef:
         return GroupRef.coerce(self.group)
@@ -69,7 +81,8 @@ class WorkerCompletionSensor(BaseSensorOperator):
         status = backend.status(ref)
         event = completion_event(backend, ref, status, self._policy(ref), self.log_tail_lines)
         if event is None:
-            self.log.info("group %s: %s", ref.name, waiting_message(status, self._policy(ref)))
+            self._last_waiting = waiting_message(status, self._policy(ref))
+            self.log.info("group %s: %s", ref.name, self._last_waiting)
             self._record_replacements(context, status.replacements())
         return event
 
@@ -80,24 +93,54 @@ class WorkerCompletionSensor(BaseSensorOperator):
                 ti.xcom_push(key=REPLACEMENTS_XCOM_KEY, value=replacements)
             self._recorded_replacements = replacements
 
+    @staticmethod
+    def _record_failure(context: Any, reason: str) -> None:
+        """The reason alone (no log tail) for the Training view; the task log has the rest."""
+        if ti := (context or {}).get("ti"):
+            ti.xcom_push(key=FAILURE_XCOM_KEY, value=reason)
+
     def poke(self, context: Any) -> PokeReturnValue | bool:
         event = self._check(context)
         if event is None:
             return False
         return PokeReturnValue(is_done=True, xcom_value=self._finish(event, context))
 
+    def _bounds(self) -> dict[str, tuple[float, str]]:
+        """The wait's bounds in seconds, each with its words for a failure, by the argument that set it."""
+        bounds = {}
+        if self.timeout:
+            bounds["timeout"] = (float(self.timeout), f"the sensor's timeout ({float(self.timeout):g} s)")
+        if self.execution_timeout:
+            seconds = self.execution_timeout.total_seconds()
+            bounds["execution_timeout"] = (seconds, f"its execution_timeout ({seconds:g} s)")
+        return bounds
+
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
-            return super().execute(context)
+            try:
+                return super().execute(context)
+            except (AirflowSensorTimeout, AirflowTaskTimeout) as timed_out:
+                if self._last_waiting is None:
+                    raise
+                which = "execution_timeout" if isinstance(timed_out, AirflowTaskTimeout) else "timeout"
+                label = self._bounds().get(which, (0.0, f"its {which}"))[1]
+                reason = still_waiting_message(self._ref().name, label, self._last_waiting)
+                self._record_failure(context, reason)
+                raise type(timed_out)(reason) from timed_out
         event = self._check(context)
         if event is not None:
             return self._finish(event, context)
         ref = self._ref()
+        # Airflow 3 applies no execution_timeout to a deferred task, and its deferral timeout
+        # fails it without a reason: the trigger ends the wait itself, at the tightest bound.
+        bound = min(self._bounds().values(), default=None)
         self.defer(
             trigger=WorkerCompletionTrigger(group=ref.to_dict(), success_policy=self._policy(ref),
-                                            log_tail_lines=self.log_tail_lines),
+                                            log_tail_lines=self.log_tail_lines,
+                                            deadline=None if bound is None else time.time() + bound[0],
+                                            deadline_label=bound[1] if bound else ""),
             method_name="execute_complete",
-            timeout=timedelta(seconds=self.timeout) if self.timeout else None,
+            timeout=None if bound is None else timedelta(seconds=bound[0] + TRIGGER_TIMEOUT_SLACK_SECONDS),
         )
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
@@ -105,11 +148,12 @@ class WorkerCompletionSensor(BaseSensorOperator):
 
     def _finish(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
         self._record_replacements(context, event.get("replacements") or [])
+        if event["status"] == "timeout":
+            self._record_failure(context, event["reason"])
+            raise AirflowSensorTimeout(event["reason"])
         if event["status"] != "success":
             failed = event["failed_task"]
-            # The reason alone (no log tail) for the Training view; the task log has the rest.
-            if ti := (context or {}).get("ti"):
-                ti.xcom_push(key=FAILURE_XCOM_KEY, value=event["reason"])
+            self._record_failure(context, event["reason"])
             raise TrainingGroupFailed(group_failure_message(
                 event["group"]["name"], event["reason"], failed and failed["name"], event["log_tail"],
                 self.log_tail_lines,

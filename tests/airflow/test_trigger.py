@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 
 import pytest
 
@@ -72,8 +73,6 @@ def test_one_failure_event_naming_the_task_and_quoting_its_log(launch_group):
 
 
 def _poke_until_done(sensor, timeout: float = 60):
-    import time
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         result = sensor.poke(context={})
@@ -99,3 +98,84 @@ def test_poke_mode_fails_fast_naming_the_task_and_quoting_its_log(launch_group):
     sensor = WorkerCompletionSensor(task_id="wait", group=ref.to_dict())
     with pytest.raises(TrainingGroupFailed, match=r"(?s)poke-bad-worker-\d.*exit code 4.*cannot read shard 3"):
         _poke_until_done(sensor)
+
+
+# -- a wait that never ends: the bound fails it with what the group still waits for ----------------
+TRAIN_FOREVER = "import time; time.sleep(600)"
+
+
+class _TaskInstance:
+    """Records what the sensor pushes for the Training view."""
+
+    def __init__(self):
+        self.pushed = {}
+
+    def xcom_push(self, key, value):
+        self.pushed[key] = value
+
+
+def test_the_triggers_deadline_ends_the_wait_with_what_the_group_still_waits_for(launch_group):
+    from airflow.sdk.exceptions import AirflowSensorTimeout
+
+    from airflow_tf.sensors import WorkerCompletionSensor
+
+    ref = launch_group("trigger-late", TRAIN_FOREVER)
+    trigger = WorkerCompletionTrigger(group=ref.to_dict(), deadline=time.time() + 1.5,
+                                      deadline_label="the sensor's timeout (1.5 s)")
+    started = time.monotonic()
+    events = asyncio.run(_events(WorkerCompletionTrigger(**trigger.serialize()[1])))
+    assert 1.0 < time.monotonic() - started < 15
+    assert [e.payload["status"] for e in events] == ["timeout"]
+    reason = events[0].payload["reason"]
+    assert reason.startswith("training group trigger-late did not finish within the sensor's timeout (1.5 s): "
+                             "workers done 0/2"), reason
+    ti = _TaskInstance()
+    sensor = WorkerCompletionSensor(task_id="wait", group=ref.to_dict(), deferrable=True)
+    with pytest.raises(AirflowSensorTimeout, match="did not finish within the sensor's timeout"):
+        sensor.execute_complete({"ti": ti}, events[0].payload)
+    assert ti.pushed["failure_reason"] == reason, "the Training view shows why the wait failed"
+
+
+def test_a_deferred_wait_is_bounded_by_the_tighter_of_timeout_and_execution_timeout(launch_group):
+    from datetime import timedelta
+
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_tf.sensors import WorkerCompletionSensor
+
+    ref = launch_group("defer-bound", TRAIN_FOREVER)
+    for timeout, execution_timeout, label in [(3600, timedelta(seconds=90), "its execution_timeout (90 s)"),
+                                              (45, timedelta(hours=1), "the sensor's timeout (45 s)")]:
+        sensor = WorkerCompletionSensor(task_id="wait", group=ref.to_dict(), deferrable=True, timeout=timeout,
+                                        execution_timeout=execution_timeout)
+        with pytest.raises(TaskDeferred) as deferred:
+            sensor.execute({})
+        trigger = deferred.value.trigger
+        bound = min(timeout, execution_timeout.total_seconds())
+        assert trigger.deadline_label == label
+        assert abs(trigger.deadline - (time.time() + bound)) < 5
+        # Airflow's own deferral timeout comes later: it is the net when no triggerer runs.
+        assert deferred.value.timeout > timedelta(seconds=bound)
+
+
+def test_poke_mode_timeouts_say_what_the_group_still_waits_for(launch_group):
+    from datetime import timedelta
+
+    from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowTaskTimeout
+    from airflow.sdk.execution_time.timeout import timeout as execution_timeout
+
+    from airflow_tf.sensors import WorkerCompletionSensor
+
+    ref = launch_group("poke-late", TRAIN_FOREVER)
+    ti = _TaskInstance()
+    sensor = WorkerCompletionSensor(task_id="wait", group=ref.to_dict(), timeout=1, poke_interval=0.2)
+    with pytest.raises(AirflowSensorTimeout, match=r"^training group poke-late did not finish within the sensor's "
+                                                   r"timeout \(1 s\): workers done 0/2"):
+        sensor.execute({"ti": ti})
+    assert ti.pushed["failure_reason"].startswith("training group poke-late did not finish")
+    # execution_timeout, as Airflow's task runner applies it (SIGALRM around execute).
+    sensor = WorkerCompletionSensor(task_id="wait2", group=ref.to_dict(), poke_interval=0.2,
+                                    execution_timeout=timedelta(seconds=2))
+    with pytest.raises(AirflowTaskTimeout, match=r"within its execution_timeout \(2 s\): workers done 0/2"):
+        with execution_timeout(2):
+            sensor.execute({})

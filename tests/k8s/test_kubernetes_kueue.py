@@ -5,7 +5,8 @@ the kubelet (pods run only when it says so), which is enough for admission: a Jo
 suspended and has no Job running, so no pod at all.
 
 Shown here: two groups under a ClusterQueue quota for one run one after the other, never half each,
-and the waiting group's status says it waits for the queue and Kueue's reason; the two-Job form
+and the waiting group's status says it waits for the queue and Kueue's reason, and so does the
+sensor's failure when its timeout ends the wait (polled and deferred); the two-Job form
 with a queue is refused naming JobSet before anything is created; a group of a higher Kueue
 WorkloadPriorityClass preempts a running lower one whole; a JobSet group's life cycle (launch,
 re-attach, find, status, watch, logs, success, teardown) and its evaluation Job, through the
@@ -13,15 +14,19 @@ backend's service account, bound only to ``role.yaml``."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 import threading
 import time
 
 import pytest
+from airflow.sdk.exceptions import AirflowSensorTimeout
 
 from airflow_tf.backends import BackendError, get_backend
 from airflow_tf.backends.kubernetes.labels import GROUP_LABEL
 from airflow_tf.cluster import GroupSpec, Phase, TrainingConfig, group_outcome
 from airflow_tf.sensors import WorkerCompletionSensor
+from airflow_tf.triggers import WorkerCompletionTrigger
 
 from .plane import wait_for
 from .test_kubernetes import SETTLE_SECONDS, _granted, collect
@@ -102,6 +107,10 @@ def quota(kube, kueue):
                 raise
 
 
+async def _all(events):
+    return [event async for event in events]
+
+
 def jobset(kube, name: str) -> dict | None:
     from kubernetes import client
 
@@ -139,6 +148,15 @@ def test_two_groups_under_a_quota_for_one_run_one_after_the_other_never_half_eac
     capsys.readouterr()
     assert WorkerCompletionSensor(task_id="wait", group=second.to_dict()).poke({}) is False
     assert f"group tf-b: workers done 0/2; no training progress yet; waiting: {reason[:60]}" in capsys.readouterr().out
+    # A wait that never ends fails at its bound with Kueue's reason, polled and deferred alike.
+    bound = f"did not finish within the sensor's timeout (1 s): workers done 0/2; no training progress yet; waiting: "
+    with pytest.raises(AirflowSensorTimeout, match=re.escape(bound + reason[:60])):
+        WorkerCompletionSensor(task_id="wait", group=second.to_dict(), timeout=1, poke_interval=0.5).execute({})
+    trigger = WorkerCompletionTrigger(group=second.to_dict(), deadline=time.time() + 1,
+                                      deadline_label="the sensor's timeout (1 s)")
+    events = asyncio.run(asyncio.wait_for(_all(trigger.run()), 60))
+    assert [e.payload["status"] for e in events] == ["timeout"]
+    assert bound + reason[:60] in events[0].payload["reason"]
 
     # The first runs on: its ps ready, its workers start (startupPolicy InOrder) while the second
     # still has no pod at all, not even its ps.
