@@ -319,7 +319,7 @@ def test_a_queue_with_the_jobs_form_is_refused_at_launch_before_any_api_call():
     assert "hook" not in vars(backend), "refused before connecting to anything"
 
 
-def test_a_queue_with_the_jobs_form_is_refused_at_dag_parse_time():
+def test_a_queue_or_a_kueue_priority_with_the_jobs_form_is_refused_at_dag_parse_time():
     from airflow_tf.operators import LaunchTFClusterOperator
 
     def launch(**kw):
@@ -329,6 +329,14 @@ def test_a_queue_with_the_jobs_form_is_refused_at_dag_parse_time():
         launch(backend_options={"pod_defaults": {"queue_name": "team-a"}})
     with pytest.raises(SpecError, match=QUEUE_REFUSED):
         launch(backend_options={"workload": "jobs"}, role_options={"worker": {"kubernetes": {"queue_name": "team-a"}}})
+    # A Kueue priority: only for a queued JobSet, wherever it is set.
+    with pytest.raises(SpecError, match=r"^workload_priority_class: 'urgent' needs workload='jobset' and a queue_name"):
+        launch(backend_options={"pod_defaults": {"workload_priority_class": "urgent"}})
+    with pytest.raises(SpecError, match=r"^workload_priority_class: 'urgent' needs queue_name: Kueue orders"):
+        launch(backend_options={"workload": "jobset"},
+               role_options={"ps": {"kubernetes": {"workload_priority_class": "urgent"}}})
+    launch(backend_options={"workload": "jobset", "pod_defaults": {"queue_name": "team-a"}},
+           role_options={"ps": {"kubernetes": {"workload_priority_class": "urgent"}}})
     with pytest.raises(SpecError, match=r"backend_options.workload: 'jobsets' is not a workload form; the forms are: "
                                         r"'jobs' \(one Indexed Job per role \(default\)\); 'jobset' \("):
         launch(backend_options={"workload": "jobsets"})

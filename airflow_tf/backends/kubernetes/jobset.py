@@ -54,6 +54,7 @@ from .manifests import (
     role_job,
     service_name,
 )
+from .workloads import refuse_priority_without_queue
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +112,7 @@ def _queue(roles: dict[str, Role], key: str = "queue_name", what: str = "queue")
 def _priority(roles: dict[str, Role], queue: str | None) -> str | None:
     """The group's Kueue WorkloadPriorityClass, which only a queued group can have."""
     priority = _queue(roles, "workload_priority_class", "WorkloadPriorityClass")
-    if priority is not None and queue is None:
-        raise SpecError(f"workload_priority_class: {priority!r} needs queue_name: Kueue orders and preempts only the "
-                        "groups of its queues; set queue_name too, or give the pods a priority_class instead")
+    refuse_priority_without_queue(priority, queue)
     return priority
 
 

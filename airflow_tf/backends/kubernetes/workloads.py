@@ -56,11 +56,19 @@ def _known(value: Any) -> bool:
     return value is None or (isinstance(value, str) and "{{" not in value and "{%" not in value)
 
 
+def refuse_priority_without_queue(priority: str | None, queue: str | None) -> None:
+    """A Kueue WorkloadPriorityClass only orders the groups of a queue: without one it would do nothing."""
+    if priority is not None and queue is None:
+        raise SpecError(f"workload_priority_class: {priority!r} needs queue_name: Kueue orders and preempts only the "
+                        "groups of its queues; set queue_name too, or give the pods a priority_class instead")
+
+
 def check_launch_options(backend_options: Any, role_options: Any = None) -> None:
     """What a launch on the Kubernetes backend would refuse, checked as soon as the operator's
-    arguments are known (DAG parse time): an unknown ``workload``, and a ``queue_name`` (in
-    ``pod_defaults`` or a role's ``kubernetes`` settings) with the ``jobs`` form. Values only known
-    when the task runs (templates) are left to the launch, which checks them again."""
+    arguments are known (DAG parse time): an unknown ``workload``, a ``queue_name`` or a
+    ``workload_priority_class`` (in ``pod_defaults`` or a role's ``kubernetes`` settings) with the
+    ``jobs`` form, and a ``workload_priority_class`` without a queue. Values only known when the
+    task runs (templates) are left to the launch, which checks them again."""
     if not isinstance(backend_options, dict):
         return
     workload = backend_options.get("workload", DEFAULT_WORKLOAD)
@@ -68,13 +76,15 @@ def check_launch_options(backend_options: Any, role_options: Any = None) -> None
         return
     check_workload(workload, "backend_options.workload")
     pod_defaults = backend_options.get("pod_defaults")
-    default = pod_defaults.get("queue_name") if isinstance(pod_defaults, dict) else None
-    queues = [default]
-    for settings in (role_options.values() if isinstance(role_options, dict) else ()):
-        kubernetes = settings.get("kubernetes") if isinstance(settings, dict) else None
-        if isinstance(kubernetes, dict):
-            queues.append(kubernetes.get("queue_name", default))
-    refuse_queue_without_jobset(workload, (q for q in queues if _known(q)))
+    defaults = pod_defaults if isinstance(pod_defaults, dict) else {}
+    settings = [defaults] + [
+        {**defaults, **role["kubernetes"]} for role in (role_options.values() if isinstance(role_options, dict) else ())
+        if isinstance(role, dict) and isinstance(role.get("kubernetes"), dict)]
+    pairs = [(one.get("queue_name"), one.get("workload_priority_class")) for one in settings]
+    pairs = [(queue, priority) for queue, priority in pairs if _known(queue) and _known(priority)]
+    refuse_queue_without_jobset(workload, (queue for queue, _ in pairs), (priority for _, priority in pairs))
+    for queue, priority in pairs:
+        refuse_priority_without_queue(priority, queue)
 
 
 def render_workload(workload: str, spec: GroupSpec, namespace: str, **options: Any) -> list[dict]:
