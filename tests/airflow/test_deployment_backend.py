@@ -43,3 +43,17 @@ def test_a_bad_setting_fails_naming_it(monkeypatch, variable, value, words):
     monkeypatch.setenv(variable, value)
     with pytest.raises(ValueError, match=words.replace("$", r"\$").replace("(", r"\(")):
         resolved_backend(None, None)
+
+
+def test_a_misspelt_option_fails_naming_the_key_and_the_backends_options(monkeypatch):
+    from airflow_tf.backends import BackendError, get_backend
+
+    monkeypatch.setenv("AIRFLOW_TF_BACKEND", "kubernetes")
+    monkeypatch.setenv("AIRFLOW_TF_BACKEND_OPTIONS", '{"namespace": "ml", "worklaod": "jobset"}')
+    name, options = resolved_backend(None, None)
+    with pytest.raises(BackendError, match=r"^the kubernetes backend has no option 'worklaod' \(backend_options, "
+                                           r"\[airflow_tf\] backend_options\); its options are: kubernetes_conn_id, "
+                                           r"namespace, .*workload"):
+        get_backend(name, **options)
+    with pytest.raises(BackendError, match=r"the local backend has no option 'namespace'.*its options are: state_dir$"):
+        get_backend("local", namespace="ml")
