@@ -35,7 +35,7 @@ from airflow_tf.cluster import (
     tf_config_json,
 )
 from airflow_tf.cluster.progress import describe, parse_progress
-from airflow_tf.cluster.status import GROUP_RESTARTED
+from airflow_tf.cluster.status import GROUP_RESTARTED, ReasonCode
 from airflow_tf.cluster.spec import HEALTH_ANSWERED, HEALTH_STARTUP_SECS
 from airflow_tf.files import read_json
 
@@ -71,6 +71,7 @@ class TaskProcess:
     restarts another task's (a parameter server's) failure caused."""
     exit_code: int | None = None
     reason: str | None = None
+    code: str | None = None
     proc: subprocess.Popen | None = None
     start_time: int | None = None
     deleted: bool = False
@@ -94,7 +95,8 @@ class TaskProcess:
     """Its CPU time at the last question it left unanswered before its first answer."""
 
     def status(self) -> TaskStatus:
-        return TaskStatus(self.role, self.index, self.name, self.phase, self.restarts, self.exit_code, self.reason)
+        return TaskStatus(self.role, self.index, self.name, self.phase, self.restarts, self.exit_code, self.reason,
+                          self.code)
 
     @property
     def terminal(self) -> bool:
@@ -245,7 +247,7 @@ class Supervisor:
             return
         self.restarts += 1
         task.failures += 1
-        task.phase, task.reason = Phase.RESTARTING, why
+        task.phase, task.reason, task.code = Phase.RESTARTING, why, None
         if task.role == "ps":
             # The variables lived on that ps: restart every unfinished task from the checkpoint.
             others = [t for t in self.tasks if t is not task and not t.deleted and t.phase is not Phase.SUCCEEDED]
@@ -254,6 +256,7 @@ class Supervisor:
             for t in group:
                 t.restarts += 1
                 t.reason = f"{GROUP_RESTARTED}{task.name} {why}" if t is not task else why
+                t.code = ReasonCode.GROUP_RESTARTED if t is not task else None
             self.start(group, new_ports=True)
         else:
             task.restarts += 1

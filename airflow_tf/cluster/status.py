@@ -14,6 +14,22 @@ GROUP_RESTARTED = "group restarted: "
 """How the reason of a task restarted with its group (after its ps was lost) begins."""
 
 
+class ReasonCode(StrEnum):
+    """What kind of reason a task's ``reason`` is, for code to branch on (the reason itself is
+    words for people, and may change)."""
+
+    OOM_KILLED = "OOMKilled"
+    """Killed for running out of memory: the same limit would only fail again."""
+    EVICTED = "Evicted"
+    """Its node or the cluster took the pod back (pressure, drain): not the task's fault."""
+    PREEMPTED = "Preempted"
+    """Disrupted to make room for other work: not the task's fault."""
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    GROUP_RESTARTED = "GroupRestarted"
+    """Restarted because its group was (after a ps was lost): another task says why."""
+
+
+
 class Phase(StrEnum):
     PENDING = "Pending"
     RUNNING = "Running"
@@ -32,7 +48,9 @@ class TaskStatus:
     restarts: int = 0
     exit_code: int | None = None
     reason: str | None = None
-    """Why it failed or is not running: 'exit code 1', 'OOMKilled', 'ImagePullBackOff: ...'."""
+    """Why it failed or is not running: 'exit code 1', 'OOMKilled: ...', 'ImagePullBackOff: ...'."""
+    code: str | None = None
+    """The reason's kind when code acts on it (a :class:`ReasonCode`), else None."""
 
     def __post_init__(self) -> None:
         self.phase = Phase(self.phase)
@@ -61,7 +79,7 @@ class GroupStatus:
         """``<task> restarted N time(s), last: <why>`` for each task restarted for a cause of its
         own (a task restarted only because its group was, after a ps, is left out: the ps says why)."""
         return [f"{t.name} restarted {t.restarts} time(s), last: {t.reason}" for t in self.tasks
-                if t.restarts and t.reason and not t.reason.startswith(GROUP_RESTARTED)]
+                if t.restarts and t.reason and t.code != ReasonCode.GROUP_RESTARTED]
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Per role, how many tasks are in each phase: ``{"worker": {"Succeeded": 1, ...}}``."""

@@ -115,7 +115,7 @@ class _TaskInstance:
 
 
 def test_the_triggers_deadline_ends_the_wait_with_what_the_group_still_waits_for(launch_group):
-    from airflow.sdk.exceptions import AirflowSensorTimeout
+    from airflow.providers.common.compat.sdk import AirflowSensorTimeout
 
     from airflow_tf.sensors import WorkerCompletionSensor
 
@@ -139,7 +139,7 @@ def test_the_triggers_deadline_ends_the_wait_with_what_the_group_still_waits_for
 def test_a_deferred_wait_is_bounded_by_the_tighter_of_timeout_and_execution_timeout(launch_group):
     from datetime import timedelta
 
-    from airflow.sdk.exceptions import TaskDeferred
+    from airflow.providers.common.compat.sdk import TaskDeferred
 
     from airflow_tf.sensors import WorkerCompletionSensor
 
@@ -161,7 +161,7 @@ def test_a_deferred_wait_is_bounded_by_the_tighter_of_timeout_and_execution_time
 def test_poke_mode_timeouts_say_what_the_group_still_waits_for(launch_group):
     from datetime import timedelta
 
-    from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowTaskTimeout
+    from airflow.providers.common.compat.sdk import AirflowSensorTimeout, AirflowTaskTimeout
     from airflow.sdk.execution_time.timeout import timeout as execution_timeout
 
     from airflow_tf.sensors import WorkerCompletionSensor

@@ -113,6 +113,8 @@ def test_a_frozen_ps_is_replaced_and_the_group_trains_on_from_its_checkpoint(loc
                   "frozen-ps-ps-0")
     worker = status.task("worker", 1)
     assert worker.restarts == 1 and worker.reason.startswith("group restarted: frozen-ps-ps-0 stuck:"), worker.reason
+    # The view lists the ps as replaced, not every task its restart took along.
+    assert worker.code == "GroupRestarted" and not any(r.startswith("frozen-ps-worker") for r in status.replacements())
 
 
 def test_a_frozen_chief_is_replaced_and_training_moves_again(local_state_dir, linear_dataset, tmp_path, wait_until):

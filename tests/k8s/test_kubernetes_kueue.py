@@ -20,7 +20,7 @@ import threading
 import time
 
 import pytest
-from airflow.sdk.exceptions import AirflowSensorTimeout
+from airflow.providers.common.compat.sdk import AirflowSensorTimeout
 
 from airflow_tf.backends import BackendError, get_backend
 from airflow_tf.backends.kubernetes.labels import GROUP_LABEL

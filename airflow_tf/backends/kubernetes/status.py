@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_tf.cluster import GroupStatus, Phase, TaskStatus, describe_exit, describe_failure, task_name
+from airflow_tf.cluster import GroupStatus, Phase, ReasonCode, TaskStatus, describe_exit, describe_failure, task_name
 
 from .labels import INDEX_LABEL, KUEUE_QUEUE_LABEL, REPLICAS, ROLE_LABEL, ROOT_ANNOTATION, SCHEDULE_TIMEOUT
 from .pod_options import DEFAULT_SCHEDULE_TIMEOUT
@@ -342,9 +342,9 @@ def _fail_after_oom(task: TaskStatus, earlier: list[dict], now: dt.datetime) -> 
     if task.phase is Phase.SUCCEEDED:
         return
     oom = next((t for p in earlier if (t := _task_status(p, now, {}, task.name, task.restarts)).reason
-                and t.reason.startswith("OOMKilled")), None)
+                and t.code == ReasonCode.OOM_KILLED), None)
     if oom is not None:
-        task.phase, task.exit_code, task.reason = Phase.FAILED, oom.exit_code, oom.reason
+        task.phase, task.exit_code, task.reason, task.code = Phase.FAILED, oom.exit_code, oom.reason, oom.code
 
 
 def _judge_exit(task: TaskStatus, job: _RoleJob, pod: dict) -> None:
@@ -362,7 +362,7 @@ def _judge_exit(task: TaskStatus, job: _RoleJob, pod: dict) -> None:
 
 
 def _disrupted(task: TaskStatus) -> bool:
-    return bool(task.reason and task.reason.startswith(("Evicted", "Preempted")))
+    return task.code in (ReasonCode.EVICTED, ReasonCode.PREEMPTED)
 
 
 def _job_failure(job: dict, condition: dict | None) -> str:
@@ -427,17 +427,21 @@ def _failed(task: TaskStatus, pod: dict) -> None:
                     for c in status.get("conditions") or [])
     if status.get("reason") == "Evicted" or (disrupted and kind != "terminated"):
         task.reason = f"Evicted: pod {pod_name}: {status.get('message') or 'the node ran short of resources'}"
+        task.code = ReasonCode.EVICTED
     elif status.get("reason") == "DeadlineExceeded":
         task.reason = f"DeadlineExceeded: pod {pod_name} ran past activeDeadlineSeconds"
+        task.code = ReasonCode.DEADLINE_EXCEEDED
     elif kind == "terminated":
         task.exit_code = int(state.get("exitCode", 1))
         if disrupted:
             task.reason = f"Preempted: pod {pod_name} was disrupted ({describe_exit(task.exit_code)})"
+            task.code = ReasonCode.PREEMPTED
         elif state.get("reason") == "OOMKilled":
             limit = _limit(pod, "memory")
             task.reason = (f"OOMKilled: pod {pod_name} ran out of memory "
                            f"({f'limit {limit}' if limit else 'no memory limit set'}); "
                            f"raise roles.{task.role}.resources.limits.memory")
+            task.code = ReasonCode.OOM_KILLED
     else:
         task.reason = (f"pod {pod_name}: {status.get('reason') or 'Failed'}: "
                        f"{status.get('message') or 'the pod failed before its container ran'}")
