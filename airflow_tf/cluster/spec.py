@@ -37,7 +37,8 @@ start on a loaded node); until then it is starting, not stuck (Kubernetes' start
 HEALTH_COMMAND = ("python", "-m", "airflow_tf.runtime.health")
 HEALTH_ANSWERED = "answered"
 """How the health question's line for a task starts when the task answered."""
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_POSIX_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""A name a local process's environment can pass on through any shell."""
 
 
 class SpecError(ValueError):
@@ -265,7 +266,7 @@ class GroupSpec:
     def _environment_errors(self) -> Iterator[str]:
         """What the tasks' processes get from the launcher and where they listen."""
         if not isinstance(self.pass_env, (list, tuple)) or not all(
-                isinstance(n, str) and _ENV_NAME.fullmatch(n) for n in self.pass_env):
+                isinstance(n, str) and _POSIX_ENV_NAME.fullmatch(n) for n in self.pass_env):
             yield f"pass_env: must be a list of environment variable names, got {self.pass_env!r}"
         if not isinstance(self.isolate_network, bool):
             yield f"isolate_network: must be true or false, got {self.isolate_network!r}"

@@ -98,7 +98,7 @@ def task_address(group: str, role: str, index: int, namespace: str, port: int, *
     return f"{host}:{port}"
 
 
-def extra_labels(spec: GroupSpec) -> tuple[dict[str, str], dict[str, str]]:
+def airflow_metadata(spec: GroupSpec) -> tuple[dict[str, str], dict[str, str]]:
     """Airflow ids (dag_id, task_id, run_id, try_number ...) as labels (sanitized, for
     selectors) and as annotations (verbatim, for people reading ``kubectl describe``)."""
     labels: dict[str, str] = {}
@@ -422,7 +422,7 @@ def plan_group(spec: GroupSpec, namespace: str, address: Callable[[str, int], st
     check_group(spec, namespace, cluster_domain, {"ttl_seconds_after_finished": ttl_seconds_after_finished,
                                                    "ps_max_lifetime_seconds": ps_max_lifetime_seconds})
     roles = roles_of(spec, pod_defaults)
-    airflow_labels, airflow_annotations = extra_labels(spec)
+    airflow_labels, airflow_annotations = airflow_metadata(spec)
     group = Group(
         spec=spec, namespace=namespace, root=root_role(spec), cluster=cluster_def(spec, address),
         labels={**airflow_labels, GROUP_LABEL: spec.name}, annotations=airflow_annotations,

@@ -27,7 +27,7 @@ from .backend import KubernetesBackend
 from .one_off import TERMINATION_MESSAGE_PATH, one_off_job
 from .labels import COMPONENT_LABEL, PREFIX
 from .manifests import DEFAULT_TTL_SECONDS_AFTER_FINISHED, one_off_pod_template
-from .pod_options import _ENV_NAME, check_image, check_namespace, check_resources, pod_options
+from .pod_options import KUBERNETES_ENV_NAME, check_image, check_namespace, check_resources, pod_options
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def _env_errors(env: Any) -> list[str]:
         return [f"{WHERE}.env: must map variable names to strings"]
     errors = []
     for var, value in env.items():
-        if not isinstance(var, str) or not _ENV_NAME.match(var) or var in _RESERVED_ENV:
+        if not isinstance(var, str) or not KUBERNETES_ENV_NAME.match(var) or var in _RESERVED_ENV:
             errors.append(f"{WHERE}.env.{var}: not a usable environment variable name"
                           + (" (set by airflow-tf)" if var in _RESERVED_ENV else ""))
         elif not isinstance(value, (str, int, float)) or isinstance(value, bool):

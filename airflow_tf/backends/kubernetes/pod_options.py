@@ -31,7 +31,8 @@ GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915")
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 _AFFINITY_KEYS = {"nodeAffinity", "podAffinity", "podAntiAffinity"}
 _PULL_POLICIES = ("Always", "IfNotPresent", "Never")
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+KUBERNETES_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+"""What Kubernetes accepts as a container's environment variable name (wider than a shell's)."""
 LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -202,7 +203,7 @@ def _check_secret_env(value: Any, where: str, errors: list[str]) -> Any:
         errors.append(f"{where}: must map VAR to {{secret: NAME, key: KEY}}")
         return value
     for var, ref in value.items():
-        if not _ENV_NAME.match(str(var)):
+        if not KUBERNETES_ENV_NAME.match(str(var)):
             errors.append(f"{where}.{var}: not a valid environment variable name")
         if not isinstance(ref, dict) or set(ref) != {"secret", "key"} \
                 or not all(isinstance(v, str) and v for v in ref.values()):
