@@ -4,8 +4,10 @@ A benchmark against an earlier implementation keeps no copy of it: ``checkout(co
 temporary detached ``git worktree`` of that commit (removed afterwards), and ``environment(tree)``
 puts that tree first on ``PYTHONPATH``, so a fresh interpreter of the same environment imports
 ``airflow_tf`` from the commit instead of the working copy (the editable install's finder comes
-after ``PYTHONPATH`` entries). ``imported_from(tree)`` is the check a child prints and the parent
-verifies, so a baseline never silently measures the current code.
+after ``PYTHONPATH`` entries; a child started with ``-c`` or ``-m`` puts its working directory
+before them, so run it in the tree). ``imported_from()`` is what a child prints and
+``check_imported_from`` what the parent verifies, so a baseline never silently measures the
+current code.
 
 From the command line, run a module of the commit (its own ``python -m`` arguments follow):
 ``.venv/bin/python bench/history.py COMMIT MODULE [ARGS...]``
