@@ -4,8 +4,9 @@ whole-input-in-memory path it replaced, and (``--textbook``) against the textboo
 For each ``--rows`` size it generates a numeric CSV (20 float columns + an integer label) and
 converts it, every contender in a fresh process so that its peak resident memory (RSS) is its own:
 
-* in-memory: the previous ``prepare_dataset`` (bench/inmemory: reads every file whole, then
-  splits, shuffles, encodes and writes), the baseline;
+* in-memory: the previous ``prepare_dataset`` (reads every file whole, then splits, shuffles,
+  encodes and writes), the baseline: commit ``BASELINE``, run from a temporary worktree of it
+  (bench/history.py) in the same run;
 * streaming: ``prepare_dataset`` as it is now (reads, splits, encodes and writes a block at a
   time, memory bounded by ``buffer_mib``);
 * textbook (``--textbook``, small sizes only: ~20k rows/s): ``pandas.read_csv``, then one
@@ -27,12 +28,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import history
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = Path(__file__).resolve().parent
+# The last commit whose prepare read the whole input into memory (the next, 12b701d, streams).
+BASELINE = "8ad79968818170151b85c5ac89c687b077f0c247"
 
 
 def generate_csv(path: Path, rows: int, columns: int, seed: int = 0) -> list[str]:
@@ -91,13 +94,9 @@ def child(args: argparse.Namespace) -> int:
         rows = textbook(csv_path, out / "textbook.tfrecord", names)
         files = [str(out / "textbook.tfrecord")]
     else:
-        sys.path.insert(0, str(HERE))
-        if args.child == "in-memory":
-            from inmemory.prepare import prepare_dataset
-            options = {}
-        else:
-            from airflow_tf.data.prepare import prepare_dataset
-            options = {"buffer_mib": args.buffer_mib}
+        # The in-memory child finds BASELINE's airflow_tf first on PYTHONPATH (run_child's env).
+        from airflow_tf.data.prepare import prepare_dataset
+        options = {} if args.child == "in-memory" else {"buffer_mib": args.buffer_mib}
         start = time.perf_counter()
         summary = prepare_dataset(csv_path, out, args.child, label="label", version=1, overwrite=True,
                                   workers=args.workers, **options)
@@ -105,21 +104,26 @@ def child(args: argparse.Namespace) -> int:
         uri = Path(summary["dataset_uri"])
         files = sorted(str(p) for p in uri.glob("*/part-*"))
     seconds = time.perf_counter() - start
-    print(json.dumps({"rows": rows, "seconds": seconds, "files": files}))
+    where = history.imported_from() if args.child != "textbook" else None
+    print(json.dumps({"rows": rows, "seconds": seconds, "files": files, "airflow_tf": where}))
     return 0
 
 
-def run_child(kind: str, csv_path: Path, out: Path, args: argparse.Namespace) -> dict:
-    """Run one contender in a fresh process: its result, CPU seconds and peak RSS (MiB)."""
+def run_child(kind: str, csv_path: Path, out: Path, args: argparse.Namespace, tree: Path) -> dict:
+    """Run one contender in a fresh process: its result, CPU seconds and peak RSS (MiB). The
+    in-memory one imports airflow_tf from ``tree`` (BASELINE's worktree), the others from this one."""
     command = [sys.executable, __file__, "--child", kind, "--csv", str(csv_path), "--out", str(out),
                "--buffer-mib", str(args.buffer_mib)] + (["--workers", str(args.workers)] if args.workers else [])
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    source = tree if kind == "in-memory" else history.REPO
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=history.environment(source))
     output = process.stdout.read()
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode:
         raise SystemExit(f"{kind} failed with exit code {process.returncode}")
     result = json.loads(output.strip().splitlines()[-1])
+    if result["airflow_tf"] is not None:
+        history.check_imported_from(source, result["airflow_tf"])
     result["cpu"] = usage.ru_utime + usage.ru_stime
     result["rss_mib"] = usage.ru_maxrss / 1024  # Linux: KiB
     return result
@@ -143,10 +147,11 @@ def main() -> int:
 
     sizes = [int(s.replace("_", "")) for s in args.rows.split(",") if s.strip()]
     ok = True
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, history.checkout(BASELINE) as tree:
         work = Path(args.workdir or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        print(f"{os.cpu_count()} cores, streaming buffer_mib={args.buffer_mib:g}, workers={args.workers or 'one per core'}")
+        print(f"{os.cpu_count()} cores, streaming buffer_mib={args.buffer_mib:g}, workers={args.workers or 'one per core'}; "
+              f"in-memory: commit {BASELINE[:7]} (a temporary worktree, {tree})")
         print(f"{'rows':>10s} {'contender':10s} {'wall s':>8s} {'rows/s':>11s} {'CPU s':>7s} {'peak RSS MiB':>13s}")
         for n, rows in enumerate(sizes):
             csv_path = work / f"bench-{rows}.csv"
@@ -155,7 +160,7 @@ def main() -> int:
             kinds = ["in-memory", "streaming"] + (["textbook"] if args.textbook and rows <= 1_000_000 else [])
             results = {}
             for kind in kinds:
-                results[kind] = run_child(kind, csv_path, work / "out", args)
+                results[kind] = run_child(kind, csv_path, work / "out", args, tree)
                 r = results[kind]
                 print(f"{rows:>10,d} {kind:10s} {r['seconds']:8.2f} {rows / r['seconds']:11,.0f} {r['cpu']:7.2f} "
                       f"{r['rss_mib']:13,.0f}", flush=True)

@@ -15,7 +15,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 # Files outside docs/ that send readers into the guide; mkdocs does not check their links.
-POINTING_IN = ["README.md", "CHANGELOG.md", "tests/README.md", "bench/README.md", "pyproject.toml",
+POINTING_IN = ["README.md", "CHANGELOG.md", "tests/README.md", "bench/README.md", "bench/results/*.md", "pyproject.toml",
                "docker-compose.yml", ".ci/run", "images/*/Dockerfile", "airflow_tf/**/*.py", "tests/**/*.py",
                "bench/*.py", "scripts/*", "dags/*.py"]
 GUIDE_REFERENCE = re.compile(r"\bdocs/((?:[\w-]+/)*[\w-]+\.md)(#[\w-]+)?")
