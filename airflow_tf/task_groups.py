@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk import TaskGroup, task
 
+from airflow_tf.cluster.training import parse_bool
 from airflow_tf.cluster.results import EvaluationResult, LaunchResult, best_evaluation
 from airflow_tf.operators import (
     EvaluateModelOperator, ExportSavedModelOperator, LaunchTFClusterOperator, TeardownTFClusterOperator,
@@ -108,7 +109,7 @@ def tf_training(
     """
     backend_options = None if backend_options is None else dict(backend_options)
     approve_class: type[ApproveExportOperator] | None = None
-    if approval:
+    if parse_bool(approval, "approval"):
         if model_name is None:
             raise ValueError("approval=True needs model_name= (approval is of the export, and there is no export)")
         from airflow_tf.operators.approval import ApproveExportOperator as approve_class

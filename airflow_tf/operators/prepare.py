@@ -11,7 +11,7 @@ from airflow.sdk import BaseOperator
 from airflow_tf.cluster.training import parse_bool
 from airflow_tf.storage import datasets_dir
 
-from .common import dataset_asset, is_template, no_retry_for
+from .common import dataset_asset, flag, is_template, no_retry_for
 
 
 def _optional(value: Any, kind: type) -> Any:
@@ -138,12 +138,12 @@ class PrepareTFRecordsOperator(BaseOperator):
         self.compression = compression
         self.schema = schema
         self.string_columns = string_columns
-        self.allow_nan = allow_nan
-        self.overwrite = overwrite
+        self.allow_nan = flag(allow_nan, "allow_nan")
+        self.overwrite = flag(overwrite, "overwrite")
         self.workers = workers
         self.progress_every = progress_every
         self.buffer_mib = buffer_mib
-        self.cache = cache
+        self.cache = flag(cache, "cache")
         self.partition_key = partition_key
         self.vocabularies = vocabularies
         self.aws_conn_id, self.gcp_conn_id = aws_conn_id, gcp_conn_id
@@ -223,7 +223,7 @@ class DatasetWindowOperator(BaseOperator):
                  overwrite: Any = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.dataset_name, self.last, self.output_dir = name, last, output
-        self.version, self.overwrite = version, overwrite
+        self.version, self.overwrite = version, flag(overwrite, "overwrite")
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_tf.data.window import make_window

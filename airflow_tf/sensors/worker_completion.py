@@ -11,6 +11,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.providers.common.compat.sdk import AirflowException
 
 from airflow_tf.backends import GroupRef, backend_for
+from airflow_tf.cluster.training import parse_bool
 from airflow_tf.backends.wait import completion_event, group_failure_message, waiting_message
 from airflow_tf.triggers.worker_completion import WorkerCompletionTrigger
 
@@ -53,7 +54,7 @@ class WorkerCompletionSensor(BaseSensorOperator):
         super().__init__(poke_interval=poke_interval, **kwargs)
         self.group = group
         self.success_policy = success_policy
-        self.deferrable = deferrable
+        self.deferrable = parse_bool(deferrable, "deferrable")
         self.log_tail_lines = log_tail_lines
         self._recorded_replacements: list[str] | None = None
 
