@@ -3,19 +3,16 @@ task runs, and which errors are worth a retry."""
 
 from __future__ import annotations
 
-import os
-import sys
-import warnings
 from contextlib import contextmanager
 from typing import Any
 from collections.abc import Iterator
 
-import airflow
-import airflow.sdk
 from airflow.sdk import Asset
 from airflow.providers.common.compat.sdk import AirflowFailException
 
 from airflow_tf.cluster.training import parse_bool
+# The warning's documented home is here (CHANGELOG.md); it lives in a leaf every room may import.
+from airflow_tf.deprecation import AirflowTFDeprecationWarning, deprecated  # noqa: F401
 from airflow_tf.storage import configured_backend, configured_backend_options, state_dir
 
 
@@ -29,23 +26,6 @@ def model_asset(model_name: str) -> Asset:
     """The asset an export task updates with each model version it publishes (extra: version,
     path, metrics). Schedule a deployment DAG on it."""
     return Asset(name=f"airflow_tf.model.{model_name}", group="tensorflow")
-
-
-class AirflowTFDeprecationWarning(DeprecationWarning):
-    """A parameter or name of airflow-tf that still works but goes away in the next minor release."""
-
-
-def deprecated(what: str, replacement: str) -> None:
-    """Warns that ``what`` is deprecated, naming its replacement (CHANGELOG.md says when it goes
-    away). The warning points at the user's line: the first caller outside airflow-tf and Airflow
-    (an operator's ``__init__`` runs under Airflow's own wrappers)."""
-    ours = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(airflow.sdk.__file__),
-            os.path.dirname(airflow.__file__))
-    frame, stacklevel = sys._getframe(1), 2
-    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(ours):
-        frame, stacklevel = frame.f_back, stacklevel + 1
-    warnings.warn(f"{what} is deprecated and will be removed in airflow-tf 0.3.0: use {replacement}",
-                  AirflowTFDeprecationWarning, stacklevel=stacklevel)
 
 
 def launch_labels(dag_id: str, task_id: str, run_id: str, map_index: int) -> dict[str, str]:
