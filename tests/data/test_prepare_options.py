@@ -124,3 +124,20 @@ def test_the_command_line_takes_the_new_flags_and_says_the_old_ones_are_deprecat
     bad = subprocess.run([*command, "--name", "bad", "--encode-threads", "0"], capture_output=True, text=True)
     assert bad.returncode == 1 and "--encode-threads must be at least 1, got 0" in bad.stderr
     assert not Path(tmp_path / "out" / "bad").exists()
+
+
+def test_a_parts_command_takes_encode_threads_and_still_its_old_flag(tmp_path, capsys):
+    from airflow_tf.cluster.components import part_command
+    from airflow_tf.data.__main__ import main
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for index in range(2):
+        write_linear_regression_csv(folder / f"{index}.csv", rows=300, seed=index)
+    plan = plan_parts(folder, tmp_path / "out", "pods", 2, label="y")
+    command = part_command(plan["directory"], 0, encode_threads=1)
+    assert command[command.index("--encode-threads") + 1] == "1"
+    assert main(command[3:]) == 0 and "deprecated" not in capsys.readouterr().err
+    assert main(["part", "--plan", plan["directory"], "--index", "1", "--workers", "1"]) == 0
+    assert "--workers is deprecated and will be removed in airflow-tf 0.3.0: use --encode-threads" in \
+        capsys.readouterr().err
