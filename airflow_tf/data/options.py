@@ -100,7 +100,7 @@ class PrepareOptions:
         put("encode_threads", _number(self.encode_threads, int, "encode_threads"))
         put("buffer_mib", _number(self.buffer_mib, float, "buffer_mib"))
         put("compression", _compression(self.compression))
-        put("schema", None if _unset(self.schema) else Schema.coerce(self.schema))  # type: ignore[arg-type]
+        put("schema", None if _unset(self.schema) or self.schema == {} else Schema.coerce(self.schema))  # type: ignore[arg-type]
         put("string_columns", tuple(column_names(None if _unset(self.string_columns) else self.string_columns)))
         try:
             put("allow_nan", parse_bool(self.allow_nan, "allow_nan"))
