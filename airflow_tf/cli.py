@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 
 from airflow_tf.cluster.spec import DEFAULT_HEALTH_TIMEOUT, HEALTH_FAILURES
 from airflow_tf.cluster.training import add_training_arguments
+from airflow_tf.data.options import DEFAULTS, RENAMED, PrepareOptions
+from airflow_tf.deprecation import REMOVED_IN
 from airflow_tf.files import read_json
 
 
@@ -76,13 +78,16 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", required=True, help="dataset name")
     p.add_argument("--version", help="dataset version (default: the next integer after the existing ones)")
     p.add_argument("--label", help="the label column")
-    p.add_argument("--eval-fraction", type=float, default=0.2, help="share of rows held out for evaluation (default 0.2)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the train/eval split and the row shuffle (default 0)")
+    p.add_argument("--eval-fraction", type=float, default=DEFAULTS.eval_fraction,
+                   help=f"share of rows held out for evaluation (default {DEFAULTS.eval_fraction:g})")
+    p.add_argument("--seed", type=int, default=DEFAULTS.seed,
+                   help=f"seed of the train/eval split and the row shuffle (default {DEFAULTS.seed})")
     p.add_argument("--split-key", metavar="COL", help="split by a hash of this column: equal keys share a split")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--shards", type=int, help="number of train files (eval gets a proportional number; "
                       "at least 100 rows per file and 10,000 files at most)")
-    size.add_argument("--target-shard-mb", type=float, help="target size of each file in MB (default 128)")
+    size.add_argument("--target-shard-mib", type=float, help="target size of each file in MiB (default 128)")
+    size.add_argument("--target-shard-mb", type=float, help=argparse.SUPPRESS)  # deprecated: it always meant MiB
     p.add_argument("--compression", choices=["gzip", "zlib", "none"], default="none", help="compress the files (default none)")
     p.add_argument("--schema", help="declared schema.json (features with name, dtype, shape; optional label)")
     p.add_argument("--string-columns", action="append", metavar="COL[,COL...]",
@@ -90,9 +95,12 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
                    "or all text); may be repeated")
     p.add_argument("--allow-nan", action="store_true", help="accept NaN and infinity in float columns")
     p.add_argument("--overwrite", action="store_true", help="replace the version if it exists")
-    p.add_argument("--workers", type=int, help="encoding threads (default: the cores this process may use, within its CPU limit)")
-    p.add_argument("--buffer-mib", type=float, default=512.0,
-                   help="memory for rows being read and encoded, in MiB (default 512); the input may be larger")
+    p.add_argument("--encode-threads", type=int,
+                   help="encoding threads (default: the cores this process may use, within its CPU limit)")
+    p.add_argument("--workers", type=int, help=argparse.SUPPRESS)  # deprecated: --encode-threads
+    p.add_argument("--buffer-mib", type=float, default=DEFAULTS.buffer_mib,
+                   help=f"memory for rows being read and encoded, in MiB (default {DEFAULTS.buffer_mib:g}); "
+                   "the input may be larger")
     p.add_argument("--cache", action="store_true",
                    help="reuse the version made from the same input content and options instead of encoding again")
     p.add_argument("--partition-key", metavar="KEY",
@@ -117,21 +125,28 @@ def _vocabularies_arg(text: str) -> Any:
     return value
 
 
+def _renamed_flags(command: str, args: argparse.Namespace) -> None:
+    """A flag given by its deprecated name counts as the new one, and stderr says so."""
+    for old, new in RENAMED.items():
+        if getattr(args, old, None) is not None:
+            print(f"airflow-tf {command}: --{old.replace('_', '-')} is deprecated and will be removed in airflow-tf "
+                  f"{REMOVED_IN}: use --{new.replace('_', '-')}", file=sys.stderr, flush=True)
+            if getattr(args, new) is None:
+                setattr(args, new, getattr(args, old))
+
+
 def _cmd_prepare(args: argparse.Namespace, out: TextIO) -> int:
     from airflow_tf.data import DataError, prepare_dataset
 
     def show(progress: Any) -> None:
         print(progress.describe(), file=sys.stderr, flush=True)
 
+    _renamed_flags("prepare", args)
     try:
+        options = PrepareOptions(**{name: getattr(args, name) for name in PrepareOptions.names()})
         summary = prepare_dataset(
-            args.input, args.output, args.name, version=args.version, label=args.label,
-            eval_fraction=args.eval_fraction, shards=args.shards, target_shard_mb=args.target_shard_mb,
-            compression=args.compression, schema=args.schema, string_columns=args.string_columns,
-            seed=args.seed, split_key=args.split_key,
-            overwrite=args.overwrite, allow_nan=args.allow_nan, workers=args.workers,
-            buffer_mib=args.buffer_mib, cache=args.cache, partition_key=args.partition_key,
-            vocabularies=args.vocabularies, progress=None if args.quiet else show,
+            args.input, args.output, args.name, options=options, version=args.version, overwrite=args.overwrite,
+            cache=args.cache, partition_key=args.partition_key, progress=None if args.quiet else show,
         )
     except DataError as err:
         raise SystemExit(f"airflow-tf prepare: {_naming_flags(str(err), args)}") from err

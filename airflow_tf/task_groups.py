@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk import TaskGroup, task
 
+from airflow_tf.cluster.training import parse_bool
+from airflow_tf.deprecation import renamed
 from airflow_tf.cluster.results import EvaluationResult, LaunchResult, best_evaluation
 from airflow_tf.operators import (
     EvaluateModelOperator, ExportSavedModelOperator, LaunchTFClusterOperator, TeardownTFClusterOperator,
@@ -108,7 +110,7 @@ def tf_training(
     """
     backend_options = None if backend_options is None else dict(backend_options)
     approve_class: type[ApproveExportOperator] | None = None
-    if approval:
+    if parse_bool(approval, "approval"):
         if model_name is None:
             raise ValueError("approval=True needs model_name= (approval is of the export, and there is no export)")
         from airflow_tf.operators.approval import ApproveExportOperator as approve_class
@@ -173,14 +175,16 @@ def tf_prepare(
     *,
     input: Any,
     name: str,
-    partitions: int = 2,
+    parts: int = 2,
     output: str | None = None,
-    workers: int | None = None,
+    encode_threads: int | None = None,
     progress_every: float = 5.0,
     kubernetes: KubernetesPartOptions | dict[str, Any] | None = None,
+    partitions: int | None = None,
+    workers: int | None = None,
     **options: Any,
 ) -> TaskGroup:
-    """One dataset version prepared by ``partitions`` parallel tasks, as a task group.
+    """One dataset version prepared by ``parts`` parallel tasks, as a task group.
 
     Inside: ``plan`` (checks the options, decides the schema, gives each part a share of the
     input files) -> ``part`` (mapped: one task per share, run in parallel) -> ``commit`` (checks
@@ -193,9 +197,9 @@ def tf_prepare(
 
     :param input: files, a directory, a glob or a list of those; the parts split them by file.
     :param name: dataset name.
-    :param partitions: parallel parts (at most one per input file).
+    :param parts: parallel parts (at most one per input file).
     :param output: datasets directory; default ``<storage>/datasets``.
-    :param workers: encoding threads of each part.
+    :param encode_threads: encoding threads of each part.
     :param progress_every: seconds between progress lines of each part.
     :param kubernetes: run each part as a Kubernetes Job (one pod per part) instead of in the
         Airflow worker, which then only waits and shows the part's log:
@@ -204,14 +208,21 @@ def tf_prepare(
         settings such as ``volumes``, ``node_selector``, ``service_account``, ``secret_env``).
         The pods must mount the storage ``output`` is on at the same path (a shared volume).
     :param options: the other options of the operator (``label``, ``eval_fraction``, ``seed``,
-        ``split_key``, ``shards``, ``target_shard_mb``, ``compression``, ``schema``,
+        ``split_key``, ``shards``, ``target_shard_mib``, ``compression``, ``schema``,
         ``string_columns``, ``allow_nan``, ``overwrite``, ``version``, ``buffer_mib``).
+    :param partitions: deprecated since 0.2.0, removed in 0.3.0: ``parts``.
+    :param workers: deprecated since 0.2.0, removed in 0.3.0: ``encode_threads``.
     """
     from airflow_tf.backends.kubernetes import KubernetesPartOptions
     from airflow_tf.operators.common import dataset_asset, is_template
     from airflow_tf.operators.prepare import PreparePartOperator
     from airflow_tf.storage import datasets_dir
 
+    parts = renamed("tf_prepare", "partitions", "parts", partitions, parts, unset=2)
+    encode_threads = renamed("tf_prepare", "workers", "encode_threads", workers, encode_threads)
+    if "target_shard_mb" in options:
+        options["target_shard_mib"] = renamed("tf_prepare", "target_shard_mb", "target_shard_mib",
+                                              options.pop("target_shard_mb"), options.get("target_shard_mib"))
     outlets = [] if is_template(name) else [dataset_asset(name)]
     # Checked while the DAG is parsed: a bad setting is an import error naming it.
     pods = None if kubernetes is None else KubernetesPartOptions.coerce(kubernetes).to_dict()
@@ -219,10 +230,10 @@ def tf_prepare(
     with TaskGroup(group_id=group_id) as group:
 
         @task(task_id="plan")
-        def plan(input: Any, name: str, partitions: Any, output: str | None, options: dict[str, Any]) -> list[dict]:
+        def plan(input: Any, name: str, parts: Any, output: str | None, options: dict[str, Any]) -> list[dict]:
             from airflow_tf.data.partitioned import plan_parts
 
-            made = plan_parts(input, output or datasets_dir(), name, int(partitions), **options)
+            made = plan_parts(input, output or datasets_dir(), name, parts, **options)
             log.info("Dataset %r: %d parts over %d files (%s rows expected), in %s", name, len(made["parts"]),
                      len(made["files"]), f"{made['estimated_rows']:,}", made["directory"])
             return [{"plan": made["directory"], "index": i, "name": made["name"], "token": made["token"]}
@@ -245,11 +256,11 @@ def tf_prepare(
                 }
             return summary
 
-        jobs = plan(input, name, partitions, output, options)
-        parts = PreparePartOperator.partial(task_id="part", workers=workers, progress_every=progress_every,
-                                            kubernetes=pods).expand(job=jobs)
+        jobs = plan(input, name, parts, output, options)
+        written = PreparePartOperator.partial(task_id="part", encode_threads=encode_threads,
+                                              progress_every=progress_every, kubernetes=pods).expand(job=jobs)
         summary = commit(jobs)
-        parts >> summary
+        written >> summary
     group.output = summary  # type: ignore[attr-defined]
     return group
 

@@ -45,7 +45,7 @@ PART_COMPONENT = "prepare-part"
 """The container name of a prepare part's pod."""
 
 
-def part_command(plan: str, index: int, result_file: str | None = None, *, workers: int | None = None,
+def part_command(plan: str, index: int, result_file: str | None = None, *, encode_threads: int | None = None,
                  progress_every: float = 5.0) -> list[str]:
     """``python -m airflow_tf.data part --plan DIR --index N [...]``: writes part ``index`` of the
     partitioned prepare planned in ``plan`` (a directory on the storage the part's process
@@ -56,6 +56,6 @@ def part_command(plan: str, index: int, result_file: str | None = None, *, worke
         raise ValueError(f"plan must be an absolute path on the shared volume, got {plan!r}")
     command = ["python", "-m", "airflow_tf.data", "part", "--plan", plan, "--index", str(index),
                "--progress-every", f"{float(progress_every):g}"]
-    if workers is not None:
-        command += ["--workers", str(int(workers))]
+    if encode_threads is not None:
+        command += ["--encode-threads", str(int(encode_threads))]
     return command + (["--result-file", result_file] if result_file else [])

@@ -11,6 +11,7 @@ from typing import Any
 from .errors import (
     DataError, DatasetExistsError, DatasetNotReadyError, InputDataError, SchemaError,
 )
+from .options import PrepareOptions
 from .reader import make_dataset, parse_spec
 from .schema import (
     FeatureSpec, Schema, count_examples, dataset_path, load_schema, read_manifest, split_files,
@@ -18,7 +19,7 @@ from .schema import (
 
 __all__ = [
     "DataError", "DatasetExistsError", "DatasetNotReadyError", "FeatureSpec", "InputDataError",
-    "Progress", "Schema", "SchemaError", "count_examples", "dataset_path", "load_schema",
+    "PrepareOptions", "Progress", "Schema", "SchemaError", "count_examples", "dataset_path", "load_schema",
     "make_dataset", "parse_spec", "prepare_dataset", "read_manifest", "split_files",
 ]
 

@@ -19,6 +19,7 @@ import argparse
 import sys
 
 from airflow_tf.cluster.components import REFUSED_EXIT, hand_back_result
+from airflow_tf.deprecation import REMOVED_IN
 
 from .errors import DataError
 
@@ -29,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     part = commands.add_parser("part", help="write one part of a partitioned prepare")
     part.add_argument("--plan", required=True, help="the plan's directory (or its plan.json)")
     part.add_argument("--index", required=True, type=int, help="the part's index, from 0")
-    part.add_argument("--workers", type=int, help="encoding threads (default: the CPUs this process may use)")
+    part.add_argument("--encode-threads", dest="encode_threads", type=int,
+                      help="encoding threads (default: the plan's, else the CPUs this process may use)")
+    part.add_argument("--workers", dest="workers", type=int, help=argparse.SUPPRESS)  # its name before 0.2
     part.add_argument("--progress-every", dest="progress_every", type=float, default=5.0,
                       help="seconds between progress lines")
     part.add_argument("--result-file", dest="result_file",
@@ -37,8 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from .partitioned import prepare_part
 
+    if args.workers is not None:  # Python hides DeprecationWarning here by default: said on stderr
+        print(f"--workers is deprecated and will be removed in airflow-tf {REMOVED_IN}: use --encode-threads",
+              file=sys.stderr, flush=True)
+        args.encode_threads = args.encode_threads or args.workers
     try:
-        result = prepare_part(args.plan, args.index, workers=args.workers,
+        result = prepare_part(args.plan, args.index, encode_threads=args.encode_threads,
                               progress=lambda p: print(f"part {args.index}: {p.describe()}", flush=True),
                               progress_every=args.progress_every)
     except DataError as e:

@@ -9,30 +9,15 @@ import logging
 import time
 from pathlib import Path
 from typing import Any
-from collections.abc import Sequence
 
 from . import object_store
 from .inputs import resolve_inputs
 from .object_store import StorageOptions, identity, open_binary
-from .schema import FORMAT_VERSION, SCHEMA_FILE, SUCCESS_FILE, Schema
+from .schema import FORMAT_VERSION, SCHEMA_FILE, SUCCESS_FILE
 from .versions import existing_versions
 
 log = logging.getLogger("airflow_tf.data.prepare")  # the prepare step's logger (its name before the split)
 _HASH_CHUNK = 8 << 20
-
-
-def fingerprint_options(*, label: str | None, eval_fraction: float, shards: int | None,
-                        target_shard_mb: float | None, compression: str | None, declared: Schema | None,
-                        string_columns: str | Sequence[str] | None, seed: int, split_key: str | None,
-                        allow_nan: bool, vocabularies: Any) -> dict[str, Any]:
-    """The options that shape a version's content, as the fingerprint records them."""
-    return {
-        "label": label, "eval_fraction": float(eval_fraction), "shards": shards,
-        "target_shard_mb": target_shard_mb, "compression": compression,
-        "schema": declared.to_dict() if declared else None, "string_columns": sorted(string_columns or ()),
-        "seed": int(seed), "split_key": split_key, "allow_nan": bool(allow_nan),
-        "vocabularies": vocabularies,
-    }
 
 
 def reuse_cached(root: Path | str, name: str, fingerprint: str, started: float,
@@ -48,7 +33,7 @@ def reuse_cached(root: Path | str, name: str, fingerprint: str, started: float,
 
 def input_fingerprint(inputs: Any, options: dict[str, Any], storage_options: StorageOptions | None = None) -> str:
     """A hash of the input files' names and contents (read in chunks) and of the options that
-    shape the output: equal fingerprints give equal datasets."""
+    shape the output (``PrepareOptions.fingerprint()``): equal fingerprints give equal datasets."""
     digest = hashlib.blake2b(digest_size=16)
     digest.update(json.dumps({"format_version": FORMAT_VERSION, **options}, sort_keys=True, default=str).encode())
     for path in resolve_inputs(inputs, storage_options):

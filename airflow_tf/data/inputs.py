@@ -25,6 +25,7 @@ from .cpus import usable_cpus
 from .csv_reader import CsvReader
 from .errors import InputDataError, SchemaError
 from .npz_reader import NpzReader
+from .options import column_names
 from .object_store import InputPath, StorageOptions, check_location, is_remote, resolve_remote
 from .parquet_reader import ParquetReader
 from .raw import FileReader, Raw
@@ -153,15 +154,6 @@ def _check_declared(raws: Sequence[Raw | FileReader], declared: Schema) -> None:
                 f"{raw.path} has columns {extra} that the declared schema does not list; "
                 "add them to the schema or remove them from the input"
             )
-
-
-def column_names(value: str | Sequence[str] | None) -> list[str]:
-    """Column names from a list and/or comma-separated text (``"zip,id"``), as options give them."""
-    if value is None:
-        return []
-    items = [value] if isinstance(value, str) else list(value)
-    names = [part.strip() for item in items for part in str(item).split(",")]
-    return list(dict.fromkeys(n for n in names if n))
 
 
 @dataclass

@@ -13,6 +13,7 @@ so the committed version holds the same records per split as one ``prepare_datas
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -23,16 +24,16 @@ from typing import Any
 from collections.abc import Callable, Sequence
 
 from ..cluster.names import path_component
+from ..deprecation import renamed
 from ..files import fsync_dir, read_json, strip_file_scheme, write_json
 from .errors import DataError, DatasetExistsError
-from .cpus import usable_cpus
 from .inputs import open_inputs, resolve_inputs
 from .object_store import InputPath, StorageOptions, is_remote
-from .options import DEFAULT_BUFFER_MIB, DEFAULT_EVAL_FRACTION, check_options, with_label
+from .options import PrepareOptions, with_label
 from .progress import Progress, Reporter
 from .sharding import shard_name
 from .split import check_split_key
-from .stream import buffer_plan, encode_chunk_bytes, write_stream
+from .stream import buffer_plan, write_stream
 from .schema import FORMAT_VERSION, SCHEMA_FILE, SUCCESS_FILE, Schema
 from .versions import commit, commit_next, make_root, remove_stale_temporaries, resolve_version_name
 
@@ -51,40 +52,40 @@ def _balanced(paths: list[InputPath], parts: int) -> list[list[str]]:
     return [sorted(share) for share in shares if share]
 
 
-def plan_parts(  # noqa: PLR0917  public signature: callers pass these positionally
+def plan_parts(
     input: str | os.PathLike | Sequence[str | os.PathLike],
     output: str | os.PathLike,
     name: str,
-    partitions: int,
+    parts: int | None = None,
     version: int | str | None = None,
-    label: str | None = None,
-    eval_fraction: float = DEFAULT_EVAL_FRACTION,
-    shards: int | None = None,
-    target_shard_mb: float | None = None,
-    compression: str | None = None,
-    schema: Schema | dict | str | os.PathLike | None = None,
-    string_columns: str | Sequence[str] | None = None,
-    seed: int = 0,
-    split_key: str | None = None,
+    *,
+    options: PrepareOptions | None = None,
     overwrite: bool = False,
-    allow_nan: bool = False,
-    buffer_mib: float = DEFAULT_BUFFER_MIB,
     storage_options: StorageOptions | None = None,
+    partitions: int | None = None,
+    **values: Any,
 ) -> dict[str, Any]:
     """Check the options and the input, decide the schema and each part's files; write the
     plan under ``<output>/<name>/.parts-<id>/`` and return it (``plan["parts"]`` lists each
     part's files; ``plan["directory"]`` is where the parts write).
 
-    The input is split by files: ``partitions`` larger than the number of input files gives
-    one part per file. Inputs may be in ``s3://``/``gs://`` (``storage_options`` here and
-    to :func:`prepare_part`); the output is a directory every part and the commit share."""
-    compression = check_options(eval_fraction, shards, target_shard_mb, compression, None)
+    The options are ``options=PrepareOptions(...)`` or given one by one (``label="y"``,
+    ``eval_fraction=0.25``), as to :func:`~airflow_tf.data.prepare_dataset`; the plan records
+    them for its parts. The input is split by files: ``parts`` larger than the number of input
+    files gives one part per file. Inputs may be in ``s3://``/``gs://`` (``storage_options``
+    here and to :func:`prepare_part`); the output is a directory every part and the commit
+    share. ``partitions`` is the deprecated name of ``parts`` (until 0.3.0)."""
+    parts = renamed("plan_parts", "partitions", "parts", partitions, parts)
+    options = PrepareOptions.given(options, "plan_parts", values)
     if is_remote(output):
         raise DataError(f"output {os.fspath(output)!r}: parallel parts write into a directory they share, and "
                         "object storage has none; give a shared volume (or a mount of the bucket), or prepare "
                         "the version in one task (PrepareTFRecordsOperator) to write it to object storage")
-    if int(partitions) < 1:
-        raise DataError(f"partitions must be at least 1, got {partitions}")
+    if isinstance(parts, bool) or not str(parts).strip().isdigit() or int(parts) < 1:
+        raise DataError(f"parts must be a whole number of parallel parts, at least 1, got {parts!r}")
+    if options.vocabularies:
+        raise DataError("vocabularies are counted over all the training rows, which no part sees: prepare the "
+                        "version in one task (PrepareTFRecordsOperator) to keep vocabularies")
     if not name or not str(name).strip():
         raise DataError("a dataset name is required")
     root = Path(strip_file_scheme(output)) / path_component(str(name))
@@ -94,18 +95,17 @@ def plan_parts(  # noqa: PLR0917  public signature: callers pass these positiona
             f"dataset version {root / version_name} already exists; choose another version, leave the "
             "version out to get the next one, or ask to overwrite it"
         )
-    declared = Schema.coerce(schema) if schema is not None else None
-    block_bytes, _ = buffer_plan(buffer_mib)
-    inputs = open_inputs(input, declared, allow_nan, string_columns or (), block_bytes=block_bytes, schema_only=True,
-                         storage_options=storage_options)
-    decided = with_label(inputs.schema, label)
-    check_split_key(decided, split_key)
+    block_bytes, _ = buffer_plan(options.buffer_mib)
+    inputs = open_inputs(input, options.schema, options.allow_nan, options.string_columns, block_bytes=block_bytes,
+                         schema_only=True, storage_options=storage_options)
+    decided = with_label(inputs.schema, options.label)
+    check_split_key(decided, options.split_key)
     paths = resolve_inputs(input, storage_options)
     make_root(root)
     remove_stale_temporaries(root)
     directory = root / f".parts-{uuid.uuid4().hex[:12]}"
     directory.mkdir()
-    shares = _balanced(paths, min(int(partitions), len(paths)))
+    shares = _balanced(paths, min(int(parts), len(paths)))
     plan = {
         "format_version": FORMAT_VERSION,
         "token": directory.name,
@@ -116,12 +116,8 @@ def plan_parts(  # noqa: PLR0917  public signature: callers pass these positiona
         "schema": decided.to_dict(),
         "files": [str(p) for p in paths],
         "parts": shares,
-        "options": {
-            "eval_fraction": float(eval_fraction), "seed": int(seed), "split_key": split_key,
-            "shards": None if shards is None else int(shards),
-            "target_shard_mb": None if target_shard_mb is None else float(target_shard_mb),
-            "compression": compression, "buffer_mib": float(buffer_mib),
-        },
+        # The schema is decided above for every part; the parts read with it, not with the options'.
+        "options": {**options.to_dict(), "schema": None, "string_columns": []},
         "estimated_rows": inputs.estimated_rows,
     }
     write_json(directory / PLAN_FILE, plan)
@@ -139,37 +135,38 @@ def _load_plan(plan: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
                         "run the plan step again") from None
 
 
-def prepare_part(plan: dict[str, Any] | str | os.PathLike, index: int, workers: int | None = None,
+def prepare_part(plan: dict[str, Any] | str | os.PathLike, index: int, encode_threads: int | None = None,
                  progress: Callable[[Progress], None] | None = None, progress_every: float = 5.0, *,
-                 storage_options: StorageOptions | None = None) -> dict[str, Any]:
+                 storage_options: StorageOptions | None = None, workers: int | None = None) -> dict[str, Any]:
     """Stream part ``index``'s files into ``<plan directory>/part-<index>``; the part's
-    ``_PART`` marker (its counts and files) is written last. Running a part again replaces it."""
+    ``_PART`` marker (its counts and files) is written last. Running a part again replaces it.
+    ``encode_threads`` (default: the plan's, else the cores this process may use) encode in
+    parallel; ``workers`` is its deprecated name (until 0.3.0)."""
+    encode_threads = renamed("prepare_part", "workers", "encode_threads", workers, encode_threads)
     plan = _load_plan(plan)
     shares = plan["parts"]
     if not 0 <= int(index) < len(shares):
         raise DataError(f"part index {index} is out of range: the plan has {len(shares)} parts (0 to {len(shares) - 1})")
     directory = Path(plan["directory"])
-    options = plan["options"]
+    options = PrepareOptions.from_dict(plan["options"])
     schema = Schema.from_dict(plan["schema"])
     files = shares[int(index)]
-    block_bytes, in_flight = buffer_plan(options["buffer_mib"])
+    block_bytes, in_flight = buffer_plan(options.buffer_mib)
     reporter = Reporter(progress, progress_every)
     inputs = open_inputs(files, schema, block_bytes=block_bytes, storage_options=storage_options)
     inputs.schema = schema
-    shards = options["shards"]
-    if shards is not None:  # the plan's file count, shared in proportion to the part's rows
+    if options.shards is not None:  # the plan's file count, shared in proportion to the part's rows
         share = inputs.estimated_rows / max(1, plan["estimated_rows"])
-        shards = max(1, round(shards * share))
+        options = dataclasses.replace(options, shards=max(1, round(options.shards * share)))
+    if encode_threads is not None:
+        options = dataclasses.replace(options, encode_threads=encode_threads)
     final = directory / f"part-{int(index)}"
     temporary = directory / f".tmp-part-{int(index)}-{uuid.uuid4().hex[:8]}"
     reporter.begin("write")
     try:
         temporary.mkdir()
         splits, rows = write_stream(
-            inputs, temporary, eval_fraction=options["eval_fraction"], seed=options["seed"],
-            split_key=options["split_key"], shards=shards, target_shard_mb=options["target_shard_mb"],
-            compression=options["compression"], workers=int(workers or usable_cpus()), in_flight=in_flight,
-            chunk_bytes=encode_chunk_bytes(options["buffer_mib"]),
+            inputs, temporary, options, in_flight=in_flight,
             report=lambda done, expected: reporter("write", done, expected, done), require_splits=False,
         )
         reporter("write", rows, rows, rows, final=True)
@@ -226,16 +223,16 @@ def commit_parts(plan: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
     plan = _load_plan(plan)
     directory = Path(plan["directory"])
     root = directory.parent
-    options = plan["options"]
-    compression = options["compression"]
+    options = PrepareOptions.from_dict(plan["options"])
+    compression = options.compression
     markers = _part_markers(plan, directory)
     rows = sum(m["rows"] for m in markers)
     splits_seen = [s for s in ("train", "eval") if any(s in m["splits"] for m in markers)]
     if "train" not in splits_seen:
         raise DataError(f"no rows for training in any part ({rows} rows); add rows or lower the eval fraction")
-    if options["eval_fraction"] > 0 and "eval" not in splits_seen:
+    if options.eval_fraction > 0 and "eval" not in splits_seen:
         raise DataError(f"no row hashed into the eval split ({rows} rows, eval fraction "
-                        f"{options['eval_fraction']}); add rows, a larger eval fraction, another seed, or eval_fraction=0")
+                        f"{options.eval_fraction}); add rows, a larger eval fraction, another seed, or eval_fraction=0")
     version = plan["version"]
     version_name = version or resolve_version_name(None, root)
     temporary = root / f".tmp-{version_name}-{uuid.uuid4().hex[:12]}"
@@ -259,7 +256,7 @@ def commit_parts(plan: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
             "format_version": FORMAT_VERSION, "name": plan["name"], "version": version_name,
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "compression": compression, "splits": manifest_splits,
-            "split": {k: options[k] for k in ("eval_fraction", "seed", "split_key")},
+            "split": {"eval_fraction": options.eval_fraction, "seed": options.seed, "split_key": options.split_key},
             "source": {"files": plan["files"], "rows": rows, "parts": len(markers)},
         }
 
@@ -290,11 +287,15 @@ def commit_parts(plan: dict[str, Any] | str | os.PathLike) -> dict[str, Any]:
     }
 
 
-def prepare_partitioned(input: Any, output: str | os.PathLike, name: str, partitions: int,
+def prepare_partitioned(input: Any, output: str | os.PathLike, name: str, parts: int | None = None,
+                        encode_threads: int | None = None, *, partitions: int | None = None,
                         workers: int | None = None, **options: Any) -> dict[str, Any]:
     """Plan, run every part in this process one after the other, and commit: the same
-    version the parts give when run in parallel (for tests and scripts)."""
-    plan = plan_parts(input, output, name, partitions, **options)
+    version the parts give when run in parallel (for tests and scripts). ``partitions`` and
+    ``workers`` are the deprecated names of ``parts`` and ``encode_threads`` (until 0.3.0)."""
+    parts = renamed("prepare_partitioned", "partitions", "parts", partitions, parts)
+    encode_threads = renamed("prepare_partitioned", "workers", "encode_threads", workers, encode_threads)
+    plan = plan_parts(input, output, name, parts, **options)
     for index in range(len(plan["parts"])):
-        prepare_part(plan, index, workers=workers)
+        prepare_part(plan, index, encode_threads)
     return commit_parts(plan)

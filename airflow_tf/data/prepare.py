@@ -24,21 +24,20 @@ from collections.abc import Callable, Sequence
 from ..cluster.names import path_component
 from ..files import strip_file_scheme, write_json
 from . import object_store
-from .cache import fingerprint_options, input_fingerprint, reuse_cached
-from .cpus import usable_cpus
+from .cache import input_fingerprint, reuse_cached
 from .errors import DataError
 from .inputs import open_inputs
 from .object_store import StorageOptions, is_remote
-from .options import DEFAULT_BUFFER_MIB, DEFAULT_EVAL_FRACTION, check_options, with_label
+from .options import DEFAULTS, RENAMED, PrepareOptions, with_label
 from .progress import Progress, Reporter, rate
 from .schema import FORMAT_VERSION, SCHEMA_FILE, Schema
 from .split import check_split_key
 from .staging import prepare_into_object_storage
-from .stream import buffer_plan, encode_chunk_bytes, write_stream
+from .stream import buffer_plan, write_stream
 from .versions import commit_version, make_root, refuse_existing, remove_stale_temporaries, resolve_version_name
 from .vocabulary import VocabularyCounter, vocabulary_sizes
 
-__all__ = ["Progress", "prepare_dataset"]
+__all__ = ["PrepareOptions", "Progress", "prepare_dataset"]
 
 log = logging.getLogger(__name__)
 
@@ -48,27 +47,34 @@ def prepare_dataset(  # noqa: PLR0917  the public signature of 0.1.0 (positional
     output: str | os.PathLike,
     name: str,
     version: int | str | None = None,
-    label: str | None = None,
-    eval_fraction: float = DEFAULT_EVAL_FRACTION,
-    shards: int | None = None,
-    target_shard_mb: float | None = None,
-    compression: str | None = None,
+    label: str | None = DEFAULTS.label,
+    eval_fraction: float = DEFAULTS.eval_fraction,
+    shards: int | None = DEFAULTS.shards,
+    target_shard_mib: float | None = DEFAULTS.target_shard_mib,
+    compression: str | None = DEFAULTS.compression,
     schema: Schema | dict | str | os.PathLike | None = None,
     string_columns: str | Sequence[str] | None = None,
-    seed: int = 0,
-    split_key: str | None = None,
+    seed: int = DEFAULTS.seed,
+    split_key: str | None = DEFAULTS.split_key,
     overwrite: bool = False,
-    allow_nan: bool = False,
-    workers: int | None = None,
+    allow_nan: bool = DEFAULTS.allow_nan,
+    encode_threads: int | None = DEFAULTS.encode_threads,
     progress: Callable[[Progress], None] | None = None,
     progress_every: float = 5.0,
-    buffer_mib: float = DEFAULT_BUFFER_MIB,
+    buffer_mib: float = DEFAULTS.buffer_mib,
     cache: bool = False,
     partition_key: str | None = None,
-    vocabularies: Mapping[str, int] | Sequence[str] | str | None = None,
+    vocabularies: Mapping[str, int] | Sequence[str] | str | None = DEFAULTS.vocabularies,
     storage_options: StorageOptions | None = None,
+    *,
+    options: PrepareOptions | None = None,
+    target_shard_mb: float | None = None,
+    workers: int | None = None,
 ) -> dict[str, Any]:
     """Convert CSV/Parquet/.npz files into a sharded TFRecord dataset version, streaming.
+
+    The options (``label`` to ``buffer_mib``, see :class:`~airflow_tf.data.options.PrepareOptions`)
+    are given one by one or whole as ``options=PrepareOptions(...)``, not both.
 
     Rows are read, checked, split, encoded and written a block at a time: memory follows
     ``buffer_mib`` (default 512 MiB), not the size of the input. A row goes to eval when a
@@ -77,7 +83,8 @@ def prepare_dataset(  # noqa: PLR0917  the public signature of 0.1.0 (positional
     the rows up to sampling noise. Without ``version`` the dataset becomes the next integer
     version, decided when it is committed, so concurrent runs of one dataset each commit a
     version of their own. ``string_columns`` names CSV columns to read as text (an inferred
-    numeric column with a value that does not parse is an error). Returns a summary:
+    numeric column with a value that does not parse is an error). ``encode_threads`` threads
+    encode in parallel (default: the cores this process may use). Returns a summary:
     ``dataset_uri`` (the version directory), ``name``, ``version``, ``counts`` and ``shards``
     per split, ``compression``, ``schema`` (as a dict), ``rows``, ``seconds`` and
     ``rows_per_sec``. Raises a :class:`DataError` naming the file, line and column of bad
@@ -99,28 +106,27 @@ def prepare_dataset(  # noqa: PLR0917  the public signature of 0.1.0 (positional
     ``input`` and ``output`` may be ``s3://`` or ``gs://`` URIs (``storage_options``: per
     scheme, pyarrow's file system options, e.g. credentials; see
     :mod:`airflow_tf.data.object_store`). Inputs are streamed from the store; a version in
-    object storage is written in a local staging directory and then uploaded, ``_SUCCESS`` last."""
+    object storage is written in a local staging directory and then uploaded, ``_SUCCESS`` last.
+
+    ``target_shard_mb`` and ``workers`` are the deprecated names of ``target_shard_mib`` and
+    ``encode_threads`` (until 0.3.0)."""
     started = time.monotonic()
-    compression = check_options(eval_fraction, shards, target_shard_mb, compression, workers)
-    _check_budget_and_name(buffer_mib, name)
-    declared = Schema.coerce(schema) if schema is not None else None
+    given = locals()  # the option parameters above are PrepareOptions' fields, by name
+    values = {key: given[key] for key in (*PrepareOptions.names(), *RENAMED) if given[key] is not None}
+    options = PrepareOptions.given(options, "prepare_dataset", values)
+    if not name or not str(name).strip():
+        raise DataError("a dataset name is required")
     if partition_key is not None:
         partition_key = str(partition_key)
         version = path_component(partition_key) if version is None else version
     fingerprint = None
     if cache and version is None:
-        fingerprint = input_fingerprint(input, fingerprint_options(
-            label=label, eval_fraction=eval_fraction, shards=shards, target_shard_mb=target_shard_mb,
-            compression=compression, declared=declared, string_columns=string_columns, seed=seed,
-            split_key=split_key, allow_nan=allow_nan, vocabularies=vocabularies), storage_options)
+        fingerprint = input_fingerprint(input, options.fingerprint(), storage_options)
     if is_remote(output):
         object_store.check_location(output, "output")
-        stage = functools.partial(
-            prepare_dataset, input, label=label, eval_fraction=eval_fraction, shards=shards,
-            target_shard_mb=target_shard_mb, compression=compression, schema=declared, string_columns=string_columns,
-            seed=seed, split_key=split_key, allow_nan=allow_nan, workers=workers, progress=progress,
-            progress_every=progress_every, buffer_mib=buffer_mib, partition_key=partition_key,
-            vocabularies=vocabularies, storage_options=storage_options)
+        stage = functools.partial(prepare_dataset, input, options=options, progress=progress,
+                                  progress_every=progress_every, partition_key=partition_key,
+                                  storage_options=storage_options)
         return prepare_into_object_storage(os.fspath(output), str(name), version, overwrite=overwrite,
                                            fingerprint=fingerprint, storage_options=storage_options,
                                            stage=stage, started=started)
@@ -129,18 +135,18 @@ def prepare_dataset(  # noqa: PLR0917  the public signature of 0.1.0 (positional
     final = root / version_name
     refuse_existing(final, version, overwrite)
     reporter = Reporter(progress, progress_every)
-    block_bytes, in_flight = buffer_plan(buffer_mib)
+    block_bytes, in_flight = buffer_plan(options.buffer_mib)
     reused = reuse_cached(root, str(name), fingerprint, started) if fingerprint else None
     if reused is not None:
         return reused
 
     reporter.begin("read")
-    inputs = open_inputs(input, declared, allow_nan, string_columns or (), block_bytes=block_bytes,
+    inputs = open_inputs(input, options.schema, options.allow_nan, options.string_columns, block_bytes=block_bytes,
                          on_file=lambda done, total: reporter("read", done, total, 0, done == total),
                          storage_options=storage_options)
-    inputs.schema = with_label(inputs.schema, label)
-    check_split_key(inputs.schema, split_key)
-    counter = VocabularyCounter(vocabulary_sizes(vocabularies, inputs.schema))
+    inputs.schema = with_label(inputs.schema, options.label)
+    check_split_key(inputs.schema, options.split_key)
+    counter = VocabularyCounter(vocabulary_sizes(options.vocabularies, inputs.schema))
 
     make_root(root)
     remove_stale_temporaries(root)
@@ -149,9 +155,7 @@ def prepare_dataset(  # noqa: PLR0917  the public signature of 0.1.0 (positional
     try:
         temporary.mkdir()
         manifest_splits, total = write_stream(
-            inputs, temporary, eval_fraction=float(eval_fraction), seed=int(seed), split_key=split_key,
-            shards=shards, target_shard_mb=target_shard_mb, compression=compression,
-            workers=int(workers or usable_cpus()), in_flight=in_flight, chunk_bytes=encode_chunk_bytes(buffer_mib),
+            inputs, temporary, options, in_flight=in_flight,
             report=lambda done, expected: reporter("write", done, expected, done),
             on_train_rows=(lambda block, rows: counter.update(block.columns, rows)) if counter.sizes else None,
         )
@@ -163,9 +167,9 @@ def prepare_dataset(  # noqa: PLR0917  the public signature of 0.1.0 (positional
             "name": str(name),
             "version": version_name,
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "compression": compression,
+            "compression": options.compression,
             "splits": manifest_splits,
-            "split": {"eval_fraction": float(eval_fraction), "seed": int(seed), "split_key": split_key},
+            "split": {"eval_fraction": options.eval_fraction, "seed": options.seed, "split_key": options.split_key},
             "source": {"files": [str(p) for p in inputs.paths], "rows": total},
             **_optional_entries(fingerprint, partition_key),
         }
@@ -184,7 +188,7 @@ def prepare_dataset(  # noqa: PLR0917  the public signature of 0.1.0 (positional
         "version": version_name,
         "counts": {split: info["examples"] for split, info in manifest_splits.items()},
         "shards": {split: len(info["shards"]) for split, info in manifest_splits.items()},
-        "compression": compression,
+        "compression": options.compression,
         "schema": inputs.schema.to_dict(),
         "rows": total,
         "seconds": round(seconds, 3),
@@ -198,13 +202,6 @@ def _optional_entries(fingerprint: str | None, partition_key: str | None) -> dic
     """The manifest's and summary's entries that only some versions have."""
     return {**({"fingerprint": fingerprint} if fingerprint else {}),
             **({"partition": partition_key} if partition_key is not None else {})}
-
-
-def _check_budget_and_name(buffer_mib: float, name: str) -> None:
-    if not float(buffer_mib) >= 1:
-        raise DataError(f"buffer_mib must be at least 1 (MiB of buffered rows), got {buffer_mib}")
-    if not name or not str(name).strip():
-        raise DataError("a dataset name is required")
 
 
 def _with_vocabularies(schema: Schema, counter: VocabularyCounter, directory: Path) -> Schema:

@@ -12,7 +12,7 @@ from .errors import DataError
 from .inputs import Block
 from .schema import Schema
 
-DEFAULT_TARGET_SHARD_MB = 128.0
+DEFAULT_TARGET_SHARD_MIB = 128.0
 MIN_ROWS_PER_SHARD = 100  # fewer rows per file only add per-file overhead for every reader
 MAX_SHARDS = 10_000
 
@@ -29,27 +29,27 @@ def max_shards(rows: int) -> int:
 
 
 def shard_counts(rows: dict[str, int], record_bytes: float, shards: int | None,
-                 target_shard_mb: float | None) -> dict[str, int]:
+                 target_shard_mib: float | None) -> dict[str, int]:
     """Files per split (``rows``: expected rows per split): ``shards`` for train (eval in
     proportion), or by target size. More train files than :func:`max_shards` allows is
     refused, with the numbers."""
     train_rows = rows["train"]
     limit = max_shards(train_rows)
     rule = f"at least {MIN_ROWS_PER_SHARD} rows each, {MAX_SHARDS:,} files at most"
-    target = (target_shard_mb or DEFAULT_TARGET_SHARD_MB) * (1 << 20)
+    target = (target_shard_mib or DEFAULT_TARGET_SHARD_MIB) * (1 << 20)
     if shards is not None and shards > limit:
         fewer = " or fewer" if limit > 1 else ""
         raise DataError(
             f"shards={shards:,} is too many for {train_rows:,} train rows (about {train_rows / shards:,.1f} "
             f"rows per file); at most {limit:,} train files are allowed ({rule}): use shards={limit}{fewer}, "
-            f"or leave shards out to size files by target_shard_mb (default {DEFAULT_TARGET_SHARD_MB:g} MB)"
+            f"or leave shards out to size files by target_shard_mib (default {DEFAULT_TARGET_SHARD_MIB:g} MiB)"
         )
     by_size = math.ceil(train_rows * record_bytes / target)
     if shards is None and by_size > limit:
         suggested = math.ceil(train_rows * record_bytes / limit / (1 << 20) * 1000) / 1000
         raise DataError(
-            f"target_shard_mb={target / (1 << 20):g} would make {by_size:,} files of {train_rows:,} train rows; "
-            f"at most {limit:,} are allowed ({rule}): use target_shard_mb={suggested:g} or more"
+            f"target_shard_mib={target / (1 << 20):g} would make {by_size:,} files of {train_rows:,} train rows; "
+            f"at most {limit:,} are allowed ({rule}): use target_shard_mib={suggested:g} or more"
         )
     counts = {}
     for split, n in rows.items():

@@ -8,7 +8,7 @@ import zlib
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -21,6 +21,9 @@ from .shard_writer import MIN_GROUP_ROWS, ShardWriter
 from .sharding import mean_record_bytes, shard_counts
 from .split import file_key, split_block
 from .zlib_stream import DeflatePiece
+
+if TYPE_CHECKING:
+    from .options import PrepareOptions
 
 _CHUNK_BYTES = 4 << 20  # encoded bytes per task: large enough for NumPy, small enough to stream
 _MAX_BLOCK_BYTES = 16 << 20  # input read at once at most (also the CSV type-inference sample)
@@ -78,16 +81,17 @@ def encode_chunk_bytes(buffer_mib: float) -> int:
     return max(256 << 10, min(_CHUNK_BYTES, int(float(buffer_mib) * (1 << 20)) // 32))
 
 
-def write_stream(inputs: Inputs, directory: Path, *, eval_fraction: float, seed: int, split_key: str | None,
-                 shards: int | None, target_shard_mb: float | None, compression: str | None, workers: int,
-                 in_flight: int, report: Callable[[int, int], None], chunk_bytes: int = _CHUNK_BYTES,
-                 require_splits: bool = True,
+def write_stream(inputs: Inputs, directory: Path, options: PrepareOptions, *, in_flight: int,
+                 report: Callable[[int, int], None], require_splits: bool = True,
                  on_train_rows: Callable[[Block, np.ndarray], None] | None = None) -> tuple[dict[str, Any], int]:
     """Encode and write the rows of ``inputs`` block by block into shard files under
-    ``directory``; returns the manifest's ``splits`` and the number of rows. Without
+    ``directory``, split, sharded and compressed as ``options`` say, on ``options.threads``
+    threads; returns the manifest's ``splits`` and the number of rows. Without
     ``require_splits`` (one part of several) a split, or all, may end up empty.
     ``on_train_rows(block, rows)`` sees each block's training rows (vocabularies count them)."""
     schema = inputs.schema
+    eval_fraction, seed, split_key = options.eval_fraction, options.seed, options.split_key
+    compression, chunk_bytes = options.compression, encode_chunk_bytes(options.buffer_mib)
     keys = {path: file_key(path, seed) for path in inputs.paths}
     state: dict[str, Any] = {"rows": 0, "expected": inputs.estimated_rows}
 
@@ -99,7 +103,7 @@ def write_stream(inputs: Inputs, directory: Path, *, eval_fraction: float, seed:
                 expected = max(inputs.estimated_rows, block.rows)
                 train = max(1, round(expected * (1 - eval_fraction)))
                 expected_rows = {"train": train, "eval": expected - train} if eval_fraction > 0 else {"train": train}
-                counts = shard_counts(expected_rows, record_bytes, shards, target_shard_mb)
+                counts = shard_counts(expected_rows, record_bytes, options.shards, options.target_shard_mib)
                 writer = state["writer"] = ShardWriter(directory, counts, compression)
                 group_rows = int(min(65536, max(MIN_GROUP_ROWS, chunk_bytes // max(record_bytes, 1))))
             for split, rows in split_block(block, eval_fraction, seed, split_key, keys[block.path]).items():
@@ -113,7 +117,7 @@ def write_stream(inputs: Inputs, directory: Path, *, eval_fraction: float, seed:
             state["expected"] = max(inputs.estimated_rows, state["rows"])
 
     written = 0
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="airflow-tf-encode") as pool:
+    with ThreadPoolExecutor(max_workers=options.threads, thread_name_prefix="airflow-tf-encode") as pool:
         try:
             for (split, shard, rows), data in _ordered(pool, tasks(), depth=in_flight):
                 state["writer"].write(split, shard, rows, data)

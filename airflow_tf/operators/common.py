@@ -3,18 +3,16 @@ task runs, and which errors are worth a retry."""
 
 from __future__ import annotations
 
-import os
-import sys
-import warnings
 from contextlib import contextmanager
 from typing import Any
 from collections.abc import Iterator
 
-import airflow
-import airflow.sdk
 from airflow.sdk import Asset
 from airflow.providers.common.compat.sdk import AirflowFailException
 
+from airflow_tf.cluster.training import parse_bool
+# The warning's documented home is here (CHANGELOG.md); it lives in a leaf every room may import.
+from airflow_tf.deprecation import AirflowTFDeprecationWarning, deprecated  # noqa: F401
 from airflow_tf.storage import configured_backend, configured_backend_options, state_dir
 
 
@@ -30,23 +28,6 @@ def model_asset(model_name: str) -> Asset:
     return Asset(name=f"airflow_tf.model.{model_name}", group="tensorflow")
 
 
-class AirflowTFDeprecationWarning(DeprecationWarning):
-    """A parameter or name of airflow-tf that still works but goes away in the next minor release."""
-
-
-def deprecated(what: str, replacement: str) -> None:
-    """Warns that ``what`` is deprecated, naming its replacement (CHANGELOG.md says when it goes
-    away). The warning points at the user's line: the first caller outside airflow-tf and Airflow
-    (an operator's ``__init__`` runs under Airflow's own wrappers)."""
-    ours = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(airflow.sdk.__file__),
-            os.path.dirname(airflow.__file__))
-    frame, stacklevel = sys._getframe(1), 2
-    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(ours):
-        frame, stacklevel = frame.f_back, stacklevel + 1
-    warnings.warn(f"{what} is deprecated and will be removed in airflow-tf 0.3.0: use {replacement}",
-                  AirflowTFDeprecationWarning, stacklevel=stacklevel)
-
-
 def launch_labels(dag_id: str, task_id: str, run_id: str, map_index: int) -> dict[str, str]:
     """The labels a launch stamps on its group, naming the task instance that launched it."""
     from airflow_tf.cluster import label_value
@@ -58,6 +39,13 @@ def launch_labels(dag_id: str, task_id: str, run_id: str, map_index: int) -> dic
 def is_template(value: Any) -> bool:
     """A value only known when the task runs (Jinja text, an XComArg, a mapped argument)."""
     return not isinstance(value, str) or "{{" in value or "{%" in value
+
+
+def flag(value: Any, name: str) -> Any:
+    """A true/false argument of an operator, through the one strict parser (``parse_bool``):
+    parsed now when it is plain, so ``overwrite="ture"`` fails the DAG's import naming it; a
+    template or XComArg is kept as given and parsed when the task runs."""
+    return value if is_template(value) and not isinstance(value, bool | int) else parse_bool(value, name)
 
 
 def resolved_backend(backend: str | None, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:

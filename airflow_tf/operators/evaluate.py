@@ -66,7 +66,7 @@ class EvaluateModelOperator(BaseOperator):
         super().__init__(**kwargs)
         self.launch = launch
         self.thresholds = thresholds
-        self.compare_to_served = compare_to_served
+        self.compare_to_served = parse_bool(compare_to_served, "compare_to_served")
         self.serving_base = serving_base
         self.model_name = model_name
         self.comparison_metric = comparison_metric
@@ -130,7 +130,7 @@ class ExportSavedModelOperator(BaseOperator):
         self.model_name = model_name
         self.metrics = metrics
         self.serving_base = serving_base
-        self.force = force
+        self.force = parse_bool(force, "force")
         self.on_unblessed = on_unblessed
         self.warmup_requests = parse_bool(warmup_requests, "warmup_requests")
 

@@ -157,7 +157,8 @@ class LaunchTFClusterOperator(BaseOperator):
         self.success_policy = success_policy
         self.port = port
         self.group_name = group_name
-        self.isolate_network, self.pass_env = isolate_network, list(pass_env or [])
+        self.isolate_network = parse_bool(isolate_network, "isolate_network")
+        self.pass_env = list(pass_env or [])
         if training is not None:
             self._set_deprecated_training(training)
         if backend == "kubernetes":

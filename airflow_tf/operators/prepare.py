@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from airflow.sdk import BaseOperator
 
 from airflow_tf.cluster.training import parse_bool
+from airflow_tf.data.options import DEFAULTS, PrepareOptions
+from airflow_tf.deprecation import renamed
 from airflow_tf.storage import datasets_dir
 
-from .common import dataset_asset, is_template, no_retry_for
+from .common import dataset_asset, flag, is_template, no_retry_for
 
 
 def _optional(value: Any, kind: type) -> Any:
@@ -22,6 +24,8 @@ def _optional(value: Any, kind: type) -> Any:
 
 
 log = logging.getLogger(__name__)
+# The operator's attribute of a prepare option, where it is not the option's name: BaseOperator has a ``label``.
+_ATTRIBUTES = {"label": "label_column"}
 
 
 def emit_partition(event: Any, key: str) -> bool:
@@ -73,18 +77,19 @@ class PrepareTFRecordsOperator(BaseOperator):
     :param name: dataset name (the directory under ``output``).
     :param version: version directory; default the next integer after the existing versions.
     :param label: the label column.
-    :param eval_fraction: share of rows held out for evaluation.
+    :param eval_fraction: share of rows held out for evaluation (default 0.2).
     :param seed: seed of the split and of the row shuffle (same input + seed = same split).
     :param split_key: split by a hash of this column, so a key always lands in the same split.
     :param shards: number of train files.
-    :param target_shard_mb: instead of ``shards``, a size per train file in MB.
+    :param target_shard_mib: instead of ``shards``, a size per train file in MiB (default 128).
     :param compression: ``"gzip"``, ``"zlib"`` or None (TFRecord's GZIP and ZLIB).
     :param schema: declared schema: a path to schema.json, or its dict.
     :param string_columns: CSV columns to read as text (a list, or names separated by commas);
         without it an inferred column holding a value that is not a number fails the task.
     :param allow_nan: accept NaN/infinity in float columns.
     :param overwrite: replace the version if it exists (otherwise an existing version fails the task).
-    :param workers: threads that encode in parallel; default: the cores the task may use (its CPU affinity and cgroup CPU limit).
+    :param encode_threads: threads that encode in parallel; default: the cores the task may use (its CPU
+        affinity and cgroup CPU limit).
     :param cache: reuse the newest version made from the same input content and options
         instead of encoding again (logged; the input is read once more to fingerprint it).
     :param partition_key: the data partition this run prepares (e.g. ``"{{ ds }}"``): the
@@ -102,24 +107,31 @@ class PrepareTFRecordsOperator(BaseOperator):
     :param gcp_conn_id: Airflow connection with a service-account key (``key_path`` or
         ``keyfile_dict``) for ``gs://``; default: the environment's (workload identity,
         ``GOOGLE_APPLICATION_CREDENTIALS``).
+    :param target_shard_mb: deprecated since 0.2.0, removed in 0.3.0: ``target_shard_mib`` (it
+        always meant MiB).
+    :param workers: deprecated since 0.2.0, removed in 0.3.0: ``encode_threads``.
     """
 
     template_fields: Sequence[str] = (
         "input", "output_dir", "dataset_name", "version", "label_column", "eval_fraction", "seed",
-        "split_key", "shards", "target_shard_mb", "compression", "schema", "allow_nan", "overwrite",
-        "string_columns", "buffer_mib", "cache", "partition_key", "vocabularies", "aws_conn_id", "gcp_conn_id",
+        "split_key", "shards", "target_shard_mib", "compression", "schema", "allow_nan", "overwrite",
+        "string_columns", "encode_threads", "buffer_mib", "cache", "partition_key", "vocabularies", "aws_conn_id",
+        "gcp_conn_id",
     )
     template_fields_renderers: ClassVar[dict[str, str]] = {"schema": "json", "vocabularies": "json"}
     ui_color = "#c5e1a5"
 
+    # The prepare options' defaults are PrepareOptions' (schema, string_columns: None stands for none).
     def __init__(self, *, input: Any, name: str, output: str | None = None, version: Any = None,
-                 label: str | None = None, eval_fraction: Any = 0.2, seed: Any = 0,
-                 split_key: str | None = None, shards: Any = None, target_shard_mb: Any = None,
-                 compression: str | None = None, schema: Any = None, string_columns: Any = None,
-                 allow_nan: Any = False,
-                 overwrite: Any = False, workers: int | None = None, progress_every: float = 5.0,
-                 buffer_mib: Any = 512, cache: Any = False, partition_key: str | None = None,
-                 vocabularies: Any = None, aws_conn_id: str | None = None, gcp_conn_id: str | None = None,
+                 label: str | None = DEFAULTS.label, eval_fraction: Any = DEFAULTS.eval_fraction,
+                 seed: Any = DEFAULTS.seed, split_key: str | None = DEFAULTS.split_key,
+                 shards: Any = DEFAULTS.shards, target_shard_mib: Any = DEFAULTS.target_shard_mib,
+                 compression: str | None = DEFAULTS.compression, schema: Any = None, string_columns: Any = None,
+                 allow_nan: Any = DEFAULTS.allow_nan, overwrite: Any = False,
+                 encode_threads: Any = DEFAULTS.encode_threads, progress_every: float = 5.0,
+                 buffer_mib: Any = DEFAULTS.buffer_mib, cache: Any = False, partition_key: str | None = None,
+                 vocabularies: Any = DEFAULTS.vocabularies, aws_conn_id: str | None = None,
+                 gcp_conn_id: str | None = None, target_shard_mb: Any = None, workers: Any = None,
                  **kwargs: Any) -> None:
         if not is_template(name) and "outlets" not in kwargs:
             kwargs["outlets"] = [dataset_asset(name)]
@@ -134,19 +146,24 @@ class PrepareTFRecordsOperator(BaseOperator):
         self.seed = seed
         self.split_key = split_key
         self.shards = shards
-        self.target_shard_mb = target_shard_mb
+        self.target_shard_mib = renamed(type(self).__name__, "target_shard_mb", "target_shard_mib", target_shard_mb,
+                                        target_shard_mib)
         self.compression = compression
         self.schema = schema
         self.string_columns = string_columns
-        self.allow_nan = allow_nan
-        self.overwrite = overwrite
-        self.workers = workers
+        self.allow_nan = flag(allow_nan, "allow_nan")
+        self.overwrite = flag(overwrite, "overwrite")
+        self.encode_threads = renamed(type(self).__name__, "workers", "encode_threads", workers, encode_threads)
         self.progress_every = progress_every
         self.buffer_mib = buffer_mib
-        self.cache = cache
+        self.cache = flag(cache, "cache")
         self.partition_key = partition_key
         self.vocabularies = vocabularies
         self.aws_conn_id, self.gcp_conn_id = aws_conn_id, gcp_conn_id
+
+    def prepare_options(self) -> PrepareOptions:
+        """The rendered arguments as the options of the prepare (each parsed and checked)."""
+        return PrepareOptions(**{name: getattr(self, _ATTRIBUTES.get(name, name)) for name in PrepareOptions.names()})
 
     def _log_progress(self, progress: Any) -> None:
         self.log.info("%s", progress.describe())
@@ -156,26 +173,15 @@ class PrepareTFRecordsOperator(BaseOperator):
 
         output = self.output_dir or datasets_dir()
         with no_retry_for(ValueError, what="prepare refused"):  # a retry would read the same value again
-            flags = {name: parse_bool(getattr(self, name), name) for name in ("overwrite", "allow_nan", "cache")}
+            flags = {name: parse_bool(getattr(self, name), name) for name in ("overwrite", "cache")}
+            options = self.prepare_options()
         self.log.info("Preparing dataset %r from %s into %s", self.dataset_name, self.input, output)
         summary = prepare_dataset(
-            self.input, output, self.dataset_name,
+            self.input, output, self.dataset_name, options=options,
             version=_optional(self.version, str),
-            label=_optional(self.label_column, str),
-            eval_fraction=float(self.eval_fraction),
-            shards=_optional(self.shards, int),
-            target_shard_mb=_optional(self.target_shard_mb, float),
-            compression=_optional(self.compression, str),
-            schema=self.schema or None,
-            string_columns=self.string_columns or None,
-            seed=int(self.seed),
-            split_key=_optional(self.split_key, str),
-            workers=self.workers,
             progress=self._log_progress,
             progress_every=self.progress_every,
-            buffer_mib=float(self.buffer_mib),
             partition_key=_optional(self.partition_key, str),
-            vocabularies=self.vocabularies or None,
             **flags,
             storage_options=storage_options(_optional(self.aws_conn_id, str), _optional(self.gcp_conn_id, str)),
         )
@@ -223,7 +229,7 @@ class DatasetWindowOperator(BaseOperator):
                  overwrite: Any = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.dataset_name, self.last, self.output_dir = name, last, output
-        self.version, self.overwrite = version, overwrite
+        self.version, self.overwrite = version, flag(overwrite, "overwrite")
 
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_tf.data.window import make_window
@@ -244,7 +250,8 @@ class PreparePartOperator(BaseOperator):
 
     :param job: ``{"plan": directory, "index": N, "name": dataset, "token": plan id}`` (one
         item of the plan task's XCom).
-    :param workers: encoding threads of the part.
+    :param encode_threads: encoding threads of the part (default: the plan's, else the cores it may use).
+    :param workers: deprecated since 0.2.0: ``encode_threads``.
     :param progress_every: seconds between progress lines.
     :param kubernetes: :class:`~airflow_tf.backends.kubernetes.KubernetesPartOptions`
         (or its dict): run the part as a pod; None runs it here.
@@ -252,11 +259,11 @@ class PreparePartOperator(BaseOperator):
 
     ui_color = "#d9ead3"
 
-    def __init__(self, *, job: Any, workers: int | None = None, progress_every: float = 5.0,
-                 kubernetes: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, job: Any, encode_threads: int | None = None, progress_every: float = 5.0,
+                 kubernetes: dict[str, Any] | None = None, workers: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.job = job
-        self.workers = workers
+        self.encode_threads = renamed(type(self).__name__, "workers", "encode_threads", workers, encode_threads)
         self.progress_every = progress_every
         self.kubernetes = kubernetes
 
@@ -273,7 +280,7 @@ class PreparePartOperator(BaseOperator):
     def _run_here(self, index: int) -> dict[str, Any]:
         from airflow_tf.data.partitioned import prepare_part
 
-        return prepare_part(self.job["plan"], index, workers=self.workers,
+        return prepare_part(self.job["plan"], index, encode_threads=self.encode_threads,
                             progress=lambda p: self.log.info("part %d: %s", index, p.describe()),
                             progress_every=self.progress_every)
 
@@ -284,7 +291,7 @@ class PreparePartOperator(BaseOperator):
         plan, dataset, token = self.job["plan"], self.job["name"], self.job["token"]
         self._part_job = (options, part_job_name(dataset, token, index))
         self.log.info("part %d runs as Kubernetes Job %s (image %s)", index, self._part_job[1], options.image)
-        return run_part(options, plan=plan, index=index, dataset=dataset, token=token, workers=self.workers,
+        return run_part(options, plan=plan, index=index, dataset=dataset, token=token, encode_threads=self.encode_threads,
                         progress_every=self.progress_every, on_log=lambda line: self.log.info("| %s", line))
 
     def on_kill(self) -> None:

@@ -18,6 +18,7 @@ from airflow_tf.backends.wait import (
     still_waiting_message,
     waiting_message,
 )
+from airflow_tf.cluster.training import parse_bool
 from airflow_tf.triggers.worker_completion import WorkerCompletionTrigger
 
 
@@ -64,7 +65,7 @@ class WorkerCompletionSensor(BaseSensorOperator):
         super().__init__(poke_interval=poke_interval, **kwargs)
         self.group = group
         self.success_policy = success_policy
-        self.deferrable = deferrable
+        self.deferrable = parse_bool(deferrable, "deferrable")
         self.log_tail_lines = log_tail_lines
         self._recorded_replacements: list[str] | None = None
         self._last_waiting: str | None = None

@@ -45,7 +45,7 @@ def test_partitioned_prepare_writes_the_same_records_per_split_as_one_prepare(tm
     folder = _inputs(tmp_path)
     options = dict(label="y", eval_fraction=0.25, seed=7, compression="gzip")
     single = prepare_dataset(folder, tmp_path / "out", "single", **options)
-    parted = prepare_partitioned(folder, tmp_path / "out", "parted", partitions=3, **options)
+    parted = prepare_partitioned(folder, tmp_path / "out", "parted", parts=3, **options)
     assert parted["parts"] == 3 and parted["rows"] == single["rows"] == 7400
     assert parted["counts"] == single["counts"] and parted["schema"] == single["schema"]
     for split in ("train", "eval"):
@@ -74,7 +74,7 @@ prepare_part(sys.argv[1], int(sys.argv[2]), progress=stop, progress_every=0)
 def test_a_part_killed_mid_write_commits_nothing(tmp_path):
     folder = _inputs(tmp_path)
     output = tmp_path / "out"
-    plan = plan_parts(folder, output, "killed", partitions=2, label="y")
+    plan = plan_parts(folder, output, "killed", parts=2, label="y")
     prepare_part(plan, 0)
     killed = subprocess.run([sys.executable, "-c", KILL_AFTER_FIRST_WRITE, plan["directory"], "1"],
                             capture_output=True, text=True, timeout=300)
@@ -93,9 +93,9 @@ def test_a_part_killed_mid_write_commits_nothing(tmp_path):
 
 def test_plan_refuses_bad_options_and_a_damaged_part(tmp_path):
     folder = _inputs(tmp_path)
-    with pytest.raises(DataError, match="partitions must be at least 1, got 0"):
-        plan_parts(folder, tmp_path / "out", "bad", partitions=0)
-    plan = plan_parts(folder, tmp_path / "out", "bad", partitions=8, label="y")
+    with pytest.raises(DataError, match="parts must be a whole number of parallel parts, at least 1, got 0"):
+        plan_parts(folder, tmp_path / "out", "bad", parts=0)
+    plan = plan_parts(folder, tmp_path / "out", "bad", parts=8, label="y")
     assert len(plan["parts"]) == 4  # one part per file at most
     assert sorted(f for part in plan["parts"] for f in part) == plan["files"]
     for index in range(4):
@@ -117,7 +117,7 @@ from airflow_tf.task_groups import tf_prepare
 
 for dag_id, source in (("parted_ok", {good!r}), ("parted_bad", {bad!r})):
     with DAG(dag_id, schedule=None, start_date=datetime(2024, 1, 1), catchup=False) as dag:
-        prepared = tf_prepare(input=source, output={output!r}, name="parted", partitions=2, label="y",
+        prepared = tf_prepare(input=source, output={output!r}, name="parted", parts=2, label="y",
                               eval_fraction=0.25, seed=7, progress_every=0)
 
         @task

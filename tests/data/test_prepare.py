@@ -116,7 +116,7 @@ def test_split_is_deterministic_and_a_split_key_keeps_each_key_in_one_split(tmp_
 
 def test_shard_size_compression_versions_and_overwrite(tmp_path, read_split):
     src = write_linear_regression_csv(tmp_path / "lr.csv", rows=3000, seed=2)
-    small = prepare_dataset(src, tmp_path / "out", "lr", label="y", target_shard_mb=0.02, compression="gzip")
+    small = prepare_dataset(src, tmp_path / "out", "lr", label="y", target_shard_mib=0.02, compression="gzip")
     train_files = sorted((Path(small["dataset_uri"]) / "train").iterdir())
     # 2400 train records of 48 bytes ~ 115 kB -> 6 files of at most ~20 kB uncompressed.
     assert small["version"] == "1" and len(train_files) == 6

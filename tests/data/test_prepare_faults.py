@@ -153,13 +153,13 @@ def test_too_many_shards_is_refused_with_the_numbers_and_a_value_that_works(tmp_
                                         r"at most 24 train files are allowed \(at least 100 rows each, 10,000 files "
                                         r"at most\): use shards=24 or fewer"):
         prepare_dataset(path, tmp_path / "out", "rows", label="y", shards=100)
-    with pytest.raises(DataError, match=r"target_shard_mb=0\.0001 would make \d+ files of 2,400 train rows; at most "
-                                        r"24 are allowed .*: use target_shard_mb=([0-9.]+) or more") as caught:
-        prepare_dataset(path, tmp_path / "out", "rows", label="y", target_shard_mb=0.0001)
+    with pytest.raises(DataError, match=r"target_shard_mib=0\.0001 would make \d+ files of 2,400 train rows; at most "
+                                        r"24 are allowed .*: use target_shard_mib=([0-9.]+) or more") as caught:
+        prepare_dataset(path, tmp_path / "out", "rows", label="y", target_shard_mib=0.0001)
     assert_nothing_committed(tmp_path / "out")
-    suggested = float(re.search(r"use target_shard_mb=([0-9.]+)", str(caught.value)).group(1))
+    suggested = float(re.search(r"use target_shard_mib=([0-9.]+)", str(caught.value)).group(1))
     assert prepare_dataset(path, tmp_path / "out", "rows", label="y", shards=24)["shards"] == {"train": 24, "eval": 6}
-    by_size = prepare_dataset(path, tmp_path / "out", "rows", label="y", target_shard_mb=suggested)
+    by_size = prepare_dataset(path, tmp_path / "out", "rows", label="y", target_shard_mib=suggested)
     assert by_size["shards"]["train"] <= 24
 
 

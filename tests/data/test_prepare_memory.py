@@ -30,12 +30,12 @@ def status(key):
 warm = sys.argv[2] + "-warm.csv"
 with open(warm, "w") as handle:
     handle.write("id,y\n" + "".join(f"{i},{i % 2}\n" for i in range(1000)))
-prepare_dataset(warm, sys.argv[2] + "-warm", "warm", label="y", workers=2, compression="gzip")
+prepare_dataset(warm, sys.argv[2] + "-warm", "warm", label="y", encode_threads=2, compression="gzip")
 with open("/proc/self/clear_refs", "w") as handle:
     handle.write("5")  # reset the peak resident set size to the current one
 before = status("VmRSS")
 summary = prepare_dataset(sys.argv[1], sys.argv[2], "big", label="y", buffer_mib=float(sys.argv[3]),
-                          workers=2, compression="gzip")
+                          encode_threads=2, compression="gzip")
 print(json.dumps({"before": before, "peak": status("VmHWM"), "summary": summary}))
 '''
 

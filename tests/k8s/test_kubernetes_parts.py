@@ -159,7 +159,7 @@ def _jobs_created(kube) -> int:
 def test_parts_run_as_jobs_and_the_committed_version_equals_a_local_prepare(kube, kubelet, tmp_path):
     folder = _inputs(tmp_path / "raw")
     options = dict(label="y", eval_fraction=0.25, seed=7)
-    plan = plan_parts(folder, tmp_path / "datasets", "clicks", partitions=2, **options)
+    plan = plan_parts(folder, tmp_path / "datasets", "clicks", parts=2, **options)
     pods = _options(kube)
     lines: list[str] = []
     with LocalKubelet(kube, kubelet, tmp_path) as node:
@@ -244,7 +244,7 @@ def test_a_retried_part_reattaches_to_its_running_job_and_replaces_a_finished_on
 
 def test_a_failed_part_names_its_pod_phase_reason_and_log_and_nothing_commits(kube, kubelet, tmp_path):
     folder = _inputs(tmp_path / "raw")
-    plan = plan_parts(folder, tmp_path / "datasets", "clicks", partitions=2, label="y", eval_fraction=0.25)
+    plan = plan_parts(folder, tmp_path / "datasets", "clicks", parts=2, label="y", eval_fraction=0.25)
     bad = next(i for i, files in enumerate(plan["parts"]) if files[0].endswith("day-1.csv"))
     with open(folder / "day-1.csv", "a") as handle:  # a row the plan did not see: only the part reads it
         handle.write("9999,0.5,w1,oops\n")
@@ -267,7 +267,7 @@ def test_a_killed_part_task_deletes_its_job_and_its_pod(kube, kubelet, tmp_path)
     from airflow_tf.operators.prepare import PreparePartOperator
 
     folder = _inputs(tmp_path / "raw")
-    plan = plan_parts(folder, tmp_path / "datasets", "clicks", partitions=2, label="y")
+    plan = plan_parts(folder, tmp_path / "datasets", "clicks", parts=2, label="y")
     job = {"plan": plan["directory"], "index": 0, "name": "clicks", "token": plan["token"]}
     operator = PreparePartOperator(task_id="part", job=job, kubernetes=_options(kube).to_dict())
     outcome: list[BaseException] = []

@@ -212,7 +212,7 @@ from airflow.sdk import DAG, task
 from airflow_tf.task_groups import tf_prepare
 
 with DAG("parts_on_the_node", schedule=None, start_date=datetime(2024, 1, 1), catchup=False) as dag:
-    prepared = tf_prepare(input={source!r}, output={output!r}, name="clicks", partitions=2, label="y",
+    prepared = tf_prepare(input={source!r}, output={output!r}, name="clicks", parts=2, label="y",
                           eval_fraction=0.25, seed=7, progress_every=0, kubernetes={kubernetes!r})
 
     @task

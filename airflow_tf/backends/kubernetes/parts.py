@@ -172,10 +172,10 @@ def part_job_name(dataset: str, token: str, index: int) -> str:
 
 
 def part_job(options: KubernetesPartOptions, namespace: str, *, plan: str, index: int, dataset: str, token: str,
-             workers: int | None = None, progress_every: float = 5.0) -> dict:
+             encode_threads: int | None = None, progress_every: float = 5.0) -> dict:
     """The Job that runs part ``index`` of the plan in directory ``plan``."""
     settings = pod_options("part", {k: v for k, v in options.pod.items() if k not in _NOT_FOR_PARTS}, where=WHERE)
-    command = part_command(plan, index, TERMINATION_MESSAGE_PATH, workers=workers, progress_every=progress_every)
+    command = part_command(plan, index, TERMINATION_MESSAGE_PATH, encode_threads=encode_threads, progress_every=progress_every)
     template = one_off_pod_template(
         container=PART_COMPONENT, image=options.image, command=command, env=dict(options.env), options=settings,
         resources=check_resources("part", options.resources, f"{WHERE}.resources"))
@@ -186,7 +186,7 @@ def part_job(options: KubernetesPartOptions, namespace: str, *, plan: str, index
 
 
 def run_part(options: KubernetesPartOptions, *, plan: str, index: int, dataset: str, token: str,
-             workers: int | None = None, progress_every: float = 5.0,
+             encode_threads: int | None = None, progress_every: float = 5.0,
              on_log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run part ``index`` as a Job, hand its log lines to ``on_log`` as they come, and return
     what the part returned (``index``, ``rows``, ``counts``). The Job is deleted at the end,
@@ -195,7 +195,7 @@ def run_part(options: KubernetesPartOptions, *, plan: str, index: int, dataset: 
     was refused, and a retry would fail again)."""
     backend = options.backend()
     body = part_job(options, backend.namespace, plan=plan, index=index, dataset=dataset, token=token,
-                    workers=workers, progress_every=progress_every)
+                    encode_threads=encode_threads, progress_every=progress_every)
     name = body["metadata"]["name"]
     try:
         pod = backend.run_one_off(body, what=f"part {index} of dataset {dataset!r}", on_log=on_log)
