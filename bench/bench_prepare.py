@@ -14,7 +14,7 @@ converts it, every contender in a fresh process so that its peak resident memory
 
 Prints wall time, rows/s, CPU time and peak RSS of each, and the ratios streaming / in-memory.
 Checks on the smallest size that every output holds the same values.
-Usage: ``.venv/bin/python bench/bench_prepare.py [--rows 1000000,8000000] [--workers N] [--textbook]``
+Usage: ``.venv/bin/python bench/bench_prepare.py [--rows 1000000,8000000] [--encode-threads N] [--textbook]``
 """
 
 from __future__ import annotations
@@ -96,10 +96,11 @@ def child(args: argparse.Namespace) -> int:
     else:
         # The in-memory child finds BASELINE's airflow_tf first on PYTHONPATH (run_child's env).
         from airflow_tf.data.prepare import prepare_dataset
-        options = {} if args.child == "in-memory" else {"buffer_mib": args.buffer_mib}
+        # The baseline predates buffer_mib and names its encoding threads "workers".
+        options = ({"workers": args.encode_threads} if args.child == "in-memory"
+                   else {"buffer_mib": args.buffer_mib, "encode_threads": args.encode_threads})
         start = time.perf_counter()
-        summary = prepare_dataset(csv_path, out, args.child, label="label", version=1, overwrite=True,
-                                  workers=args.workers, **options)
+        summary = prepare_dataset(csv_path, out, args.child, label="label", version=1, overwrite=True, **options)
         rows = summary["rows"]
         uri = Path(summary["dataset_uri"])
         files = sorted(str(p) for p in uri.glob("*/part-*"))
@@ -113,7 +114,7 @@ def run_child(kind: str, csv_path: Path, out: Path, args: argparse.Namespace, tr
     """Run one contender in a fresh process: its result, CPU seconds and peak RSS (MiB). The
     in-memory one imports airflow_tf from ``tree`` (BASELINE's worktree), the others from this one."""
     command = [sys.executable, __file__, "--child", kind, "--csv", str(csv_path), "--out", str(out),
-               "--buffer-mib", str(args.buffer_mib)] + (["--workers", str(args.workers)] if args.workers else [])
+               "--buffer-mib", str(args.buffer_mib)] + (["--encode-threads", str(args.encode_threads)] if args.encode_threads else [])
     source = tree if kind == "in-memory" else history.REPO
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=history.environment(source))
     output = process.stdout.read()
@@ -133,7 +134,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default="1000000,8000000", help="comma-separated input sizes in rows")
     parser.add_argument("--columns", type=int, default=20, help="float columns (plus one label)")
-    parser.add_argument("--workers", type=int, default=None, help="encoding threads (default: one per core)")
+    parser.add_argument("--encode-threads", type=int, default=None, help="encoding threads (default: one per core)")
     parser.add_argument("--buffer-mib", type=float, default=512.0, help="the streaming path's memory setting")
     parser.add_argument("--textbook", action="store_true",
                         help="add the textbook conversion (for sizes up to 1M rows: it runs ~20k rows/s)")
@@ -150,7 +151,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, history.checkout(BASELINE) as tree:
         work = Path(args.workdir or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        print(f"{os.cpu_count()} cores, streaming buffer_mib={args.buffer_mib:g}, workers={args.workers or 'one per core'}; "
+        print(f"{os.cpu_count()} cores, streaming buffer_mib={args.buffer_mib:g}, encode_threads={args.encode_threads or 'one per core'}; "
               f"in-memory: commit {BASELINE[:7]} (a temporary worktree, {tree})")
         print(f"{'rows':>10s} {'contender':10s} {'wall s':>8s} {'rows/s':>11s} {'CPU s':>7s} {'peak RSS MiB':>13s}")
         for n, rows in enumerate(sizes):
