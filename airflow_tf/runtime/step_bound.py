@@ -224,7 +224,8 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
 
     def before_run(self, run_context):
         fresh = self._fresh
-        self._steps = max(1, self.steps_of(run_context.original_args.fetches))
+        args = run_context.original_args
+        self._steps = max(1, self.steps_of(args.fetches)) if args is not None else 1
         bound = self._cap if fresh else step_bound(self._recent, self._cap, self._steps)
         with self._lock:
             self._started, self._bound, self._what = time.monotonic(), bound, "step"

@@ -26,7 +26,7 @@ from .loop import (KEEP_CHECKPOINTS, NanPolicy, Progress, Start, placement, prep
                    starting_point, target_step, task_result)
 from .models import build_model, compute_loss, resolve_loss, weight_key
 from .optimizers import make_optimizer
-from .session_hooks import FiniteSaver, SyncReplicasHook
+from .session_hooks import FiniteSaver, QuickCloseCreator, SyncReplicasHook
 from .step_bound import StepBoundHook
 from .steps import AUTO_STEPS_PER_CALL, StepsPerCall, TrainingHook, chain_steps
 from .task import Task, session_config
@@ -260,7 +260,7 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
 
         try:
             session = tf.compat.v1.train.MonitoredSession(
-                session_creator=creator, hooks=hooks, stop_grace_period_secs=STOP_GRACE_SECS
+                session_creator=QuickCloseCreator(creator), hooks=hooks, stop_grace_period_secs=STOP_GRACE_SECS
             )
         except tf.errors.NotFoundError as exc:
             if not (task.is_chief and resume_from):
