@@ -7,16 +7,17 @@ Contenders, alternated ``--rounds`` times:
 - **keras**: ``model.fit`` on the rows in memory (a NumPy matrix), in a fresh process; its rate
   is timed between batch ends inside the one ``fit`` (windows of ``--window`` seconds, the first
   epoch left out);
-- **group, 1 step/call, streaming**: ``airflow-tf``'s group with ``steps_per_call=1`` and
+- **group-1-step-streaming**: ``airflow-tf``'s group with ``steps_per_call=1`` and
   ``in_memory_input_bytes=0`` (one ``session.run`` per step, the TFRecord pipeline);
-- **group**: the group with its defaults (several steps per call, the share in memory).
+- **group**: the group with its defaults (several steps per call, the share in memory);
+- **group-intra2**: the same with two threads per op in each task (Keras uses every core).
 
 A group's rate is the median of its chief's progress windows (``log_every_secs=1``), the first
 two left out. Prints each round, then per contender the median and the spread (min-max) of the
 rates, the final losses (Keras: its last epoch's mean; a group: its last progress window's),
-and each group's median rate over Keras's.
+and each group's median rate over Keras's, and its rate over Keras's round by round.
 
-Usage: ``.venv/bin/python bench/bench_keras_fit.py [--rounds 3] [--steps 1200] [--workdir DIR]``
+Usage: ``.venv/bin/python bench/bench_keras_fit.py [--rounds 3] [--steps 1200] [--only keras,group] [--workdir DIR]``
 """
 
 from __future__ import annotations
@@ -101,8 +102,9 @@ def group(backend: LocalBackend, dataset: str, run_dir: Path, steps: int, **opti
 
 CONTENDERS = {
     "keras": None,
-    "group, 1 step/call, streaming": {"steps_per_call": 1, "in_memory_input_bytes": 0},
+    "group-1-step-streaming": {"steps_per_call": 1, "in_memory_input_bytes": 0},
     "group": {},
+    "group-intra2": {"intra_op_threads": 2},
 }
 
 
@@ -135,7 +137,13 @@ def main() -> None:
     keras_rate = statistics.median(m["rate"] for m in measured["keras"]) if "keras" in measured else None
     for name, runs in measured.items():
         rates = [m["rate"] for m in runs]
-        ratio = f"  {statistics.median(rates) / keras_rate:.2f}x keras" if keras_rate and name != "keras" else ""
+        ratio = ""
+        if keras_rate and name != "keras":
+            # Each round's contenders ran minutes apart at most: their ratio suffers less from
+            # the machine's other load than rates taken across rounds.
+            rounds = [m["rate"] / k["rate"] for m, k in zip(runs, measured["keras"], strict=True)]
+            ratio = (f"  {statistics.median(rates) / keras_rate:.2f}x keras; per round "
+                     f"{', '.join(f'{r:.2f}' for r in rounds)}x (median {statistics.median(rounds):.2f}x)")
         print(f"  {name:30s} {statistics.median(rates):8.0f} ({min(rates):.0f}-{max(rates):.0f}) examples/s  "
               f"final loss {statistics.median(m['loss'] for m in runs):.4f}{ratio}", flush=True)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")

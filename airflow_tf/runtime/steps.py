@@ -99,7 +99,7 @@ class TrainingHook(tf.compat.v1.train.SessionRunHook):
     chief's progress) come last and end after the saver's end: their final report names the
     final checkpoint."""
 
-    def __init__(self, global_step, target: int, calls: StepsPerCall, observers: Sequence[AfterStep],
+    def __init__(self, global_step, target: int, calls: StepsPerCall, observers: Sequence[AfterStep], *,
                  saver: tf.compat.v1.train.SessionRunHook | None = None, reporters: Sequence[AfterStep] = ()):
         self._global_step = global_step
         self._target = target
