@@ -47,7 +47,8 @@ class Call:
 def chain_steps(steps: int, one_step: Callable[[], tuple[tf.Tensor, tf.Operation]], global_step) -> Call:
     """``steps`` steps in sequence: ``one_step()`` builds a step (its batch, loss and update)
     and is called under a control dependency on the previous step's update, so that its
-    variable reads see that update."""
+    variable reads see that update (and, as a step's update depends on its reads through the
+    gradients, no read sees a later one)."""
     losses, train_op = [], None
     for _ in range(steps):
         with tf.control_dependencies([train_op] if train_op is not None else []):

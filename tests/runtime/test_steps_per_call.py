@@ -68,3 +68,33 @@ def test_steps_per_call_is_checked_and_named():
     assert TrainingConfig(dataset="/d", run_dir="/r", steps=10, steps_per_call="8").steps_per_call == 8
     assert "--steps-per-call" not in TrainingConfig(dataset="/d", run_dir="/r", steps=10).to_args(), \
         "unset means automatic"
+
+
+@pytest.mark.parametrize("on_nan", ["fail", "stop"])
+def test_a_loss_that_becomes_inf_inside_a_chain_is_caught_at_its_own_global_step(on_nan, capsys):
+    """In-process (no group needed): 4 steps per call, the third step's loss is inf."""
+    from airflow_tf.runtime.errors import NonFiniteError
+    from airflow_tf.runtime.loop import NanPolicy
+    from airflow_tf.runtime.steps import StepsPerCall, TrainingHook, chain_steps
+
+    with tf.Graph().as_default():
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+
+        def one_step():  # as in training, the update depends on the loss (through its gradients)
+            loss = 1.0 / (2.0 - tf.cast(global_step.read_value(), tf.float32))  # inf at the step from 2 to 3
+            with tf.control_dependencies([loss]):
+                return loss, global_step.assign_add(1).op
+
+        calls = StepsPerCall(chain_steps(1, one_step, global_step), chain_steps(4, one_step, global_step),
+                             target=100, trainers=1, fixed=4)
+        policy = NanPolicy(on_nan)
+        hook = TrainingHook(global_step, 100, calls, [policy])
+        with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as session:
+            if on_nan == "fail":
+                with pytest.raises(NonFiniteError, match="loss became inf at global step 3"):
+                    session.run(hook.next_op())
+                return
+            while not session.should_stop():
+                session.run(hook.next_op())
+    assert policy.stopped == "loss became inf at global step 3"
+    assert hook.last_step == 4, "the call ran its 4 steps, then training stopped"
