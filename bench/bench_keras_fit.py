@@ -15,7 +15,8 @@ Contenders, alternated ``--rounds`` times:
 A group's rate is the median of its chief's progress windows (``log_every_secs=1``), the first
 two left out. Prints each round, then per contender the median and the spread (min-max) of the
 rates, the final losses (Keras: its last epoch's mean; a group: its last progress window's),
-and each group's median rate over Keras's, and its rate over Keras's round by round.
+and each group's median rate over Keras's, and its rate over Keras's round by round. Each
+group's run also shows the time from its chief's last progress line to its exit line.
 
 Usage: ``.venv/bin/python bench/bench_keras_fit.py [--rounds 3] [--steps 1200] [--only keras,group] [--workdir DIR]``
 """
@@ -33,7 +34,7 @@ import time
 from pathlib import Path
 
 from bench_group import mlp_dataset
-from bench_modes import progress_lines
+from bench_modes import progress_lines, stamp_of
 
 from airflow_tf.backends.local import LocalBackend
 from airflow_tf.backends.wait import run_group
@@ -95,9 +96,12 @@ def group(backend: LocalBackend, dataset: str, run_dir: Path, steps: int, **opti
     if not result.outcome.succeeded:
         raise RuntimeError(f"{name} failed: {result.report}")
     (log,) = list(logs_dir.rglob("*worker-0.log"))
-    _, lines = progress_lines(log.read_text())
+    text = log.read_text()
+    _, lines = progress_lines(text)
     rates = [progress["examples_per_sec"] for _, progress in lines[2:-1]]  # the final report spans the exit
-    return {"rate": statistics.median(rates), "loss": lines[-1][1]["loss"], "steps": lines[-1][1]["global_step"]}
+    (exit_line,) = [line for line in text.splitlines() if "airflow-tf task exit" in line]
+    return {"rate": statistics.median(rates), "loss": lines[-1][1]["loss"], "steps": lines[-1][1]["global_step"],
+            "exit_secs": stamp_of(exit_line) - lines[-1][0]}
 
 
 CONTENDERS = {
@@ -131,8 +135,9 @@ def main() -> None:
             else:
                 m = group(backend, dataset, root / f"run-{round_}-{i}", args.steps, **options)
             measured[name].append(m)
-            print(f"round {round_ + 1} {name:30s} {m['rate']:8.0f} examples/s  final loss {m['loss']:.4f}  "
-                  f"({m['steps']} steps, {time.monotonic() - started:.0f} s)", flush=True)
+            exit_secs = f", last progress line -> exit line {m['exit_secs']:.2f} s" if "exit_secs" in m else ""
+            print(f"round {round_ + 1} {name:24s} {m['rate']:8.0f} examples/s  final loss {m['loss']:.4f}  "
+                  f"({m['steps']} steps, {time.monotonic() - started:.0f} s{exit_secs})", flush=True)
     print(f"median (min-max) of {args.rounds} rounds:")
     keras_rate = statistics.median(m["rate"] for m in measured["keras"]) if "keras" in measured else None
     for name, runs in measured.items():
@@ -144,7 +149,7 @@ def main() -> None:
             rounds = [m["rate"] / k["rate"] for m, k in zip(runs, measured["keras"], strict=True)]
             ratio = (f"  {statistics.median(rates) / keras_rate:.2f}x keras; per round "
                      f"{', '.join(f'{r:.2f}' for r in rounds)}x (median {statistics.median(rounds):.2f}x)")
-        print(f"  {name:30s} {statistics.median(rates):8.0f} ({min(rates):.0f}-{max(rates):.0f}) examples/s  "
+        print(f"  {name:24s} {statistics.median(rates):8.0f} ({min(rates):.0f}-{max(rates):.0f}) examples/s  "
               f"final loss {statistics.median(m['loss'] for m in runs):.4f}{ratio}", flush=True)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
