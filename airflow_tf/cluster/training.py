@@ -22,6 +22,9 @@ OPTIMIZERS = ("sgd", "adam", "adagrad", "rmsprop", "lazy_adam", "ftrl")
 (``adam`` decays every row's moments every step); ``ftrl`` is TensorFlow's FTRL-Proximal."""
 DEFAULT_MIN_SHARD_BYTES = 16 * 2**20
 DEFAULT_MAX_SHARD_BYTES = 128 * 2**20
+DEFAULT_IN_MEMORY_INPUT_BYTES = 256 * 2**20
+MAX_IN_MEMORY_INPUT_BYTES = 2**30
+"""The share is held in the training graph as constants, which TensorFlow limits to 2 GiB a graph."""
 BUILTIN_MODELS = ("linear_regression", "mlp_classifier")
 MODES = ("between_graph", "coordinator")
 """``between_graph``: every worker builds its own graph (TF1-compat replication, async or sync).
@@ -102,6 +105,16 @@ class TrainingConfig:
                           "last finite checkpoint (``stop``)", choices=ON_NAN)
     operation_timeout_secs: float = _option(300.0, "bound on one session step: a step stuck longer errors and "
                                             "the session recovers", bounds=(1.0, 86400.0))
+    in_memory_input_bytes: int = _option(DEFAULT_IN_MEMORY_INPUT_BYTES, "a trainer whose share of the training "
+                                         "split, parsed, fits in this many bytes reads and parses it once and "
+                                         "trains from memory (the share reshuffled every epoch); a larger share "
+                                         "streams from the files. 0: always stream",
+                                         bounds=(0, MAX_IN_MEMORY_INPUT_BYTES))
+    steps_per_call: int | None = _option(None, "training steps a trainer runs per TensorFlow call, chained in the "
+                                         "graph (each on its own batch, after the previous update): fewer calls, "
+                                         "less fixed cost per step. None: chosen from the step time (several for "
+                                         "quick steps, 1 for slow ones; 10 per scheduled function in coordinator "
+                                         "mode). Sync mode runs 1", bounds=(1, 1000))
     summary_every_steps: int = _option(100, "TensorBoard summaries (loss, examples/s, learning rate) every N "
                                        "global steps, besides every ``log_every_secs``", bounds=(1, 10**9))
     code_dir: str | None = _option(None, "snapshot of the model's code (written by the launch into the run "
@@ -161,6 +174,9 @@ class TrainingConfig:
         elif self.mode == "coordinator" and self.sync:
             errors.append("sync: coordinator mode updates the parameters asynchronously only; "
                           "drop sync=True or use mode='between_graph'")
+        if self.sync and isinstance(self.steps_per_call, int) and self.steps_per_call > 1:
+            errors.append(f"steps_per_call: sync mode runs one step per call (each waits for the other workers' "
+                          f"gradients), got {self.steps_per_call}; drop steps_per_call or sync=True")
         if isinstance(self.min_shard_bytes, int) and isinstance(self.max_shard_bytes, int) and \
                 self.min_shard_bytes > self.max_shard_bytes:
             errors.append(f"max_shard_bytes: {self.max_shard_bytes:,} is below min_shard_bytes={self.min_shard_bytes:,}; "

@@ -4,7 +4,9 @@ TensorFlow is imported inside the functions, so importing :mod:`airflow_tf.data`
 
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from airflow_tf.files import training_location_problem
@@ -14,6 +16,12 @@ from .schema import Schema, compression_of, load_schema, split_files, split_info
 
 _MAX_SHUFFLE_BUFFER = 10_000
 _INTERLEAVE_BLOCK = 64
+_PREFETCH_BATCHES = 2
+"""Batches made ahead of the trainer: enough to hide the pipeline's latency behind a step;
+AUTOTUNE keeps more and spends a core on them that the step needs on a small machine."""
+_LOAD_BATCH = 8192
+_STRING_BYTES = 64
+"""A guess of a parsed string value's size, for the in-memory estimate."""
 
 
 def parse_spec(schema: Schema) -> dict[str, Any]:
@@ -37,6 +45,7 @@ def make_dataset(  # noqa: PLR0917  public signature: callers pass these positio
     seed: int = 0,
     drop_remainder: bool = False,
     shuffle_buffer: int | None = None,
+    in_memory_bytes: int = 0,
 ):
     """Batches of ``(features, label)`` from one split of a prepared dataset.
 
@@ -46,7 +55,11 @@ def make_dataset(  # noqa: PLR0917  public signature: callers pass these positio
     ``num_shards``/``shard_index`` give each of ``num_shards`` workers a disjoint share: whole
     files when the split has at least ``num_shards`` files, else every ``num_shards``-th
     record. ``epochs=None`` repeats forever. ``shuffle=False`` gives a deterministic order.
-    Records are batched first and parsed with one ``tf.io.parse_example`` per batch."""
+    Records are batched first and parsed with one ``tf.io.parse_example`` per batch.
+
+    ``in_memory_bytes``: when this share's parsed values (estimated from the schema) fit in it,
+    the share is read and parsed once into memory and each batch is gathered from there, the
+    whole share reshuffled every epoch; 0 always streams from the files."""
     import tensorflow as tf
 
     if int(batch_size) < 1:
@@ -61,38 +74,85 @@ def make_dataset(  # noqa: PLR0917  public signature: callers pass these positio
     if problem:  # before TensorFlow's own, less helpful "scheme not implemented"
         raise DataError(problem)
     schema = load_schema(dataset_uri)
-    files = split_files(dataset_uri, split)
-    info = split_info(dataset_uri, split)
-    compression = {"gzip": "GZIP", "zlib": "ZLIB"}.get(compression_of(dataset_uri) or "", "")
-    by_file = len(files) >= num_shards
-    if by_file:
-        files = files[shard_index::num_shards]
-    if not files:
-        raise DataError(f"split {split!r} of dataset {dataset_uri} has no files")
-    examples = max(1, int(info["examples"]) // (1 if by_file else num_shards))
+    share = _Share.of(dataset_uri, split, int(num_shards), int(shard_index))
+    if in_memory_bytes and share.examples * _row_bytes(schema) <= in_memory_bytes:
+        ds = _in_memory(share, schema, batch_size, epochs, drop_remainder=drop_remainder, shuffle=shuffle, seed=seed)
+    else:
+        ds = _records(share, shuffle=shuffle, seed=seed, shuffle_buffer=shuffle_buffer).repeat(epochs)
+        ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+        ds = ds.map(_parser(schema), num_parallel_calls=tf.data.AUTOTUNE, deterministic=not shuffle)
+    return ds.prefetch(_PREFETCH_BATCHES)
 
-    ds = tf.data.Dataset.from_tensor_slices(files)
-    if shuffle and by_file:
-        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.interleave(
-        lambda path: tf.data.TFRecordDataset(path, compression_type=compression),
-        cycle_length=min(len(files), 8),
-        # Runs of records per file: handing over single records between threads costs
-        # more CPU than parsing them.
-        block_length=_INTERLEAVE_BLOCK,
-        num_parallel_calls=tf.data.AUTOTUNE,
-        # Record sharding needs the same order in every worker, and shuffle=False promises one.
-        deterministic=not (shuffle and by_file),
-    )
-    if not by_file:
-        ds = ds.shard(num_shards, shard_index)
+
+@dataclass(frozen=True)
+class _Share:
+    """One worker's share of a split: its files, and whether it is every ``num_shards``-th record
+    of them (fewer files than workers) rather than whole files."""
+
+    files: list[str]
+    num_shards: int
+    shard_index: int
+    by_file: bool
+    compression: str
+    examples: int
+    """The share's examples (exact for one worker, else the split's divided evenly)."""
+
+    @classmethod
+    def of(cls, dataset_uri, split: str, num_shards: int, shard_index: int) -> _Share:
+        files = split_files(dataset_uri, split)
+        info = split_info(dataset_uri, split)
+        compression = {"gzip": "GZIP", "zlib": "ZLIB"}.get(compression_of(dataset_uri) or "", "")
+        by_file = len(files) >= num_shards
+        if by_file:
+            files = files[shard_index::num_shards]
+        if not files:
+            raise DataError(f"split {split!r} of dataset {dataset_uri} has no files")
+        examples = max(1, -(-int(info["examples"]) // num_shards))
+        return cls(files, num_shards, shard_index, by_file, compression, examples)
+
+
+def _row_bytes(schema: Schema) -> int:
+    """An example's parsed size (strings guessed at :data:`_STRING_BYTES` a value)."""
+    return sum(math.prod(f.shape) * (_STRING_BYTES if f.dtype == "string" else 8 if f.dtype == "int64" else 4)
+               for f in schema.features)
+
+
+def _records(share: _Share, *, shuffle: bool, seed: int, shuffle_buffer: int | None):
+    """The share's serialized records, shuffled through a buffer when ``shuffle``."""
+    import tensorflow as tf
+
+    files = share.files
+    if len(files) == 1:  # nothing to interleave: one reader, no threads handing records over
+        ds = tf.data.TFRecordDataset(files, compression_type=share.compression)
+    else:
+        ds = tf.data.Dataset.from_tensor_slices(files)
+        if shuffle and share.by_file:
+            ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+        ds = ds.interleave(
+            lambda path: tf.data.TFRecordDataset(path, compression_type=share.compression),
+            cycle_length=min(len(files), 8),
+            # Runs of records per file: handing over single records between threads costs
+            # more CPU than parsing them.
+            block_length=_INTERLEAVE_BLOCK,
+            num_parallel_calls=tf.data.AUTOTUNE,
+            # Record sharding needs the same order in every worker, and shuffle=False promises one.
+            deterministic=not (shuffle and share.by_file),
+        )
+    if not share.by_file:
+        ds = ds.shard(share.num_shards, share.shard_index)
     if shuffle:
-        buffer = shuffle_buffer or min(examples, _MAX_SHUFFLE_BUFFER)
-        ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-    ds = ds.repeat(epochs)
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+        ds = ds.shuffle(shuffle_buffer or min(share.examples, _MAX_SHUFFLE_BUFFER), seed=seed,
+                        reshuffle_each_iteration=True)
+    return ds
+
+
+def _parser(schema: Schema, split_label: bool = True):
+    """A batch of serialized records -> ``(features, label)`` (or the features alone), parsed
+    with one ``tf.io.parse_example``; ``split_label=False`` keeps the label among the columns."""
+    import tensorflow as tf
+
     spec = parse_spec(schema)
-    label = schema.label_name
+    label = schema.label_name if split_label else None
 
     def parse(serialized):
         parsed = tf.io.parse_example(serialized, spec)
@@ -101,5 +161,51 @@ def make_dataset(  # noqa: PLR0917  public signature: callers pass these positio
         target = parsed.pop(label)
         return parsed, target
 
-    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not shuffle)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    return parse
+
+
+def _load(share: _Share, schema: Schema) -> dict[str, Any]:
+    """Every column of the share as a NumPy array, in record order (read in a graph of its own,
+    whatever graph or device the caller builds in)."""
+    import numpy as np
+    import tensorflow as tf
+
+    parts: dict[str, list] = {f.name: [] for f in schema.features}
+    with tf.Graph().as_default():
+        ds = _records(share, shuffle=False, seed=0, shuffle_buffer=None).batch(_LOAD_BATCH).map(
+            _parser(schema, split_label=False))
+        batch = tf.compat.v1.data.make_one_shot_iterator(ds).get_next()
+        with tf.compat.v1.Session() as session:
+            while True:
+                try:
+                    values = session.run(batch)
+                except tf.errors.OutOfRangeError:
+                    break
+                for name, value in values.items():
+                    parts[name].append(value)
+    return {name: np.concatenate(chunks) for name, chunks in parts.items()}
+
+
+def _in_memory(share: _Share, schema: Schema, batch_size: int, epochs: int | None, *, drop_remainder: bool,
+               shuffle: bool, seed: int):
+    """Batches gathered from the share held in memory: a batch of example indices (the whole
+    share reshuffled every epoch, epochs joined as the streaming pipeline joins them) picks its
+    rows from each column."""
+    import tensorflow as tf
+
+    columns = {name: tf.constant(values) for name, values in _load(share, schema).items()}
+    count = int(next(iter(columns.values())).shape[0])
+    label = schema.label_name
+    ds = tf.data.Dataset.range(count)
+    if shuffle:
+        ds = ds.shuffle(count, seed=seed, reshuffle_each_iteration=True)
+    ds = ds.repeat(epochs).batch(batch_size, drop_remainder=drop_remainder)
+
+    def gather(indices):
+        rows = {name: tf.gather(values, indices) for name, values in columns.items()}
+        if label is None:
+            return rows
+        target = rows.pop(label)
+        return rows, target
+
+    return ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

@@ -111,6 +111,8 @@ class LaunchTFClusterOperator(BaseOperator):
                  log_every_secs: float | str = TrainingConfig.log_every_secs,
                  summary_every_steps: int | str = TrainingConfig.summary_every_steps,
                  operation_timeout_secs: float | str = TrainingConfig.operation_timeout_secs,
+                 in_memory_input_bytes: int | str = TrainingConfig.in_memory_input_bytes,
+                 steps_per_call: int | str | None = TrainingConfig.steps_per_call,
                  intra_op_threads: int | str = TrainingConfig.intra_op_threads,
                  inter_op_threads: int | str = TrainingConfig.inter_op_threads, seed: int | str = TrainingConfig.seed,
                  min_shard_bytes: int | str = TrainingConfig.min_shard_bytes,
@@ -141,6 +143,8 @@ class LaunchTFClusterOperator(BaseOperator):
         self.log_every_secs = log_every_secs
         self.summary_every_steps = summary_every_steps
         self.operation_timeout_secs = operation_timeout_secs
+        self.in_memory_input_bytes = in_memory_input_bytes
+        self.steps_per_call = steps_per_call
         self.intra_op_threads = intra_op_threads
         self.inter_op_threads = inter_op_threads
         self.seed = seed

@@ -37,7 +37,7 @@ from .optimizers import make_optimizer
 from .task import Task
 
 STEPS_PER_CLOSURE = 10
-"""Training steps one scheduled function runs on a worker: scheduling a function costs a round
+"""Training steps one scheduled function runs on a worker when ``steps_per_call`` is None: scheduling a function costs a round
 trip to the worker, which a small model's step would otherwise spend most of its time on."""
 MAX_CHUNK_CLOSURES = 500
 """Functions scheduled between two joins; the chief reports and checkpoints between chunks."""
@@ -184,7 +184,7 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:  # noqa: PLR0915
         began = time.monotonic()
         scheduled: list[tuple[int, Any]] = []  # (steps, the closure's remote value)
         for _ in range(chunk):
-            steps = min(STEPS_PER_CLOSURE, target - step - sum(k for k, _ in scheduled))
+            steps = min(config.steps_per_call or STEPS_PER_CLOSURE, target - step - sum(k for k, _ in scheduled))
             if steps <= 0:
                 break
             scheduled.append((steps, coordinator.schedule(worker_steps, args=(iterator, tf.constant(steps)))))

@@ -1,71 +1,17 @@
-"""TensorFlow session hooks (``SessionRunHook``) of a between-graph training task: stopping at
-the target step, feeding each step's global step and loss to the loop's core (:mod:`.loop`: the
-NaN policy, the chief's progress report), a Saver that never checkpoints non-finite variables,
-and the sync optimizer's setup."""
+"""Parts of a between-graph training task's session: a Saver that never checkpoints non-finite
+variables, the sync optimizer's setup, and a close that does not hold up the task's exit (the
+hook around each call is :mod:`.steps`'s)."""
 
 from __future__ import annotations
+
+import threading
 
 import tensorflow as tf
 
 from .logs import log
-from .loop import AfterStep, NanPolicy
+from .loop import NanPolicy
 from .saving import OneAtATimeSaverBuilder, all_finite
 from .step_bound import StepBoundHook
-
-
-class StopAtTargetHook(tf.compat.v1.train.SessionRunHook):
-    """Stop when the global step reaches ``target``, including before the first step (a task
-    restarted after the target was reached then does no extra step)."""
-
-    def __init__(self, global_step, target: int):
-        self._global_step = global_step
-        self._target = target
-        self.last_step: int | None = None
-        self.sessions = 0
-
-    def after_create_session(self, session, coord):
-        self.last_step = int(session.run(self._global_step))
-        self.sessions += 1
-        again = " (recreated: a step timed out or a ps was lost)" if self.sessions > 1 else ""
-        log(f"airflow-tf session ready global_step={self.last_step} target_step={self._target}{again}")
-        if self.last_step >= self._target:
-            coord.request_stop()
-
-    def before_run(self, run_context):
-        return tf.compat.v1.train.SessionRunArgs(self._global_step)
-
-    def after_run(self, run_context, run_values):
-        # The fetched value may predate this run's update: re-read only when it is close.
-        self.last_step = int(run_values.results) + 1
-        if self.last_step >= self._target:
-            self.last_step = int(run_context.session.run(self._global_step))
-            if self.last_step >= self._target:
-                run_context.request_stop()
-
-
-class AfterStepHook(tf.compat.v1.train.SessionRunHook):
-    """Drives one of the loop core's :class:`~.loop.AfterStep` observers from a session: each run
-    fetches the global step and the loss along with the train op and hands over plain values
-    (the global step after the run, the loss); the observer's wish to stop ends the session."""
-
-    def __init__(self, global_step, loss, observer: AfterStep):
-        self._global_step = global_step
-        self._loss = loss
-        self._observer = observer
-
-    def after_create_session(self, session, coord):
-        self._observer.session_ready(int(session.run(self._global_step)))
-
-    def before_run(self, run_context):
-        return tf.compat.v1.train.SessionRunArgs({"step": self._global_step, "loss": self._loss})
-
-    def after_run(self, run_context, run_values):
-        # The fetched global step is the one the run started from.
-        if self._observer.after_step(int(run_values.results["step"]) + 1, float(run_values.results["loss"])):
-            run_context.request_stop()
-
-    def end(self, session):
-        self._observer.done(int(session.run(self._global_step)))
 
 
 class FiniteSaver(tf.compat.v1.train.Saver):
@@ -128,3 +74,33 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
             assert self._queue_runner is not None, "begin() makes the chief's queue runner"
             session.run(self._init_tokens_op)
             self._queue_runner.create_threads(session, coord=coord, daemon=True, start=True)
+
+
+CLOSE_WAIT_SECS = 0.5
+"""How long closing a trainer's session may take. Closing a session of the task's master waits
+for its other tasks to drop their state, which took from a few ms to 38 s at the end of a run
+(nothing left to wait for: the final checkpoint is written, the ps are about to be stopped)."""
+
+
+class QuickCloseCreator(tf.compat.v1.train.SessionCreator):
+    """Another creator's sessions, whose ``close`` gives up waiting after ``CLOSE_WAIT_SECS``:
+    the close goes on in a daemon thread, and the task moves on to its exit (or, after a lost
+    ps, to a new session)."""
+
+    def __init__(self, creator: tf.compat.v1.train.SessionCreator, wait_secs: float = CLOSE_WAIT_SECS):
+        self._creator = creator
+        self._wait_secs = wait_secs
+
+    def create_session(self):
+        session = self._creator.create_session()
+        close = session.close
+
+        def quick_close():
+            closing = threading.Thread(target=close, name="airflow-tf-session-close", daemon=True)
+            closing.start()
+            closing.join(self._wait_secs)
+            if closing.is_alive():
+                log(f"airflow-tf session close still waiting after {self._wait_secs:g} s; not waited for")
+
+        session.close = quick_close
+        return session

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import tensorflow as tf
@@ -109,20 +109,22 @@ def exit_for_restart() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def step_bound(recent_secs: Sequence[float], cap_secs: float) -> float:
-    """Seconds one step may take, given the durations of the recent ones."""
+def step_bound(recent_secs: Sequence[float], cap_secs: float, steps: int = 1) -> float:
+    """Seconds one call of ``steps`` steps may take, given the durations of the recent steps."""
     if not recent_secs:
         return cap_secs
-    return min(cap_secs, max(STALL_FLOOR_SECS, STALL_MULTIPLE * statistics.median(recent_secs)))
+    return min(cap_secs, max(STALL_FLOOR_SECS, STALL_MULTIPLE * steps * statistics.median(recent_secs)))
 
 
-def describe_bound(recent_secs: Sequence[float], cap_secs: float) -> str:
-    bound = step_bound(recent_secs, cap_secs)
+def describe_bound(recent_secs: Sequence[float], cap_secs: float, steps: int = 1) -> str:
+    bound = step_bound(recent_secs, cap_secs, steps)
     if not recent_secs:
         return f"{bound:g} s (operation_timeout_secs, the first step of a session)"
     median = statistics.median(recent_secs)
+    per_call = f" x {steps} steps per call" if steps > 1 else ""
     return (f"{bound:g} s (max of the {STALL_FLOOR_SECS:g} s floor and {STALL_MULTIPLE:g} x the median "
-            f"{median:.3g} s of the last {len(recent_secs)} steps, at most operation_timeout_secs={cap_secs:g})")
+            f"{median:.3g} s of the last {len(recent_secs)} steps{per_call}, at most "
+            f"operation_timeout_secs={cap_secs:g})")
 
 
 class BoundedSession(SessionInterface):
@@ -185,6 +187,10 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
         self._errors_before = 0
         """RECOVERED_ERRORS.count when the step began: once it moves, the step has returned and
         MonitoredSession is recreating the session (which may wait for a ps), nothing to end."""
+        self.steps_of: Callable[[object], int] = lambda fetches: 1
+        """How many training steps a ``session.run`` of these fetches makes (see :mod:`.steps`):
+        its bound is that many steps', and the recent steps are its time divided by them."""
+        self._steps = 1
         self.escape = exit_for_restart
         """Called when a step outlives its cancel by a whole bound (TensorFlow cannot cancel it)."""
         self.stalls: list[dict] = []
@@ -218,7 +224,9 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
 
     def before_run(self, run_context):
         fresh = self._fresh
-        bound = self._cap if fresh else step_bound(self._recent, self._cap)
+        args = run_context.original_args
+        self._steps = max(1, self.steps_of(args.fetches)) if args is not None else 1
+        bound = self._cap if fresh else step_bound(self._recent, self._cap, self._steps)
         with self._lock:
             self._started, self._bound, self._what = time.monotonic(), bound, "step"
             self._warned = self._escaped = False
@@ -233,7 +241,7 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
             took = time.monotonic() - self._started
             self._started = None
             if not self._fresh:
-                self._recent.append(took)
+                self._recent.append(took / self._steps)
         self._fresh = False
         self._last_step = int(run_values.results)
 
@@ -269,7 +277,7 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
                     continue
                 self._escaped = escape
                 self._warned = True
-                how = self._bound_text or describe_bound(tuple(self._recent), self._cap)
+                how = self._bound_text or describe_bound(tuple(self._recent), self._cap, self._steps)
                 what, bound = self._what, self._bound
             if escape:
                 log(f"airflow-tf step not cancelled: the {what} after global step {self._last_step} is still running "

@@ -26,8 +26,9 @@ from .loop import (KEEP_CHECKPOINTS, NanPolicy, Progress, Start, placement, prep
                    starting_point, target_step, task_result)
 from .models import build_model, compute_loss, resolve_loss, weight_key
 from .optimizers import make_optimizer
-from .session_hooks import AfterStepHook, FiniteSaver, StopAtTargetHook, SyncReplicasHook
+from .session_hooks import FiniteSaver, QuickCloseCreator, SyncReplicasHook
 from .step_bound import StepBoundHook
+from .steps import AUTO_STEPS_PER_CALL, StepsPerCall, TrainingHook, chain_steps
 from .task import Task, session_config
 from .towers import tower_devices, towers_train_op
 
@@ -151,18 +152,22 @@ def _no_constant_folding(tf_config) -> None:
     tf_config.graph_options.optimizer_options.do_common_subexpression_elimination = True
 
 
-def _hooks(config: TrainingConfig, task: Task, *, global_step, loss, saver: FiniteSaver, nan_policy: NanPolicy,
-           progress: Progress | None, bound: StepBoundHook, stop: StopAtTargetHook, sync_optimizer) -> list:
+def _steps_per_call(config: TrainingConfig, towers: int) -> tuple[int, int | None]:
+    """(K of the chain, the user's fixed choice or None): sync mode and towers run one step per
+    call unless told otherwise (a sync step waits for the others; towers are for large steps)."""
+    if config.sync:
+        return 1, 1
+    if config.steps_per_call is not None:
+        return config.steps_per_call, config.steps_per_call
+    return (AUTO_STEPS_PER_CALL if towers == 1 else 1), None
+
+
+def _hooks(task: Task, bound: StepBoundHook, training: TrainingHook, sync_optimizer) -> list:
     """The session's hooks, in the order they run around each step."""
-    hooks = [bound, stop]  # the bound first: its clock spans the whole step
+    hooks: list = [bound]  # the bound first: its clock spans the whole step
     if sync_optimizer is not None:
         hooks.append(SyncReplicasHook(sync_optimizer, task.is_chief))
-    hooks.append(AfterStepHook(global_step, loss, nan_policy))  # before the saver: a NaN step is never saved
-    if progress is not None:
-        hooks += [
-            tf.compat.v1.train.CheckpointSaverHook(config.run_dir, save_secs=config.checkpoint_every_secs, saver=saver),
-            AfterStepHook(global_step, loss, progress),  # after the saver: its end reports the final checkpoint
-        ]
+    hooks.append(training)
     return hooks
 
 
@@ -188,8 +193,9 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
             dataset = make_dataset(
                 config.dataset, "train", config.batch_size, num_shards=trainers,
                 shard_index=task.trainer_index, epochs=None, shuffle=True, seed=config.seed,
+                in_memory_bytes=config.in_memory_input_bytes,
             )
-            features, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+            iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
             model = build_model(config, schema)
             keys = {id(w.value): weight_key(i, w) for i, w in enumerate(model.weights)}
             tables = shard_embeddings(model, keys, task.ps_count, config.min_shard_bytes, config.max_shard_bytes)
@@ -200,9 +206,16 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
                 optimizer = sync_optimizer = tf.compat.v1.train.SyncReplicasOptimizer(
                     optimizer, replicas_to_aggregate=aggregate, total_num_replicas=trainers
                 )
-            loss, train_op = _loss_and_train_op(
-                model, features, labels, loss_fn=resolve_loss(config, schema), optimizer=optimizer,
-                global_step=global_step, var_list=trainable_variables(model, tables), task=task, devices=devices)
+            loss_fn, var_list = resolve_loss(config, schema), trainable_variables(model, tables)
+
+            def one_step():
+                features, labels = iterator.get_next()
+                return _loss_and_train_op(model, features, labels, loss_fn=loss_fn, optimizer=optimizer,
+                                          global_step=global_step, var_list=var_list, task=task, devices=devices)
+
+            chain_length, fixed = _steps_per_call(config, len(devices))
+            single = chain_steps(1, one_step, global_step)
+            chain = chain_steps(chain_length, one_step, global_step) if chain_length > 1 else None
         nan_policy = NanPolicy(config.on_nan)
         # Saving and restoring run on this task, so only the chief needs the run directory.
         with tf.device(task.device):
@@ -220,10 +233,11 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
             f"trainers={trainers} shard={task.trainer_index}/{trainers} towers={len(devices)} target_step={target} "
             f"start={start or 'from the chief'}")
 
-        stop = StopAtTargetHook(global_step, target)
+        calls = StepsPerCall(single, chain, target=target, trainers=trainers, fixed=fixed)
         bound = StepBoundHook(global_step, config.operation_timeout_secs,
                               waits_on={f"ps:{i}": address for i, address in enumerate(task.cluster.get("ps", []))})
         saver.step_bound = bound
+        bound.steps_of = lambda fetches: calls.by_op[fetches].steps if fetches in calls.by_op else 1
         progress: Progress | None = None
         tf_config = session_config(task, config)
         if tables:
@@ -237,12 +251,16 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
             )
         else:
             creator = WorkerSessionCreator(scaffold, server.target, tf_config, WORKER_POLL_SECS, WORKER_MAX_WAIT_SECS)
-        hooks = _hooks(config, task, global_step=global_step, loss=loss, saver=saver, nan_policy=nan_policy,
-                       progress=progress, bound=bound, stop=stop, sync_optimizer=sync_optimizer)
+        training = TrainingHook(
+            global_step, target, calls, [nan_policy],  # the NaN policy before the saver: a NaN step is never saved
+            saver=tf.compat.v1.train.CheckpointSaverHook(config.run_dir, save_secs=config.checkpoint_every_secs,
+                                                         saver=saver) if progress is not None else None,
+            reporters=[progress] if progress is not None else [])
+        hooks = _hooks(task, bound, training, sync_optimizer)
 
         try:
             session = tf.compat.v1.train.MonitoredSession(
-                session_creator=creator, hooks=hooks, stop_grace_period_secs=STOP_GRACE_SECS
+                session_creator=QuickCloseCreator(creator), hooks=hooks, stop_grace_period_secs=STOP_GRACE_SECS
             )
         except tf.errors.NotFoundError as exc:
             if not (task.is_chief and resume_from):
@@ -250,7 +268,7 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
             raise restore_refused(resume_from, exc) from None
         with session:
             while not session.should_stop():
-                session.run(train_op)
+                session.run(training.next_op())
         tf.compat.v1.summary.FileWriterCache.clear()  # closes the event files
 
-    return task_result(task, stop.last_step, nan_policy, progress, config.run_dir)
+    return task_result(task, training.last_step, nan_policy, progress, config.run_dir)

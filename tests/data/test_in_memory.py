@@ -1,0 +1,69 @@
+"""A worker's share read into memory (``make_dataset(..., in_memory_bytes=...)``): the same
+examples as streaming it, every one once an epoch, reshuffled whole every epoch, the partial
+last batch as the streaming pipeline gives it, and streaming when the share does not fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from airflow_tf.data import make_dataset, prepare_dataset
+
+ROWS = 300
+FITS = 1 << 20
+
+
+def _dataset(tmp_path: Path, shards: int = 3) -> str:
+    ids = np.arange(ROWS, dtype=np.int64)
+    np.savez(tmp_path / "in.npz", id=ids, x=np.stack([ids * 0.5, -ids], axis=1).astype(np.float32),
+             label=(ids % 3).astype(np.int64))
+    return prepare_dataset(tmp_path / "in.npz", tmp_path / "out", f"m{shards}", label="label", eval_fraction=0,
+                           shards=shards)["dataset_uri"]
+
+
+def _epochs(uri: str, epochs: int, batch_size: int, **kwargs) -> list[np.ndarray]:
+    """The ids of each batch, checked against their features and label."""
+    batches = []
+    for features, label in make_dataset(uri, batch_size=batch_size, epochs=epochs, seed=3, **kwargs):
+        ids = features["id"].numpy()
+        np.testing.assert_array_equal(features["x"].numpy(), np.stack([ids * 0.5, -ids], axis=1))
+        np.testing.assert_array_equal(label.numpy(), ids % 3)
+        batches.append(ids)
+    return batches
+
+
+def test_a_share_in_memory_holds_the_streamed_examples_each_once_an_epoch_reshuffled(tmp_path):
+    uri = _dataset(tmp_path)
+    for workers in (1, 2, 4):  # whole files, then every n-th record (4 workers, 3 files)
+        for index in range(workers):
+            streamed = np.concatenate(_epochs(uri, 1, 64, num_shards=workers, shard_index=index))
+            in_memory = _epochs(uri, 2, 64, num_shards=workers, shard_index=index, in_memory_bytes=FITS)
+            ids = np.concatenate(in_memory)
+            share = len(streamed)
+            assert sorted(ids[:share]) == sorted(streamed) == sorted(ids[share:]), (workers, index)
+    first, second = np.split(np.concatenate(_epochs(uri, 2, 64, in_memory_bytes=FITS)), 2)
+    assert not np.array_equal(first, second), "the share is reshuffled every epoch"
+    assert not np.array_equal(first, np.sort(first)), "the share is shuffled"
+
+
+def test_epochs_join_into_full_batches_and_only_the_last_is_partial(tmp_path):
+    uri = _dataset(tmp_path, shards=1)
+    for in_memory_bytes in (0, FITS):
+        sizes = [len(b) for b in _epochs(uri, 2, 64, in_memory_bytes=in_memory_bytes)]
+        assert sizes == [64] * 9 + [600 - 9 * 64], in_memory_bytes
+        dropped = [len(b) for b in _epochs(uri, 2, 64, in_memory_bytes=in_memory_bytes, drop_remainder=True)]
+        assert dropped == [64] * 9, in_memory_bytes
+    in_file_order = [np.concatenate(_epochs(uri, 1, 64, in_memory_bytes=b, shuffle=False)) for b in (0, FITS)]
+    np.testing.assert_array_equal(*in_file_order, err_msg="shuffle=False keeps the file order")
+
+
+def test_a_share_larger_than_the_budget_streams(tmp_path, monkeypatch):
+    uri = _dataset(tmp_path)
+    from airflow_tf.data import reader
+
+    loaded = []
+    monkeypatch.setattr(reader, "_load", lambda *args: loaded.append(args) or {})
+    row = 8 + 2 * 4 + 8  # id, x, label
+    assert len(np.concatenate(_epochs(uri, 1, 64, in_memory_bytes=ROWS * row - 1))) == ROWS
+    assert loaded == [], "a share over the budget was read into memory"
