@@ -4,7 +4,6 @@ TensorFlow is imported inside the functions, so importing :mod:`airflow_tf.data`
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -113,7 +112,7 @@ class _Share:
 
 def _row_bytes(schema: Schema) -> int:
     """An example's parsed size (strings guessed at :data:`_STRING_BYTES` a value)."""
-    return sum(math.prod(f.shape) * (_STRING_BYTES if f.dtype == "string" else 8 if f.dtype == "int64" else 4)
+    return sum(f.size * (_STRING_BYTES if f.dtype == "string" else 8 if f.dtype == "int64" else 4)
                for f in schema.features)
 
 
@@ -183,6 +182,10 @@ def _load(share: _Share, schema: Schema) -> dict[str, Any]:
                     break
                 for name, value in values.items():
                     parts[name].append(value)
+    if not any(parts.values()):
+        # np.concatenate would fail saying only "need at least one array"; streaming would wait forever.
+        raise DataError(f"this worker's share of {len(share.files)} file(s) ({share.files[0]}, ...) holds no "
+                        f"record: prepare more rows, or train with fewer workers than the split has records")
     return {name: np.concatenate(chunks) for name, chunks in parts.items()}
 
 

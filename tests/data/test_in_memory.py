@@ -67,3 +67,17 @@ def test_a_share_larger_than_the_budget_streams(tmp_path, monkeypatch):
     row = 8 + 2 * 4 + 8  # id, x, label
     assert len(np.concatenate(_epochs(uri, 1, 64, in_memory_bytes=ROWS * row - 1))) == ROWS
     assert loaded == [], "a share over the budget was read into memory"
+
+
+def test_a_share_without_records_fails_naming_its_files(tmp_path):
+    import pytest
+
+    from airflow_tf.data import DataError
+
+    ids = np.arange(1, dtype=np.int64)
+    np.savez(tmp_path / "one.npz", id=ids, label=ids)
+    uri = prepare_dataset(tmp_path / "one.npz", tmp_path / "out", "one", label="label", eval_fraction=0,
+                          shards=1)["dataset_uri"]
+    # One record, two workers: the second worker's every-other-record share is empty.
+    with pytest.raises(DataError, match=r"this worker's share of 1 file\(s\) \(.*part-.*\) holds no record"):
+        make_dataset(uri, batch_size=4, num_shards=2, shard_index=1, in_memory_bytes=FITS)
