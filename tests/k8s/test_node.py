@@ -101,14 +101,15 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
             "automountServiceAccountToken": False,
             "containers": [{"name": "main", "image": "registry.example.com/nope:1", "command": ["true"]}]}})
 
-        jobs = {name: wait_for(lambda n=name: (lambda j: j if _condition(j, "Complete") or _condition(j, "Failed")
-                                                else None)(batch.read_namespaced_job(n, ns)), 120, f"Job {name} done")
-                for name in ("ok", "fails", "client")}
-        assert _condition(jobs["ok"], "Complete") and _condition(jobs["client"], "Complete")
-        assert _condition(jobs["fails"], "Failed")
-
         def pod_of(job: str):
             return core.list_namespaced_pod(ns, label_selector=f"batch.kubernetes.io/job-name={job}").items[0]
+
+        jobs = {name: wait_for(lambda n=name: (lambda j: j if _condition(j, "Complete") or _condition(j, "Failed")
+                                                else None)(batch.read_namespaced_job(n, ns)), 240, f"Job {name} done")
+                for name in ("ok", "fails", "client")}
+        assert _condition(jobs["ok"], "Complete"), _log(core, pod_of("ok").metadata.name, ns)
+        assert _condition(jobs["client"], "Complete"), _log(core, pod_of("client").metadata.name, ns)
+        assert _condition(jobs["fails"], "Failed")
 
         failed = pod_of("fails")
         terminated = failed.status.container_statuses[0].state.terminated
@@ -147,16 +148,23 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
 
 
 # Fetches from the server by IP, resolves its DNS name (waiting for the EndpointSlice), fetches by name.
+# A pod is Running once its process starts, before the server listens: each step retries for a minute
+# (a loaded machine can take seconds to start Python); the last error fails the Job with its traceback.
 CLIENT = """
 import socket, sys, time, urllib.request as u
-print(u.urlopen(f"http://{sys.argv[1]}:8080/", timeout=5).status)
+def retry(step):
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return step()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 name = "srv.g1.node-test.svc.cluster.local"
-for _ in range(60):
-    try:
-        print(socket.gethostbyname(name)); break
-    except OSError:
-        time.sleep(0.5)
-print(u.urlopen(f"http://{name}:8080/", timeout=5).status)
+print(retry(lambda: u.urlopen(f"http://{sys.argv[1]}:8080/", timeout=5).status))
+print(retry(lambda: socket.gethostbyname(name)))
+print(retry(lambda: u.urlopen(f"http://{name}:8080/", timeout=5).status))
 """
 
 
