@@ -222,3 +222,19 @@ def test_warm_start_takes_the_trained_weights_but_counts_steps_from_zero(async_r
     first = parse_progress(run.lines("worker-0", "airflow-tf progress")[0])
     assert first["loss"] < 0.5, "the first step did not start from the trained weights"
     export_and_serve_elsewhere(run.run_dir, linear_dataset, run.config, tmp_path / "served")
+
+
+def test_a_worker_whose_streamed_share_holds_no_record_fails_the_run_naming_it(train, tmp_path):
+    """One record, two workers: the second worker's every-other-record share is empty. Its input
+    ends at once, which TensorFlow's session would take as training done; the run fails instead."""
+    from airflow_tf.data import prepare_dataset
+
+    ids = np.arange(1, dtype=np.float32)
+    np.savez(tmp_path / "one.npz", x=ids, label=ids)
+    uri = prepare_dataset(tmp_path / "one.npz", tmp_path / "out", "one", label="label", eval_fraction=0,
+                          shards=1)["dataset_uri"]
+    run = train("rt-empty-share", uri, tmp_path / "run", steps=50, in_memory_input_bytes=0)
+    assert not run.succeeded
+    (refused,) = run.lines("worker-1", "status=refused")
+    assert "gave worker 1 (share 2 of 2) no record: prepare more rows" in refused, refused
+    assert "worker-1" in run.report and "no record" in run.report, run.report
