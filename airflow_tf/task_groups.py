@@ -226,6 +226,7 @@ def tf_prepare(
     outlets = [] if is_template(name) else [dataset_asset(name)]
     # Checked while the DAG is parsed: a bad setting is an import error naming it.
     pods = None if kubernetes is None else KubernetesPartOptions.coerce(kubernetes).to_dict()
+    _check_prepare_options(options)
 
     with TaskGroup(group_id=group_id) as group:
 
@@ -263,6 +264,26 @@ def tf_prepare(
         written >> summary
     group.output = summary  # type: ignore[attr-defined]
     return group
+
+
+# plan_parts' own arguments beside the prepare options.
+_PLAN_ARGUMENTS = ("version", "overwrite")
+
+
+def _check_prepare_options(options: dict[str, Any]) -> None:
+    """``tf_prepare``'s options as the plan will check them: an unknown name, or a plain value the
+    plan would refuse, fails the DAG's import naming it. Templates and XComArgs are checked when
+    the plan runs (unset here stands for the default)."""
+    from airflow_tf.data.options import PrepareOptions
+    from airflow_tf.operators.common import flag
+
+    def later(value: Any) -> bool:
+        return hasattr(value, "resolve") or (isinstance(value, str) and ("{{" in value or "{%" in value))
+
+    if "overwrite" in options:
+        flag(options["overwrite"], "overwrite")
+    PrepareOptions.given(None, "tf_prepare", {name: None if later(value) else value for name, value in options.items()
+                                               if name not in _PLAN_ARGUMENTS})
 
 
 @task(multiple_outputs=True)
