@@ -337,6 +337,10 @@ def test_a_bad_pod_template_or_sidecar_is_refused_naming_it(tmp_path):
     with pytest.raises(SpecError, match=r"sidecars\[0\]\.image: 'bad image!' is not a container image reference"):
         render_group(spec(role_options={"worker": {"kubernetes": {"sidecars": [{"name": "s", "image": "bad image!"}]}}}),
                      "ml")
+    with pytest.raises(SpecError, match=r"sidecars: must be a list of Kubernetes containers \(\{name, image"):
+        render_group(spec(role_options={"worker": {"kubernetes": {"sidecars": {"name": "s", "image": "i:1"}}}}), "ml")
+    with pytest.raises(SpecError, match=r"tolerations: must be a list of Kubernetes tolerations"):
+        render_group(spec(role_options={"worker": {"kubernetes": {"tolerations": ["gpu"]}}}), "ml")
 
 
 def test_a_group_wide_restart_budget_is_refused_as_kubernetes_counts_per_task():

@@ -144,11 +144,16 @@ def _check_node_selector(value: Any, where: str, errors: list[str]) -> Any:
     return value
 
 
-def _check_tolerations(value: Any, where: str, errors: list[str]) -> Any:
-    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
-        errors.append(f"{where}: must be a list of Kubernetes tolerations")
+def _objects(value: Any, where: str, errors: list[str], what: str) -> list[dict]:
+    """``value`` as a list of objects to check one by one; none (and an error) if it is not one."""
+    if isinstance(value, list) and all(isinstance(item, dict) for item in value):
         return value
-    for i, toleration in enumerate(value):
+    errors.append(f"{where}: must be a list of {what}")
+    return []
+
+
+def _check_tolerations(value: Any, where: str, errors: list[str]) -> Any:
+    for i, toleration in enumerate(_objects(value, where, errors, "Kubernetes tolerations")):
         bad = sorted(set(toleration) - _TOLERATION_KEYS)
         if bad:
             errors.append(f"{where}[{i}]: unknown field(s) {', '.join(bad)}; "
@@ -212,10 +217,7 @@ def _check_secret_env(value: Any, where: str, errors: list[str]) -> Any:
 
 
 def _check_containers(containers: Any, where: str, errors: list[str]) -> Any:
-    if not isinstance(containers, list) or not all(isinstance(c, dict) for c in containers):
-        errors.append(f"{where}: must be a list of Kubernetes containers ({{name, image, command, ...}})")
-        return containers
-    for i, c in enumerate(containers):
+    for i, c in enumerate(_objects(containers, where, errors, "Kubernetes containers ({name, image, command, ...})")):
         if not isinstance(c.get("name"), str) or not _DNS_LABEL.match(c["name"]):
             errors.append(f"{where}[{i}].name: a DNS-1123 label is required")
         try:
