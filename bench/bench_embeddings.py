@@ -12,6 +12,10 @@ local backend), for tables of 1k, 1M and 4M rows, against baselines measured in 
   backend's groups;
 - **ours**: the same model as users write it; airflow-tf shards each table over the ps tasks and
   looks the rows up there;
+- **ours-1-step** (only when named in ``--only``): ours run as the baseline runs, one step per
+  ``session.run`` and the input streamed from the files (ours defaults to several steps per call
+  and the worker's share parsed once into memory): the ratio to tf-partitioned then compares the
+  lookups and updates on the ps alone;
 - **Keras fit** (1M table): the same model and optimizer in one process, ``model.fit`` on the
   same data.
 
@@ -28,7 +32,7 @@ the largest ps of the 4M x 32 table at <= its share (tables and Adagrad slots / 
 ahead of Keras fit on the 1M table.
 
 Usage: ``.venv/bin/python bench/bench_embeddings.py [--seconds 20] [--rounds 3] [--tables 1k,1m,4m]
-[--only whole,tf-partitioned,ours,fit] [--skip-baseline-4m]``
+[--only whole,tf-partitioned,ours,ours-1-step,fit] [--skip-baseline-4m]``
 """
 
 from __future__ import annotations
@@ -142,7 +146,16 @@ class SteadyRate:
         ordered = [self.reports[step] for step in sorted(self.reports)]
         steady = ordered[self.SKIPPED:] or ordered
         return {"rate": statistics.median(r["examples_per_sec"] for r in steady), "loss": ordered[-1]["loss"],
-                "global_step": ordered[-1]["global_step"]}
+                "global_step": ordered[-1]["global_step"],
+                "losses": [(r["global_step"], r["loss"]) for r in ordered if r["loss"] is not None]}
+
+
+def loss_near(result: dict, step: int) -> float:
+    """The chief's mean loss over the reports of the last tenth of the steps up to ``step``: runs
+    of different speeds compared at the same global step (a memorised id's loss falls epoch by
+    epoch, so the faster run's last loss is lower)."""
+    near = [loss for at, loss in result["losses"] if 0.9 * step <= at <= step]
+    return statistics.mean(near) if near else float("nan")
 
 
 def watch(name: str, seconds: float, new_reports, problem, pids) -> dict:
@@ -172,14 +185,14 @@ def watch(name: str, seconds: float, new_reports, problem, pids) -> dict:
 
 
 def train(backend: LocalBackend, dataset: str, run_dir: Path, rows: int, dim: int, whole_table: bool,
-          seconds: float) -> dict:
-    """Ours (or, ``whole_table``, Keras's own lookup) on the local backend."""
+          seconds: float, **options) -> dict:
+    """Ours (or, ``whole_table``, Keras's own lookup) on the local backend; ``options`` of TrainingConfig."""
     name = run_dir.name
     config = TrainingConfig(dataset=dataset, run_dir=str(run_dir), model="bench_click_model:build",
                             model_kwargs={"rows": rows, "dim": dim, "whole_table": whole_table},
                             loss="binary_crossentropy", optimizer="adagrad", learning_rate=LEARNING_RATE,
                             batch_size=BATCH, steps=10_000_000, log_every_secs=1.0,
-                            checkpoint_every_secs=CHECKPOINT_EVERY_SECS, ps_memory_limit="64Gi")
+                            checkpoint_every_secs=CHECKPOINT_EVERY_SECS, ps_memory_limit="64Gi", **options)
     ref = backend.launch(GroupSpec.for_training(name, config, ps=2, workers=2))
     latest: dict = {}
 
@@ -298,8 +311,12 @@ def keras_fit(root: Path, dataset: str, rows: int, dim: int, seconds: float) -> 
     return json.loads(out.stdout.strip().splitlines()[-1])["rate"]
 
 
-CONTENDERS = ("whole", "tf-partitioned", "ours")
-TITLES = {"whole": "whole table (baseline)", "tf-partitioned": "TF partitioned (baseline)", "ours": "on the ps (ours)"}
+CONTENDERS = ("whole", "tf-partitioned", "ours", "ours-1-step")
+TITLES = {"whole": "whole table (baseline)", "tf-partitioned": "TF partitioned (baseline)", "ours": "on the ps (ours)",
+          "ours-1-step": "ours, 1 step/run, streamed"}
+OURS_1_STEP = {"steps_per_call": 1, "in_memory_input_bytes": 0}
+"""ours-1-step: ours as the baseline runs, one step per ``session.run`` and the input streamed
+from the files, so that the comparison isolates the lookups and updates on the ps."""
 GOAL_VS_TF = 0.9
 """Issue 37: ours at >= 0.9x the examples/s of TensorFlow's own partitioned-variable path."""
 
@@ -308,7 +325,8 @@ def run_contender(name: str, backend: LocalBackend, dataset: str, files: list[st
                   dim: int, seconds: float) -> dict:
     if name == "tf-partitioned":
         return train_tf_partitioned(files, run_dir, rows, dim, seconds)
-    return train(backend, dataset, run_dir, rows, dim, name == "whole", seconds)
+    return train(backend, dataset, run_dir, rows, dim, name == "whole", seconds,
+                 **(OURS_1_STEP if name == "ours-1-step" else {}))
 
 
 def print_run(label: str, dim: int, round_: int, name: str, result: dict) -> None:
@@ -323,24 +341,25 @@ def print_table_summary(label: str, runs: dict[str, list[dict]]) -> None:
     """Per contender the median (min-max) over the rounds; ours over each baseline, by the medians
     and round by round (a round's runs are minutes apart: their ratio suffers less from the
     machine's other load than rates taken across rounds)."""
+    common = min(r["global_step"] for results in runs.values() for r in results)
     for name, results in runs.items():
         rates = [r["rate"] for r in results]
-        losses = [r["loss"] for r in results]
+        losses = [loss_near(r, common) for r in results]
         print(f"{label:>3} {TITLES[name]:26s} median {statistics.median(rates):9,.0f} ({min(rates):,.0f}-"
-              f"{max(rates):,.0f}) examples/s over {len(rates)} round(s); last loss {min(losses):.4f}-"
-              f"{max(losses):.4f}; {statistics.median(r['bytes_per_step'] for r in results) / 2**20:.3f} MiB "
-              "moved/step", flush=True)
-    for baseline in ("whole", "tf-partitioned"):
-        if baseline not in runs or "ours" not in runs:
+              f"{max(rates):,.0f}) examples/s over {len(rates)} round(s); loss near step {common:,} "
+              f"{min(losses):.4f}-{max(losses):.4f}; "
+              f"{statistics.median(r['bytes_per_step'] for r in results) / 2**20:.3f} MiB moved/step", flush=True)
+    for ours_name, baseline in (("ours", "whole"), ("ours", "tf-partitioned"), ("ours-1-step", "tf-partitioned")):
+        if baseline not in runs or ours_name not in runs:
             continue
-        ours = [r["rate"] for r in runs["ours"]]
+        ours = [r["rate"] for r in runs[ours_name]]
         theirs = [r["rate"] for r in runs[baseline]]
         per_round = [o / t for o, t in zip(ours, theirs, strict=False)]
         goal = ""
-        if baseline == "tf-partitioned":
+        if (ours_name, baseline) == ("ours", "tf-partitioned"):
             met = statistics.median(ours) / statistics.median(theirs) >= GOAL_VS_TF
             goal = f" (goal >= {GOAL_VS_TF}x: {'met' if met else 'MISSED'})"
-        print(f"{label:>3}: ours / {baseline} {statistics.median(ours) / statistics.median(theirs):.2f}x examples/s"
+        print(f"{label:>3}: {ours_name} / {baseline} {statistics.median(ours) / statistics.median(theirs):.2f}x examples/s"
               f"{goal}; per round {', '.join(f'{r:.2f}' for r in per_round)}x", flush=True)
 
 
