@@ -42,6 +42,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -152,11 +153,11 @@ class SteadyRate:
 
 
 def loss_near(result: dict, step: int) -> float:
-    """The chief's mean loss over the reports of the last tenth of the steps up to ``step``: runs
-    of different speeds compared at the same global step (a memorised id's loss falls epoch by
-    epoch, so the faster run's last loss is lower)."""
-    near = [loss for at, loss in result["losses"] if 0.9 * step <= at <= step]
-    return statistics.mean(near) if near else float("nan")
+    """The chief's mean loss over its three reports nearest to global step ``step``: runs of
+    different speeds compared at the same step (a memorised id's loss falls epoch by epoch, so
+    the faster run's last loss is lower)."""
+    near = sorted(result["losses"], key=lambda report: abs(report[0] - step))[:3]
+    return statistics.mean(loss for _, loss in near) if near else float("nan")
 
 
 def watch(name: str, seconds: float, new_reports, problem, pids) -> dict:
@@ -322,12 +323,31 @@ GOAL_VS_TF = 0.9
 """Issue 37: ours at >= 0.9x the examples/s of TensorFlow's own partitioned-variable path."""
 
 
+KEPT_CHECKPOINTS = 5
+"""Checkpoints a run keeps (TensorFlow's Saver default), while it writes the next one."""
+
+
 def run_contender(name: str, backend: LocalBackend, dataset: str, files: list[str], run_dir: Path, rows: int,
                   dim: int, seconds: float) -> dict:
-    if name == "tf-partitioned":
-        return train_tf_partitioned(files, run_dir, rows, dim, seconds)
-    return train(backend, dataset, run_dir, rows, dim, name == "whole", seconds,
-                 **(OURS_1_STEP if name == "ours-1-step" else {}))
+    try:
+        if name == "tf-partitioned":
+            return train_tf_partitioned(files, run_dir, rows, dim, seconds)
+        return train(backend, dataset, run_dir, rows, dim, name == "whole", seconds,
+                     **(OURS_1_STEP if name == "ours-1-step" else {}))
+    finally:
+        # The 4M tables' checkpoints are 2 GiB each: the bench needs none once a run is over.
+        for path in [*run_dir.glob("model.ckpt-*"), *run_dir.glob("*_temp")]:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def disk_short_of(root: Path, rows: int, dim: int) -> str | None:
+    """Why ``root``'s disk cannot hold a run's checkpoints of these tables (two tables and their
+    Adagrad accumulators each), or None."""
+    needed = (KEPT_CHECKPOINTS + 1) * 2 * 2 * rows * dim * 4
+    free = shutil.disk_usage(root).free
+    if free >= needed:
+        return None
+    return f"its checkpoints need {needed / 2**30:.1f} GiB and {root} has {free / 2**30:.1f} GiB free (--workdir)"
 
 
 def print_run(label: str, dim: int, round_: int, name: str, result: dict) -> None:
@@ -416,6 +436,9 @@ def main() -> None:
     results: dict[str, dict[str, list[dict]]] = {}
     for label in args.tables.split(","):
         rows, dim = TABLES[label]
+        if short := disk_short_of(root, rows, dim):
+            print(f"{label:>3}: skipped: {short}", flush=True)
+            continue
         names = [n for n in CONTENDERS if n in only and not (n == "whole" and label == "4m" and args.skip_baseline_4m)]
         runs: dict[str, list[dict]] = {name: [] for name in names}
         for round_ in range(args.rounds):
