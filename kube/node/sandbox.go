@@ -94,6 +94,9 @@ func (n *Network) Add(key string) (string, string, error) {
 	addr := fmt.Sprintf("%d.%d.%d.%d", n.Subnet[0], n.Subnet[1], n.Subnet[2], host)
 	veth := fmt.Sprintf("veth%d", host)
 	_ = ip("netns", "del", ns)
+	// The kernel frees a removed pod's namespace, and with it the bridge's end of its veth pair,
+	// only once its last process is gone; an address reused before then would meet "File exists".
+	_ = ip("-n", n.bridgeNS(), "link", "del", veth)
 	for _, args := range [][]string{
 		{"netns", "add", ns},
 		{"-n", ns, "link", "set", "lo", "up"},
