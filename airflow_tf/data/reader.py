@@ -110,6 +110,10 @@ class _Share:
         return cls(files, num_shards, shard_index, by_file, compression, examples)
 
 
+EMPTY_SHARE_REMEDY = "prepare more rows, or train with fewer workers than the split has records"
+"""What to do about a worker's share of a split that holds no record (fewer records than workers)."""
+
+
 def _row_bytes(schema: Schema) -> int:
     """An example's parsed size (strings guessed at :data:`_STRING_BYTES` a value)."""
     return sum(f.size * (_STRING_BYTES if f.dtype == "string" else 8 if f.dtype == "int64" else 4)
@@ -183,9 +187,9 @@ def _load(share: _Share, schema: Schema) -> dict[str, Any]:
                 for name, value in values.items():
                     parts[name].append(value)
     if not any(parts.values()):
-        # np.concatenate would fail saying only "need at least one array"; streaming would wait forever.
+        # np.concatenate would fail saying only "need at least one array".
         raise DataError(f"this worker's share of {len(share.files)} file(s) ({share.files[0]}, ...) holds no "
-                        f"record: prepare more rows, or train with fewer workers than the split has records")
+                        f"record: {EMPTY_SHARE_REMEDY}")
     return {name: np.concatenate(chunks) for name, chunks in parts.items()}
 
 

@@ -19,6 +19,7 @@ from tensorflow.python.training import monitored_session
 from airflow_tf.cluster.training import TrainingConfig
 from airflow_tf.data import make_dataset
 from airflow_tf.data.errors import DataError
+from airflow_tf.data.reader import EMPTY_SHARE_REMEDY
 
 from .embeddings import ShardedTable, check_ps_memory, ps_table_budget, shard_embeddings, trainable_variables
 from .errors import TaskConfigError
@@ -271,13 +272,15 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
             while not session.should_stop():
                 try:
                     session.run(training.next_op())
-                except tf.errors.OutOfRangeError:
+                except tf.errors.OutOfRangeError as exc:
                     # The input repeats forever, so it ends only when this trainer's share holds no
-                    # record; MonitoredSession would take the end as done and report a success.
+                    # record; MonitoredSession would take the end as done and report a success. Other
+                    # ends (sync mode's token queue closed by the chief at exit) stay its to handle.
+                    if getattr(exc.op, "type", None) != "IteratorGetNext":
+                        raise
                     raise DataError(
                         f"the train split of {config.dataset} gave {task.type} {task.index} (share "
-                        f"{task.trainer_index + 1} of {trainers}) no record: prepare more rows, or train "
-                        f"with fewer workers than the split has records") from None
+                        f"{task.trainer_index + 1} of {trainers}) no record: {EMPTY_SHARE_REMEDY}") from None
         tf.compat.v1.summary.FileWriterCache.clear()  # closes the event files
 
     return task_result(task, training.last_step, nan_policy, progress, config.run_dir)
