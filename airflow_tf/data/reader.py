@@ -79,7 +79,9 @@ def make_dataset(  # noqa: PLR0917  public signature: callers pass these positio
     else:
         ds = _records(share, shuffle=shuffle, seed=seed, shuffle_buffer=shuffle_buffer).repeat(epochs)
         ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-        ds = ds.map(_parser(schema), num_parallel_calls=tf.data.AUTOTUNE, deterministic=not shuffle)
+        # In order even when shuffled: an out-of-order map lets the partial batch overtake a full one,
+        # and only the last batch may be partial.
+        ds = ds.map(_parser(schema), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.prefetch(_PREFETCH_BATCHES)
 
 
