@@ -275,14 +275,11 @@ def _check_prepare_options(options: dict[str, Any]) -> None:
     plan would refuse, fails the DAG's import naming it. Templates and XComArgs are checked when
     the plan runs (unset here stands for the default)."""
     from airflow_tf.data.options import PrepareOptions
-    from airflow_tf.operators.common import flag
-
-    def later(value: Any) -> bool:
-        return hasattr(value, "resolve") or (isinstance(value, str) and ("{{" in value or "{%" in value))
+    from airflow_tf.operators.common import flag, is_template
 
     if "overwrite" in options:
         flag(options["overwrite"], "overwrite")
-    PrepareOptions.given(None, "tf_prepare", {name: None if later(value) else value for name, value in options.items()
+    PrepareOptions.given(None, "tf_prepare", {name: None if is_template(value) else value for name, value in options.items()
                                                if name not in _PLAN_ARGUMENTS})
 
 

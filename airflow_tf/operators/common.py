@@ -37,15 +37,16 @@ def launch_labels(dag_id: str, task_id: str, run_id: str, map_index: int) -> dic
 
 
 def is_template(value: Any) -> bool:
-    """A value only known when the task runs (Jinja text, an XComArg, a mapped argument)."""
-    return not isinstance(value, str) or "{{" in value or "{%" in value
+    """A value only known when the task runs: Jinja text, or anything Airflow resolves then (an
+    XComArg, a mapped argument)."""
+    return hasattr(value, "resolve") or (isinstance(value, str) and ("{{" in value or "{%" in value))
 
 
 def flag(value: Any, name: str) -> Any:
     """A true/false argument of an operator, through the one strict parser (``parse_bool``):
     parsed now when it is plain, so ``overwrite="ture"`` fails the DAG's import naming it; a
     template or XComArg is kept as given and parsed when the task runs."""
-    return value if is_template(value) and not isinstance(value, bool | int) else parse_bool(value, name)
+    return value if is_template(value) else parse_bool(value, name)
 
 
 def resolved_backend(backend: str | None, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
