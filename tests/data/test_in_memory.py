@@ -81,3 +81,28 @@ def test_a_share_without_records_fails_naming_its_files(tmp_path):
     # One record, two workers: the second worker's every-other-record share is empty.
     with pytest.raises(DataError, match=r"this worker's share of 1 file\(s\) \(.*part-.*\) holds no record"):
         make_dataset(uri, batch_size=4, num_shards=2, shard_index=1, in_memory_bytes=FITS)
+
+
+def test_every_column_of_a_row_stays_with_its_row_whatever_its_type(tmp_path):
+    """Scalar columns of one type are held together; each still comes back under its own name,
+    beside the same row's vector and string columns, as streaming gives them."""
+    ids = np.arange(ROWS, dtype=np.int64)
+    np.savez(tmp_path / "mixed.npz", id=ids, a=(ids * 2.0).astype(np.float32), b=(-ids * 1.0).astype(np.float32),
+             n=(ids + 7).astype(np.int64), v=np.stack([ids * 0.5, ids * 0.25], axis=1).astype(np.float32),
+             s=np.array([f"r{i}" for i in ids]), label=(ids % 5).astype(np.int64))
+    uri = prepare_dataset(tmp_path / "mixed.npz", tmp_path / "out", "mixed", label="label", eval_fraction=0,
+                          shards=2, string_columns=["s"])["dataset_uri"]
+    streamed, in_memory = (make_dataset(uri, batch_size=64, epochs=1, seed=3, in_memory_bytes=b) for b in (0, FITS))
+    seen = 0
+    for (features, label), (streamed_features, _) in zip(in_memory, streamed, strict=True):
+        assert sorted(features) == sorted(streamed_features)
+        i = features["id"].numpy()
+        np.testing.assert_array_equal(features["a"].numpy(), i * 2.0)
+        np.testing.assert_array_equal(features["b"].numpy(), -i * 1.0)
+        np.testing.assert_array_equal(features["n"].numpy(), i + 7)
+        np.testing.assert_array_equal(features["v"].numpy(), np.stack([i * 0.5, i * 0.25], axis=1))
+        assert [x.decode() for x in features["s"].numpy()] == [f"r{k}" for k in i]
+        np.testing.assert_array_equal(label.numpy(), i % 5)
+        assert features["a"].dtype.name == "float32" and features["n"].dtype.name == "int64"
+        seen += len(i)
+    assert seen == ROWS
