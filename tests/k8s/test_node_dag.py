@@ -26,7 +26,7 @@ from .host import down, mounts, namespaces, node_prefix, plane_env, processes, s
 from .plane import wait_for
 
 sys.path.insert(0, str(REPO_DAGS.parent / "scripts"))
-from airflow_stack import AirflowStack  # noqa: E402
+from airflow_stack import USERNAME, AirflowStack  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="the node agent makes namespaces (root)")]
 
@@ -77,7 +77,11 @@ def _demo_on_the_plane(directory: Path, storage: Path, tmp_path: Path) -> None:
 
 class _ScheduledRun:
     """The demo DAG triggered on a real Airflow (API server, scheduler, DAG processor,
-    triggerer: ``scripts/airflow_stack.py``) whose deployment backend is the plane."""
+    triggerer: ``scripts/airflow_stack.py``) whose deployment backend is the plane, driven
+    through its REST API as a user's client would (each ``airflow`` CLI call would cost seconds
+    of CPU that the training competes for)."""
+
+    DAG = "tf_linear_regression"
 
     def __init__(self, home: Path, plane: Path, steps: int) -> None:
         # PostgreSQL runs as the 'postgres' user, which cannot enter pytest's private tmp dirs.
@@ -85,29 +89,31 @@ class _ScheduledRun:
         self.postgres.chmod(0o755)
         self.stack = AirflowStack(home, REPO_DAGS, postgres_dir=self.postgres / "data", env=kubernetes_env(plane),
                                   umask=0o002)
-        self.conf = json.dumps({"steps": steps, "rows": 5000})
+        self.conf = {"steps": steps, "rows": 5000}
 
-    def airflow(self, *args: str) -> str:
-        done = self.stack.cli(*args)
-        assert done.returncode == 0, f"airflow {' '.join(args)}: {done.stdout[-2000:]} {done.stderr[-2000:]}"
-        return done.stdout
-
-    def rows(self, *args: str) -> list[dict]:
-        """The JSON table an ``airflow ... -o json`` command prints last (after any warnings)."""
-        return json.loads(self.airflow(*args, "-o", "json").strip().splitlines()[-1])
+    def call(self, method: str, path: str, expect: tuple[int, ...] = (200,), **kwargs):
+        response = self.session.request(method, f"{self.stack.url}/api/v2{path}", timeout=60, **kwargs)
+        assert response.status_code in expect, f"{method} /api/v2{path}: {response.status_code} {response.text[:2000]}"
+        return response
 
     def trigger(self) -> str:
+        import requests
+
         self.stack.start()
-        wait_for(lambda: "tf_linear_regression" in self.airflow("dags", "list", "-o", "plain"), 300,
-                 "the DAG processor to parse tf_linear_regression", interval=5)
-        self.airflow("dags", "unpause", "tf_linear_regression")
-        row = self.rows("dags", "trigger", "tf_linear_regression", "-c", self.conf)[0]
-        self.run_id = row.get("dag_run_id") or row["run_id"]
+        token = requests.post(f"{self.stack.url}/auth/token", json={"username": USERNAME,
+                              "password": self.stack.password}, timeout=60)
+        assert token.status_code == 201, f"POST /auth/token: {token.status_code} {token.text}"
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {token.json()['access_token']}"
+        wait_for(lambda: self.call("GET", f"/dags/{self.DAG}", expect=(200, 404)).status_code == 200, 300,
+                 f"the DAG processor to parse {self.DAG}", interval=1)
+        assert self.call("PATCH", f"/dags/{self.DAG}", json={"is_paused": False}).json()["is_paused"] is False
+        run = self.call("POST", f"/dags/{self.DAG}/dagRuns", json={"logical_date": None, "conf": self.conf}).json()
+        self.run_id = run["dag_run_id"]
         return self.run_id
 
     def state(self) -> str | None:
-        runs = self.rows("dags", "list-runs", "tf_linear_regression")
-        state = next(r["state"] for r in runs if self.run_id in (r.get("run_id"), r.get("dag_run_id")))
+        state = self.call("GET", f"/dags/{self.DAG}/dagRuns/{self.run_id}").json()["state"]
         return state if state in ("success", "failed") else None
 
     def task_logs(self) -> str:
@@ -151,6 +157,9 @@ def test_a_killed_and_a_frozen_ps_are_replaced_and_the_dag_trains_to_its_final_s
 def _faults_on_the_plane(directory: Path, tmp_path: Path) -> None:
     from kubernetes import client, config
 
+    # Enough that the training outlasts both faults: the second comes ~1000 steps after the first
+    # checkpoint past step 500, and its replacement waits for the liveness probe's failures (at
+    # 10,000 steps a run under load finished before it).
     steps = 20000
     env = plane_env(directory)
     core = client.CoreV1Api(config.new_client_from_config(config_file=env["KUBECONFIG"]))
@@ -193,7 +202,7 @@ def _faults_during(dag_run: _ScheduledRun, core, runs: Path, steps: int) -> None
         print(f"{fault.name} of {ps.metadata.name} at step {at} (checkpoint {checkpointed['checkpoint_step']}): "
               f"step {moved} {time.monotonic() - faulted:.0f} s later")
 
-    state = wait_for(dag_run.state, 600, "the DAG run's end", interval=10)
+    state = wait_for(dag_run.state, 600, "the DAG run's end", interval=2)
     logs = dag_run.task_logs()
     assert state == "success", logs[-4000:]
     final = _progress(runs)
