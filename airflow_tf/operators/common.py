@@ -45,8 +45,9 @@ def is_template(value: Any) -> bool:
 def flag(value: Any, name: str) -> Any:
     """A true/false argument of an operator, through the one strict parser (``parse_bool``):
     parsed now when it is plain, so ``overwrite="ture"`` fails the DAG's import naming it; a
-    template or XComArg is kept as given and parsed when the task runs."""
-    return value if is_template(value) else parse_bool(value, name)
+    template or XComArg is kept as given and parsed when the task runs, and None too (prepare's
+    options take it for their default)."""
+    return value if value is None or is_template(value) else parse_bool(value, name)
 
 
 def resolved_backend(backend: str | None, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
