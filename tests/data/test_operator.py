@@ -1,14 +1,20 @@
-"""PrepareTFRecordsOperator run by Airflow itself (``airflow dags test``, SQLite, temporary home)."""
+"""Prepare on the Airflow side: PrepareTFRecordsOperator run by Airflow itself (``airflow dags
+test``, SQLite, temporary home), and the options tf_prepare checks while the DAG is parsed. A
+training image has no Airflow, so these are the data tests it leaves out."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import inspect
 import json
 import logging
 import textwrap
 
 import pytest
 
-from airflow_tf.data import count_examples, load_schema
+from airflow_tf.data import DataError, count_examples, load_schema, prepare_dataset
+from airflow_tf.data.options import DEFAULTS, PrepareOptions
 from airflow_tf.data.samples import write_linear_regression_csv
 from airflow_tf.demo import airflow_env, dags_test, init_airflow
 
@@ -116,3 +122,50 @@ def test_the_partition_key_goes_on_the_airflow_asset_event_or_a_log_line_says_wh
         logger.removeHandler(collect)
         logger.setLevel(level)
     assert any("has no asset partitions (3.2 or later needed)" in m and "'2026-11-03'" in m for m in collect.messages)
+
+
+def test_every_front_has_the_options_defaults():
+    """prepare_dataset, the operator and the command line show the defaults PrepareOptions declares."""
+    from airflow_tf.cli import _add_prepare
+    from airflow_tf.operators import PrepareTFRecordsOperator
+
+    function = inspect.signature(prepare_dataset).parameters
+    operator = inspect.signature(PrepareTFRecordsOperator.__init__).parameters
+    commands = argparse.ArgumentParser().add_subparsers()
+    _add_prepare(commands)
+    flags = {action.dest: action.default for action in commands.choices["prepare"]._actions}
+    for option in dataclasses.fields(PrepareOptions):
+        default = getattr(DEFAULTS, option.name)
+        if option.name in ("schema", "string_columns"):  # None there stands for none
+            continue
+        assert function[option.name].default == default, option.name
+        assert operator[option.name].default == default, option.name
+        if option.name not in ("vocabularies", "compression", "allow_nan"):  # the flags' own forms of none
+            assert flags[option.name] == default, option.name
+
+
+@pytest.mark.parametrize(("options", "complaint"), [
+    ({"eval_fraktion": 0.1}, r"tf_prepare: unknown option\(s\) eval_fraktion; the options are label, eval_fraction"),
+    ({"eval_fraction": 1.5}, r"eval_fraction must be in \[0, 1\), got 1.5"),
+    ({"shards": 2, "target_shard_mib": 8}, "give either shards or target_shard_mib, not both"),
+    ({"overwrite": "ture"}, "overwrite"),
+])
+def test_tf_prepares_options_are_checked_while_the_dag_is_parsed(tmp_path, options, complaint):
+    from airflow.sdk import DAG
+
+    from airflow_tf.task_groups import tf_prepare
+
+    with DAG("parted_bad", schedule=None), pytest.raises((DataError, ValueError), match=complaint):
+        tf_prepare(input=str(tmp_path), name="clicks", **options)
+
+
+def test_tf_prepares_templated_options_wait_for_the_plan(tmp_path):
+    from airflow.sdk import DAG
+
+    from airflow_tf.task_groups import tf_prepare
+
+    with DAG("parted_templated", schedule=None) as dag:
+        tf_prepare(input=str(tmp_path), name="clicks", eval_fraction="{{ params.fraction }}", overwrite="{{ params.o }}",
+                   version=3, label="y")
+    *_, options = dag.get_task("prepare.plan").op_args  # rendered and checked when the plan runs
+    assert options["eval_fraction"] == "{{ params.fraction }}" and options["overwrite"] == "{{ params.o }}"

@@ -161,30 +161,3 @@ def test_partitioned_prepare_runs_as_mapped_airflow_tasks(tmp_path, read_split):
     assert "state=failed" in failed.stdout
     assert "day-1.csv line 502, column 'y'" in failed.stdout, failed.stdout[-4000:]
     assert sorted(p.name for p in (output / "parted").iterdir() if not p.name.startswith(".")) == ["1"]
-
-
-@pytest.mark.parametrize(("options", "complaint"), [
-    ({"eval_fraktion": 0.1}, r"tf_prepare: unknown option\(s\) eval_fraktion; the options are label, eval_fraction"),
-    ({"eval_fraction": 1.5}, r"eval_fraction must be in \[0, 1\), got 1.5"),
-    ({"shards": 2, "target_shard_mib": 8}, "give either shards or target_shard_mib, not both"),
-    ({"overwrite": "ture"}, "overwrite"),
-])
-def test_tf_prepares_options_are_checked_while_the_dag_is_parsed(tmp_path, options, complaint):
-    from airflow.sdk import DAG
-
-    from airflow_tf.task_groups import tf_prepare
-
-    with DAG("parted_bad", schedule=None), pytest.raises((DataError, ValueError), match=complaint):
-        tf_prepare(input=str(tmp_path), name="clicks", **options)
-
-
-def test_tf_prepares_templated_options_wait_for_the_plan(tmp_path):
-    from airflow.sdk import DAG
-
-    from airflow_tf.task_groups import tf_prepare
-
-    with DAG("parted_templated", schedule=None) as dag:
-        tf_prepare(input=str(tmp_path), name="clicks", eval_fraction="{{ params.fraction }}", overwrite="{{ params.o }}",
-                   version=3, label="y")
-    *_, options = dag.get_task("prepare.plan").op_args  # rendered and checked when the plan runs
-    assert options["eval_fraction"] == "{{ params.fraction }}" and options["overwrite"] == "{{ params.o }}"

@@ -6,9 +6,7 @@ has the same defaults and refuses the same bad values with the same words. Renam
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import inspect
 import json
 import subprocess
 import sys
@@ -50,26 +48,6 @@ def test_the_options_are_frozen_and_rendered_template_text_is_parsed():
 def test_a_bad_option_is_refused_naming_it(values, message):
     with pytest.raises(DataError, match=message):
         PrepareOptions(**values)
-
-
-def test_every_front_has_the_options_defaults():
-    """prepare_dataset, the operator and the command line show the defaults PrepareOptions declares."""
-    from airflow_tf.cli import _add_prepare
-    from airflow_tf.operators import PrepareTFRecordsOperator
-
-    function = inspect.signature(prepare_dataset).parameters
-    operator = inspect.signature(PrepareTFRecordsOperator.__init__).parameters
-    commands = argparse.ArgumentParser().add_subparsers()
-    _add_prepare(commands)
-    flags = {action.dest: action.default for action in commands.choices["prepare"]._actions}
-    for option in dataclasses.fields(PrepareOptions):
-        default = getattr(DEFAULTS, option.name)
-        if option.name in ("schema", "string_columns"):  # None there stands for none
-            continue
-        assert function[option.name].default == default, option.name
-        assert operator[option.name].default == default, option.name
-        if option.name not in ("vocabularies", "compression", "allow_nan"):  # the flags' own forms of none
-            assert flags[option.name] == default, option.name
 
 
 def test_options_given_whole_make_the_same_version_as_options_given_one_by_one(tmp_path):
