@@ -28,6 +28,7 @@ nothing, which lets rows of different lengths share one matrix).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from collections.abc import Sequence
 from typing import cast
@@ -75,9 +76,20 @@ for _r in range(_BLOCK):
     _reg = _zero_byte(_reg)
 del _reg, _r
 _SHIFTS: list[np.ndarray] = []  # _SHIFTS[q]: 4x256 tables advancing a register by q*_BLOCK zero bytes
+# Prepare's encode threads grow _SHIFTS together: unguarded, two appending the same step left a
+# wrong table at the next index, and every CRC the process wrote after it was wrong.
+_SHIFTS_GROWING = threading.Lock()
 
 
 def _shift_tables(q: int) -> np.ndarray:
+    if len(_SHIFTS) > q:
+        return _SHIFTS[q]
+    with _SHIFTS_GROWING:
+        _grow_shift_tables(q)
+    return _SHIFTS[q]
+
+
+def _grow_shift_tables(q: int) -> None:
     while len(_SHIFTS) <= q:
         if not _SHIFTS:
             x = np.arange(256, dtype=np.uint32)
@@ -90,7 +102,6 @@ def _shift_tables(q: int) -> np.ndarray:
         else:
             values = _apply_shift(_SHIFTS[1], values)
         _SHIFTS.append(values)
-    return _SHIFTS[q]
 
 
 def _apply_shift(tables: np.ndarray, x: np.ndarray) -> np.ndarray:

@@ -32,6 +32,39 @@ def test_crc32c_matches_the_standard_for_short_long_and_mixed_lengths():
         start += length
 
 
+def test_threads_encoding_at_once_in_a_fresh_process_all_write_true_crcs(monkeypatch):
+    """Prepare's encode threads build the CRC tables for long records together, the first time
+    any is needed: each must see complete tables (a wrong one made every later record unreadable,
+    ``DataLossError: corrupted record``)."""
+    import threading
+    import time
+
+    from airflow_tf.data import encode
+
+    monkeypatch.setattr(encode, "_SHIFTS", [])  # as in a fresh process
+    building = encode._zero_byte
+    monkeypatch.setattr(encode, "_zero_byte", lambda values: (time.sleep(0), building(values))[1])
+    rng = np.random.default_rng(1)
+    lengths = np.array([2000, 1100, 1600])  # past 2 and 3 blocks of 512 bytes
+    flat = rng.integers(0, 256, int(lengths.sum()), dtype=np.uint8)
+    expected = [reference_crc32c(part.tobytes()) for part in np.split(flat, np.cumsum(lengths)[:-1])]
+    start, results = threading.Barrier(4), []
+
+    def encode_records():
+        start.wait()
+        results.append(list(crc32c_ragged(flat, lengths)))
+
+    threads = [threading.Thread(target=encode_records) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [expected] * 4
+    # The tables the threads built serve every later record too, the longest ones included.
+    longer = rng.integers(0, 256, 8000, dtype=np.uint8)
+    assert crc32c_ragged(longer, np.array([8000]))[0] == reference_crc32c(longer.tobytes())
+
+
 def _write(tmp_path, features, columns):
     path = tmp_path / "data.tfrecord"
     path.write_bytes(encode_examples(features, columns))
