@@ -45,6 +45,7 @@ def make_dataset(  # noqa: PLR0917  public signature: callers pass these positio
     drop_remainder: bool = False,
     shuffle_buffer: int | None = None,
     in_memory_bytes: int = 0,
+    features_as_matrix: bool = False,
 ):
     """Batches of ``(features, label)`` from one split of a prepared dataset.
 
@@ -58,7 +59,11 @@ def make_dataset(  # noqa: PLR0917  public signature: callers pass these positio
 
     ``in_memory_bytes``: when this share's parsed values (estimated from the schema) fit in it,
     the share is read and parsed once into memory and each batch is gathered from there, the
-    whole share reshuffled every epoch; 0 always streams from the files."""
+    whole share reshuffled every epoch; 0 always streams from the files.
+
+    ``features_as_matrix``: when the share is held in memory and every feature is a float32
+    scalar, ``features`` is one ``[batch, n]`` float32 matrix, its columns the features in schema
+    order, rather than a dict (one gather of whole rows, no split); otherwise the dict."""
     import tensorflow as tf
 
     if int(batch_size) < 1:
@@ -75,7 +80,8 @@ def make_dataset(  # noqa: PLR0917  public signature: callers pass these positio
     schema = load_schema(dataset_uri)
     share = _Share.of(dataset_uri, split, int(num_shards), int(shard_index))
     if in_memory_bytes and share.examples * _row_bytes(schema) <= in_memory_bytes:
-        ds = _in_memory(share, schema, batch_size, epochs, drop_remainder=drop_remainder, shuffle=shuffle, seed=seed)
+        ds = _in_memory(share, schema, batch_size, epochs, drop_remainder=drop_remainder, shuffle=shuffle, seed=seed,
+                        as_matrix=features_as_matrix)
     else:
         ds = _records(share, shuffle=shuffle, seed=seed, shuffle_buffer=shuffle_buffer).repeat(epochs)
         ds = ds.batch(batch_size, drop_remainder=drop_remainder)
@@ -196,18 +202,20 @@ def _load(share: _Share, schema: Schema) -> dict[str, Any]:
 
 
 def _in_memory(share: _Share, schema: Schema, batch_size: int, epochs: int | None, *, drop_remainder: bool,
-               shuffle: bool, seed: int):
+               shuffle: bool, seed: int, as_matrix: bool):
     """Batches gathered from the share held in memory: a batch of example indices (the whole
     share reshuffled every epoch, epochs joined as the streaming pipeline joins them) picks its
-    rows from each column."""
+    rows from each column; ``as_matrix``: see :func:`make_dataset`'s ``features_as_matrix``."""
     import numpy as np
     import tensorflow as tf
 
     loaded = _load(share, schema)
     count = len(next(iter(loaded.values())))
-    # The scalar columns of one dtype are held as the columns of one matrix, so that a batch is
+    label = schema.label_name
+    labels = None if label is None else tf.constant(loaded.pop(label))
+    # The scalar features of one dtype are held as the columns of one matrix, so that a batch is
     # one gather of whole rows: a gather per column reads each example's scattered values once
-    # per column (on a 64-column share, ~2-3 ms of a 20 ms step: bench_keras_fit.py).
+    # per column (on a 64-column share, ~2 ms of a 20 ms step: bench/step_breakdown.py).
     by_dtype: dict[Any, list[str]] = {}
     for name, values in loaded.items():
         if values.ndim == 1 and values.dtype != object:
@@ -216,19 +224,20 @@ def _in_memory(share: _Share, schema: Schema, batch_size: int, epochs: int | Non
                 for group in by_dtype.values() if len(group) > 1]
     columns = {name: tf.constant(values) for name, values in loaded.items()}
     del loaded
-    label = schema.label_name
+    whole = not columns and len(matrices) == 1 and matrices[0][0] == list(schema.feature_names) \
+        and matrices[0][1].dtype == tf.float32
     ds = tf.data.Dataset.range(count)
     if shuffle:
         ds = ds.shuffle(count, seed=seed, reshuffle_each_iteration=True)
     ds = ds.repeat(epochs).batch(batch_size, drop_remainder=drop_remainder)
 
     def gather(indices):
-        rows = {name: tf.gather(values, indices) for name, values in columns.items()}
-        for group, matrix in matrices:
-            rows.update(zip(group, tf.unstack(tf.gather(matrix, indices), axis=1), strict=True))
-        if label is None:
-            return rows
-        target = rows.pop(label)
-        return rows, target
+        if as_matrix and whole:
+            features = tf.gather(matrices[0][1], indices)
+        else:
+            features = {name: tf.gather(values, indices) for name, values in columns.items()}
+            for group, matrix in matrices:
+                features.update(zip(group, tf.unstack(tf.gather(matrix, indices), axis=1), strict=True))
+        return features if labels is None else (features, tf.gather(labels, indices))
 
     return ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

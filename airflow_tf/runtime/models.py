@@ -31,6 +31,10 @@ CLASSIFICATION_LOSS = "sparse_categorical_crossentropy"
 
 
 # -- built-in models ------------------------------------------------------------------------
+JOINED_FEATURES = "features"
+"""The built-in models' layer that joins every feature into one float32 matrix."""
+
+
 def _numeric_inputs(schema) -> tuple[dict[str, keras.KerasTensor], keras.KerasTensor]:
     """One Keras input per feature of the schema, and all of them flattened into one float32
     matrix ``[batch, sum of feature sizes]``."""
@@ -47,7 +51,7 @@ def _numeric_inputs(schema) -> tuple[dict[str, keras.KerasTensor], keras.KerasTe
         columns.append(keras.ops.reshape(keras.ops.cast(inputs[name], "float32"), (-1, spec.size)))
     if not columns:
         raise ModelError("the dataset has no input features besides the label")
-    features = columns[0] if len(columns) == 1 else keras.layers.Concatenate(name="features")(columns)
+    features = columns[0] if len(columns) == 1 else keras.layers.Concatenate(name=JOINED_FEATURES)(columns)
     return inputs, features
 
 
@@ -192,10 +196,12 @@ class FeatureAdapter(keras.Model):
     input, a list of inputs, another shape or dtype. It adds no weights of its own, so its
     weights (and checkpoints) are the wrapped model's."""
 
-    def __init__(self, model: keras.Model, adapt: Callable[[dict], object]):
+    def __init__(self, model: keras.Model, adapt: Callable[[dict], object], *, takes_matrix: bool = False):
         super().__init__(name=f"{model.name}_fed")
         self.wrapped = model
         self._adapt = adapt
+        self.takes_matrix = takes_matrix
+        """Whether ``adapt`` only joins the features into one float32 matrix (:func:`matrix_model`)."""
 
     def call(self, features, training=None):
         return self.wrapped(self._adapt(features), training=training)
@@ -323,7 +329,26 @@ def _feed_one_input(model: keras.Model, schema, shape: tuple, dtype, *, numeric:
     if target is None:
         return None
     return FeatureAdapter(model, lambda features: _convert(_matrix(features, schema, dtype), width,
-                                                           target, dtype, dtype))
+                                                           target, dtype, dtype),
+                          takes_matrix=target == width and dtype == "float32")
+
+
+def matrix_model(model: keras.Model, schema, reference: str) -> keras.Model | None:
+    """``model`` fed its features already joined into one float32 matrix ``(batch, n)``, in
+    schema order: its own layers and weights from where it joins them, without a reshape per
+    feature and the concatenation (a ms of a 20 ms step on 64 features). The training feeds it
+    whole rows gathered from the in-memory share (``make_dataset(..., features_as_matrix=True)``).
+    None unless every feature is a float32 scalar and the model (``reference``: a built-in, or
+    one input of ``n`` floats) starts by joining them so."""
+    names = schema.feature_names
+    if len(names) < 2 or any(schema[n].dtype != "float32" or schema[n].shape != () for n in names):
+        return None
+    if isinstance(model, FeatureAdapter):
+        return model.wrapped if model.takes_matrix else None
+    if reference not in _BUILTINS:
+        return None
+    # The built-ins take a dict by name, so the joined matrix is an inner tensor of their graph.
+    return keras.Model(model.get_layer(JOINED_FEATURES).output, model.output, name=f"{model.name}_on_rows")
 
 
 def _feed_undeclared(model: keras.Model, schema, reference: str, *, numeric: bool) -> keras.Model:
@@ -505,6 +530,6 @@ def restore_model(run_dir_or_checkpoint: str | os.PathLike, config: TrainingConf
 
 __all__ = [
     "FeatureAdapter", "ModelError", "build_model", "check_checkpoint", "check_output", "checkpoint_weights",
-    "compute_loss", "feed_features", "latest_checkpoint", "linear_regression", "loss_name", "mlp_classifier",
-    "model_function", "resolve_checkpoint", "resolve_loss", "restore_model", "weight_key",
+    "compute_loss", "feed_features", "latest_checkpoint", "linear_regression", "loss_name", "matrix_model",
+    "mlp_classifier", "model_function", "resolve_checkpoint", "resolve_loss", "restore_model", "weight_key",
 ]

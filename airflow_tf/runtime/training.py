@@ -26,7 +26,7 @@ from .errors import TaskConfigError
 from .logs import log
 from .loop import (KEEP_CHECKPOINTS, NanPolicy, Progress, Start, placement, prepare_run_dir, restore_refused,
                    starting_point, target_step, task_result)
-from .models import build_model, compute_loss, resolve_loss, weight_key
+from .models import build_model, compute_loss, matrix_model, resolve_loss, weight_key
 from .optimizers import make_optimizer
 from .session_hooks import FiniteSaver, QuickCloseCreator, SyncReplicasHook
 from .step_bound import StepBoundHook
@@ -192,13 +192,14 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
         )
         with tf.compat.v1.device(setter):
             global_step = tf.compat.v1.train.get_or_create_global_step()
+            model = build_model(config, schema)
+            on_rows = matrix_model(model, schema, config.model)
             dataset = make_dataset(
                 config.dataset, "train", config.batch_size, num_shards=trainers,
                 shard_index=task.trainer_index, epochs=None, shuffle=True, seed=config.seed,
-                in_memory_bytes=config.in_memory_input_bytes,
+                in_memory_bytes=config.in_memory_input_bytes, features_as_matrix=on_rows is not None,
             )
             iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
-            model = build_model(config, schema)
             keys = {id(w.value): weight_key(i, w) for i, w in enumerate(model.weights)}
             tables = shard_embeddings(model, keys, task.ps_count, config.min_shard_bytes, config.max_shard_bytes)
             check_ps_memory(tables, config.optimizer, task.ps_count, ps_table_budget(config.ps_memory_limit, task.ps_count))
@@ -212,7 +213,8 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
 
             def one_step():
                 features, labels = iterator.get_next()
-                return _loss_and_train_op(model, features, labels, loss_fn=loss_fn, optimizer=optimizer,
+                fed = model if isinstance(features, dict) else on_rows  # whole rows when the share fits in memory
+                return _loss_and_train_op(fed, features, labels, loss_fn=loss_fn, optimizer=optimizer,
                                           global_step=global_step, var_list=var_list, task=task, devices=devices)
 
             chain_length, fixed = _steps_per_call(config, len(devices))

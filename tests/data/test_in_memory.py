@@ -106,3 +106,28 @@ def test_every_column_of_a_row_stays_with_its_row_whatever_its_type(tmp_path):
         assert features["a"].dtype.name == "float32" and features["n"].dtype.name == "int64"
         seen += len(i)
     assert seen == ROWS
+
+
+def test_features_as_matrix_gives_whole_rows_in_schema_order_only_where_each_feature_is_a_float_scalar(tmp_path):
+    """What a training worker asks for when its model takes the joined features: each batch's rows
+    as one float32 matrix, a row's columns the features in schema order beside its label. A share
+    that streams, or holds any other feature, still gives the dict."""
+    ids = np.arange(ROWS, dtype=np.float32)
+    np.savez(tmp_path / "rows.npz", c=ids * 3, a=ids, b=-ids, label=(ids % 5).astype(np.int64))
+    uri = prepare_dataset(tmp_path / "rows.npz", tmp_path / "out", "rows", label="label", eval_fraction=0,
+                          shards=2)["dataset_uri"]
+    seen = 0
+    for rows, label in make_dataset(uri, batch_size=64, epochs=1, in_memory_bytes=FITS, features_as_matrix=True):
+        assert rows.dtype.name == "float32" and rows.shape[1] == 3
+        i = rows.numpy()[:, 1]  # the schema's order is the file's: c, a, b
+        np.testing.assert_array_equal(rows.numpy(), np.stack([i * 3, i, -i], axis=1))
+        np.testing.assert_array_equal(label.numpy(), i % 5)
+        seen += len(i)
+    assert seen == ROWS
+    streamed, _ = next(iter(make_dataset(uri, batch_size=64, in_memory_bytes=0, features_as_matrix=True)))
+    assert sorted(streamed) == ["a", "b", "c"]
+    np.savez(tmp_path / "mixed.npz", a=ids, n=ids.astype(np.int64), label=(ids % 5).astype(np.int64))
+    mixed = prepare_dataset(tmp_path / "mixed.npz", tmp_path / "out", "mixed", label="label", eval_fraction=0)
+    features, _ = next(iter(make_dataset(mixed["dataset_uri"], batch_size=64, in_memory_bytes=FITS,
+                                         features_as_matrix=True)))
+    assert sorted(features) == ["a", "n"]

@@ -46,6 +46,23 @@ def test_mlp_classifier_gives_class_probabilities_and_a_class_loss():
     assert float(models.compute_loss(loss, np.array([0, 1, 2, 0]), probabilities)) > 0
 
 
+def test_a_built_in_model_on_whole_rows_predicts_as_it_does_on_the_features_by_name():
+    """What the training feeds a built-in model when every feature is a float32 scalar and the
+    share is in memory: the batch's rows as one matrix, into the layers after the join."""
+    schema = Schema((*(FeatureSpec(f"f{i}", "float32") for i in range(6)), FeatureSpec("label", "int64")),
+                    label_name="label")
+    options = config(model="mlp_classifier", model_kwargs={"num_classes": 3, "hidden_units": [8, 4]})
+    model = models.build_model(options, schema)
+    on_rows = models.matrix_model(model, schema, options.model)
+    rows = np.random.default_rng(1).normal(size=(5, 6)).astype(np.float32)
+    by_name = model({f"f{i}": rows[:, i] for i in range(6)}).numpy()
+    np.testing.assert_allclose(on_rows(rows).numpy(), by_name, rtol=1e-6)
+    assert [id(w) for w in on_rows.weights] == [id(w) for w in model.weights], "the same weights, not copies"
+    # Any other feature joins the dict as before: a vector (CLASSES), an int64 or a vector (MIXED).
+    assert models.matrix_model(models.build_model(config(), MIXED), MIXED, "linear_regression") is None
+    assert models.matrix_model(model, CLASSES, options.model) is None
+
+
 @pytest.mark.parametrize("options, schema, message", [
     ({"model": "mlp_classifier"}, CLASSES, r"needs num_classes: pass model_kwargs=\{'num_classes': N\}"),
     ({"model": "mlp_classifier", "model_kwargs": {"num_classes": 2}}, MIXED, "label 'y' is float32"),

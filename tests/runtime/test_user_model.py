@@ -106,6 +106,27 @@ def test_several_numeric_features_feed_a_one_input_model_as_a_matrix_in_schema_o
     np.testing.assert_allclose(model(features).numpy()[:, 0], expected)
 
 
+ROWS = Schema((*(FeatureSpec(f"f{i}", "float32") for i in range(5)), FeatureSpec("y", "float32")), label_name="y")
+
+
+@pytest.mark.parametrize("function, schema, takes_rows", [
+    ("matrix", ROWS, True),  # five float32 scalars: the batch's rows go to the user's model as they are
+    ("matrix", MIXED, False),  # a vector and an int64 feature: joined as before
+    ("seed_model", LINE, False),  # one feature: nothing to join
+    ("subclassed", ROWS, False),  # a model without declared inputs takes the dict
+])
+def test_a_one_input_model_is_fed_whole_rows_when_every_feature_is_a_float_scalar(user_models, function, schema,
+                                                                                    takes_rows):
+    model = build(function, schema, **({"model_kwargs": {"feature": "f0"}} if function == "subclassed" else {}))
+    on_rows = models.matrix_model(model, schema, f"user_models:{function}")
+    assert (on_rows is not None) == takes_rows
+    if takes_rows:
+        features = batch(schema)
+        rows = np.stack([features[name] for name in schema.feature_names], axis=1)
+        np.testing.assert_allclose(on_rows(rows).numpy(), model(features).numpy())
+        assert [id(w) for w in on_rows.weights] == [id(w) for w in model.weights], "the same weights, not copies"
+
+
 def test_a_one_input_model_declared_flat_gets_a_flat_feature(user_models):
     model = build("flat_input", LINE)
     assert model(batch(LINE)).shape == (4, 1)
