@@ -10,7 +10,8 @@ Contenders, alternated ``--rounds`` times:
 - **group-1-step-streaming**: ``airflow-tf``'s group with ``steps_per_call=1`` and
   ``in_memory_input_bytes=0`` (one ``session.run`` per step, the TFRecord pipeline);
 - **group**: the group with its defaults (several steps per call, the share in memory);
-- **group-intra2**: the same with two threads per op in each task (Keras uses every core).
+- **group-intra1**: the same with one thread per op in each task (the default before threads
+  followed the role: now a lone worker on 2 cores runs 2).
 
 A group's rate is the median of its chief's progress windows (``log_every_secs=1``), the first
 two left out. Prints each round, then per contender the median and the spread (min-max) of the
@@ -108,7 +109,7 @@ CONTENDERS = {
     "keras": None,
     "group-1-step-streaming": {"steps_per_call": 1, "in_memory_input_bytes": 0},
     "group": {},
-    "group-intra2": {"intra_op_threads": 2},
+    "group-intra1": {"intra_op_threads": 1},
 }
 
 

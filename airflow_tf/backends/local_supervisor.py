@@ -36,7 +36,7 @@ from airflow_tf.cluster import (
 )
 from airflow_tf.cluster.progress import describe, parse_progress
 from airflow_tf.cluster.status import GROUP_RESTARTED, ReasonCode
-from airflow_tf.cluster.spec import HEALTH_ANSWERED, HEALTH_STARTUP_SECS
+from airflow_tf.cluster.spec import HEALTH_ANSWERED, HEALTH_STARTUP_SECS, TRAINERS_ON_THIS_MACHINE
 from airflow_tf.files import read_json
 
 from .local_files import STATE_DIR_ENV, GroupDir, archive_logs, tail_text, write_group_file
@@ -178,6 +178,8 @@ class Supervisor:
         env = dict(os.environ, **role_spec.env)
         env.update(TF_CONFIG=tf_config_json(cluster, task.role, task.index), PYTHONUNBUFFERED="1",
                    AIRFLOW_TF_GROUP=self.spec.name, AIRFLOW_TF_TASK=task.name)
+        # Every task of the group runs on this machine: the trainers share its cores.
+        env[TRAINERS_ON_THIS_MACHINE] = str(self.spec.replicas("worker") + self.spec.replicas("chief"))
         log_path = self.group.log(task.role, task.index)
         with open(log_path, "ab") as log:
             if task.restarts:

@@ -37,6 +37,9 @@ start on a loaded node); until then it is starting, not stuck (Kubernetes' start
 HEALTH_COMMAND = ("python", "-m", "airflow_tf.runtime.health")
 HEALTH_ANSWERED = "answered"
 """How the health question's line for a task starts when the task answered."""
+TRAINERS_ON_THIS_MACHINE = "AIRFLOW_TF_TRAINERS_ON_THIS_MACHINE"
+"""Set by a backend that starts several training tasks on one machine (the local backend): how
+many share its cores. Unset, a training task has its container's cores to itself (a pod)."""
 _POSIX_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """A name a local process's environment can pass on through any shell."""
 

@@ -91,7 +91,10 @@ class TrainingConfig:
                                                 bounds=(1, 10**4))
     checkpoint_every_secs: float = _option(10.0, "seconds between checkpoints", bounds=(0.1, 86400.0))
     log_every_secs: float = _option(2.0, "seconds between progress lines in the task logs", bounds=(0.05, 3600.0))
-    intra_op_threads: int = _option(1, "threads per TensorFlow op in each task", bounds=(0, 1024))
+    intra_op_threads: int | None = _option(None, "threads per TensorFlow op in each task (0: TensorFlow's choice). "
+                                           "None: 1 on a ps; on a training task its share of the cores its "
+                                           "container may use among the training tasks on its machine",
+                                           bounds=(0, 1024))
     inter_op_threads: int = _option(2, "TensorFlow ops run at once in each task", bounds=(0, 1024))
     seed: int = _option(0, "random seed of the model and the input pipeline", bounds=(0, 2**31 - 1))
     warm_start_from: str | None = _option(None, "run directory or checkpoint prefix to initialise the weights "

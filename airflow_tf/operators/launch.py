@@ -113,7 +113,7 @@ class LaunchTFClusterOperator(BaseOperator):
                  operation_timeout_secs: float | str = TrainingConfig.operation_timeout_secs,
                  in_memory_input_bytes: int | str = TrainingConfig.in_memory_input_bytes,
                  steps_per_call: int | str | None = TrainingConfig.steps_per_call,
-                 intra_op_threads: int | str = TrainingConfig.intra_op_threads,
+                 intra_op_threads: int | str | None = TrainingConfig.intra_op_threads,
                  inter_op_threads: int | str = TrainingConfig.inter_op_threads, seed: int | str = TrainingConfig.seed,
                  min_shard_bytes: int | str = TrainingConfig.min_shard_bytes,
                  max_shard_bytes: int | str = TrainingConfig.max_shard_bytes,

@@ -8,6 +8,7 @@ import os
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 
+from airflow_tf.cluster.spec import TRAINERS_ON_THIS_MACHINE
 from airflow_tf.cluster.training import TrainingConfig
 
 from .errors import TaskConfigError
@@ -120,13 +121,31 @@ def _check_place_in_cluster(task: Task) -> None:
         raise TaskConfigError(f'{TF_CONFIG}: the cluster has no "ps" job; parameter-server training needs one')
 
 
+def intra_op_threads(task: Task, config: TrainingConfig, environ: MutableMapping[str, str] = os.environ) -> int:
+    """Threads per op: the option when set; else 1 on a ps (it applies updates and serves
+    variables, and a thread per core would only compete with the trainers), and on a training
+    task its share of the cores this process may use (affinity, cgroup quota: a pod's CPU limit)
+    among the training tasks on this machine."""
+    if config.intra_op_threads is not None:
+        return config.intra_op_threads
+    if task.type == "ps":
+        return 1
+    from airflow_tf.data.cpus import usable_cpus
+
+    sharing = environ.get(TRAINERS_ON_THIS_MACHINE, "1")
+    if not sharing.isdigit() or int(sharing) < 1:
+        raise TaskConfigError(f"{TRAINERS_ON_THIS_MACHINE}={sharing!r}: expected a positive whole number "
+                              "(the training tasks on this machine); unset it, or set intra_op_threads")
+    return max(1, usable_cpus() // int(sharing))
+
+
 def session_config(task: Task, config: TrainingConfig):
     """Threads from the options; a trainer sees only the ps tasks and itself, so it neither
     waits for the other workers to start nor hangs when they have already exited."""
     import tensorflow as tf
 
     proto = tf.compat.v1.ConfigProto(
-        intra_op_parallelism_threads=config.intra_op_threads,
+        intra_op_parallelism_threads=intra_op_threads(task, config),
         inter_op_parallelism_threads=config.inter_op_threads,
     )
     if task.type != "ps" and config.mode != "coordinator":  # there the chief's strategy sets them

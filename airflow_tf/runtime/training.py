@@ -31,7 +31,7 @@ from .optimizers import make_optimizer
 from .session_hooks import FiniteSaver, QuickCloseCreator, SyncReplicasHook
 from .step_bound import StepBoundHook
 from .steps import AUTO_STEPS_PER_CALL, StepsPerCall, TrainingHook, chain_steps
-from .task import Task, session_config
+from .task import Task, intra_op_threads, session_config
 from .towers import tower_devices, towers_train_op
 
 STOP_GRACE_SECS = 0.5
@@ -235,7 +235,7 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
         log(f"airflow-tf train role={task.type} index={task.index} chief={task.is_chief} "
             f"mode={'sync' if config.sync else 'async'} replicas_to_aggregate={aggregate} "
             f"trainers={trainers} shard={task.trainer_index}/{trainers} towers={len(devices)} target_step={target} "
-            f"start={start or 'from the chief'}")
+            f"intra_op_threads={intra_op_threads(task, config)} start={start or 'from the chief'}")
 
         calls = StepsPerCall(single, chain, target=target, trainers=trainers, fixed=fixed)
         bound = StepBoundHook(global_step, config.operation_timeout_secs,

@@ -110,6 +110,12 @@ def test_run_trains_and_leaves_nothing_behind(local_state_dir, linear_dataset, t
     assert summary["logs"] == str(run_dir / "logs" / "attempt-1")
     logs = sorted(p.name for p in Path(summary["logs"]).iterdir())
     assert logs == ["cli-ok-ps-0.log", "cli-ok-supervisor.log", "cli-ok-worker-0.log", "cli-ok-worker-1.log"]
+    # The two workers share this machine's cores: each runs its ops on half of them.
+    from airflow_tf.data.cpus import usable_cpus
+
+    for worker in ("cli-ok-worker-0.log", "cli-ok-worker-1.log"):
+        started = Path(summary["logs"], worker).read_text()
+        assert f"intra_op_threads={max(1, usable_cpus() // 2)} " in started, started[-2000:]
     assert not group_processes(local_state_dir)
     assert os.listdir(local_state_dir) == [], "the finished group is deleted"
 

@@ -164,3 +164,23 @@ def test_tasks_open_grpc_channels_without_grpcs_own_retries():
     assert grpc_default_options(None) == "grpc.enable_retries=0"
     assert grpc_default_options("grpc.keepalive_time_ms=60000") == "grpc.keepalive_time_ms=60000,grpc.enable_retries=0"
     assert grpc_default_options("grpc.enable_retries=1") == "grpc.enable_retries=1", "the user's choice wins"
+
+
+def test_threads_per_op_follow_the_role_and_the_cores_the_trainers_share(monkeypatch):
+    """Unset, a ps runs one thread per op and a trainer its share of the cores its container may
+    use among the trainers on its machine (the local backend says how many); set, as given."""
+    from airflow_tf.data import cpus
+    from airflow_tf.runtime.task import TRAINERS_ON_THIS_MACHINE, Task, intra_op_threads
+
+    monkeypatch.setattr(cpus, "usable_cpus", lambda: 8)
+    ps, trainer = Task("ps", 0, CLUSTER), Task("worker", 1, CLUSTER)
+    unset = TrainingConfig(dataset="/d", run_dir="/r", steps=1)
+    assert intra_op_threads(ps, unset, {}) == 1
+    assert intra_op_threads(trainer, unset, {}) == 8, "a pod has its cores to itself"
+    assert intra_op_threads(trainer, unset, {TRAINERS_ON_THIS_MACHINE: "3"}) == 2
+    assert intra_op_threads(trainer, unset, {TRAINERS_ON_THIS_MACHINE: "16"}) == 1
+    for given in (0, 3):
+        assert intra_op_threads(ps, TrainingConfig(dataset="/d", run_dir="/r", steps=1, intra_op_threads=given),
+                                {TRAINERS_ON_THIS_MACHINE: "2"}) == given
+    with pytest.raises(TaskConfigError, match=f"{TRAINERS_ON_THIS_MACHINE}='two': expected a positive whole number"):
+        intra_op_threads(trainer, unset, {TRAINERS_ON_THIS_MACHINE: "two"})
