@@ -17,7 +17,7 @@ from airflow_tf.cluster.review import review_body, review_subject
 
 from airflow_tf.compat import require
 
-from .common import no_retry_for
+from .common import check_name, no_retry_for
 
 _hitl = require("hitl", "Approval before export (approval=True)")
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ class ApproveExportOperator(ApprovalOperator):
                  subject: str | None = None, **kwargs: Any) -> None:
         if on_timeout not in ON_TIMEOUT:
             raise ValueError(f"on_timeout: {on_timeout!r} is not one of {', '.join(ON_TIMEOUT)}")
+        check_name(model_name, "model_name")
         defaults = {"reject": self.REJECT, "approve": self.APPROVE, "fail": None}[on_timeout]
         super().__init__(subject=subject or f"Export {model_name}?", defaults=defaults,
                          response_timeout=response_timeout, **kwargs)

@@ -36,6 +36,15 @@ def launch_labels(dag_id: str, task_id: str, run_id: str, map_index: int) -> dic
             "airflow.run_id": label_value(run_id), "airflow.map_index": str(map_index)}
 
 
+def check_name(value: Any, argument: str) -> Any:
+    """``value`` when it is a name (a non-empty string) or known only when the task runs
+    (:func:`is_template`); else a ValueError naming ``argument``. A dataset's or model's name
+    becomes an asset and a directory: None would make both quietly wrong."""
+    if is_template(value) or (isinstance(value, str) and value.strip()):
+        return value
+    raise ValueError(f"{argument}: expected a name (a non-empty string or a template), got {value!r}")
+
+
 def is_template(value: Any) -> bool:
     """A value only known when the task runs: Jinja text, or anything Airflow resolves then (an
     XComArg, a mapped argument)."""

@@ -15,7 +15,7 @@ from airflow_tf.cluster.results import EvaluationResult, ExportResult, LaunchRes
 from airflow_tf.cluster.training import parse_bool
 from airflow_tf.storage import models_dir
 
-from .common import is_template, model_asset, no_retry_for
+from .common import check_name, is_template, model_asset, no_retry_for
 
 
 def _launch_result(value: Any) -> LaunchResult:
@@ -68,7 +68,7 @@ class EvaluateModelOperator(BaseOperator):
         self.thresholds = thresholds
         self.compare_to_served = parse_bool(compare_to_served, "compare_to_served")
         self.serving_base = serving_base
-        self.model_name = model_name
+        self.model_name = model_name if model_name is None else check_name(model_name, "model_name")
         self.comparison_metric = comparison_metric
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -121,7 +121,7 @@ class ExportSavedModelOperator(BaseOperator):
     def __init__(self, *, launch: Any, model_name: str, metrics: Any = None, serving_base: str | None = None,
                  force: bool = False, on_unblessed: str = "skip", warmup_requests: bool = True,
                  **kwargs: Any) -> None:
-        if not is_template(model_name) and "outlets" not in kwargs:
+        if not is_template(check_name(model_name, "model_name")) and "outlets" not in kwargs:
             kwargs["outlets"] = [model_asset(model_name)]
         super().__init__(**kwargs)
         if on_unblessed not in ("skip", "fail"):

@@ -13,7 +13,7 @@ from airflow_tf.data.options import DEFAULTS, PrepareOptions
 from airflow_tf.deprecation import renamed
 from airflow_tf.storage import datasets_dir
 
-from .common import dataset_asset, flag, is_template, no_retry_for
+from .common import check_name, dataset_asset, flag, is_template, no_retry_for
 
 
 def _optional(value: Any, kind: type) -> Any:
@@ -133,7 +133,7 @@ class PrepareTFRecordsOperator(BaseOperator):
                  vocabularies: Any = DEFAULTS.vocabularies, aws_conn_id: str | None = None,
                  gcp_conn_id: str | None = None, target_shard_mb: Any = None, workers: Any = None,
                  **kwargs: Any) -> None:
-        if not is_template(name) and "outlets" not in kwargs:
+        if not is_template(check_name(name, "name")) and "outlets" not in kwargs:
             kwargs["outlets"] = [dataset_asset(name)]
         super().__init__(**kwargs)
         self.input = input

@@ -3,6 +3,7 @@ typed results. (DAG runs through Airflow are in test_dags.py.)"""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,26 @@ def test_results_round_trip_as_dicts_and_the_best_run_is_picked_by_its_metric():
     assert best_evaluation(runs, "accuracy") == 0
     with pytest.raises(ValueError, match="no run of the sweep is blessed"):
         best_evaluation(runs[2:], "mse")
+
+
+NAMED = {"PrepareTFRecordsOperator": ("name", {"input": "/in.csv"}),  # kept as dataset_name
+         "ExportSavedModelOperator": ("model_name", {"launch": {}}),
+         "EvaluateModelOperator": ("model_name", {"launch": {}}),  # optional there: None means no comparison
+         "ApproveExportOperator": ("model_name", {"evaluation": {}})}
+
+
+@pytest.mark.parametrize("operator, value", [(operator, value) for operator in NAMED
+                                             for value in ("", "  ", 7, ["m"], None)
+                                             if not (operator == "EvaluateModelOperator" and value is None)])
+def test_a_dataset_or_model_name_that_is_not_a_name_is_refused_while_the_dag_is_parsed(operator, value):
+    """The name becomes an asset and a directory: ``airflow_tf.model.None`` would be quietly wrong."""
+    import airflow_tf.operators as operators
+
+    argument, arguments = NAMED[operator]
+    with _dag(), pytest.raises(ValueError, match=rf"{argument}: expected a name \(a non-empty string or a template\), "
+                                                 rf"got {re.escape(repr(value))}"):
+        getattr(operators, operator)(task_id="t", **arguments, **{argument: value})
+    with _dag() as dag:  # a template waits for the task
+        getattr(operators, operator)(task_id="t", **arguments, **{argument: "{{ params.name }}"})
+    kept = "dataset_name" if argument == "name" else argument
+    assert getattr(dag.get_task("t"), kept) == "{{ params.name }}"
