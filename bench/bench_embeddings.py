@@ -33,7 +33,7 @@ table at <= its share (tables and Adagrad slots / ps count) + 25 %; ahead of Ker
 table.
 
 Usage: ``.venv/bin/python bench/bench_embeddings.py [--seconds 20] [--rounds 1] [--tables 1k,1m,4m]
-[--only whole,tf-partitioned,ours,ours-1-step,fit] [--skip-baseline-4m]``
+[--only whole,tf-partitioned,ours,ours-1-step,fit] [--skip-baseline-4m] [--baseline-loss-on logits|probabilities]``
 """
 
 from __future__ import annotations
@@ -215,7 +215,8 @@ def train(backend: LocalBackend, dataset: str, run_dir: Path, rows: int, dim: in
         backend.teardown(ref)
 
 
-def train_tf_partitioned(files: list[str], run_dir: Path, rows: int, dim: int, seconds: float) -> dict:
+def train_tf_partitioned(files: list[str], run_dir: Path, rows: int, dim: int, seconds: float,
+                         loss_on: str = "logits") -> dict:
     """The baseline of ``tf_partitioned_click.py``: its launcher and its 2 ps + 2 workers, all
     stopped (and checked gone) before this returns."""
     run_dir.mkdir(parents=True)
@@ -223,7 +224,8 @@ def train_tf_partitioned(files: list[str], run_dir: Path, rows: int, dim: int, s
     launcher = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("tf_partitioned_click.py")), "group", *files,
          "--rows", str(rows), "--dim", str(dim), "--batch", str(BATCH), "--learning-rate", str(LEARNING_RATE),
-         "--checkpoint-secs", str(CHECKPOINT_EVERY_SECS), "--report-secs", "1", "--run-dir", str(run_dir)],
+         "--checkpoint-secs", str(CHECKPOINT_EVERY_SECS), "--report-secs", "1", "--run-dir", str(run_dir),
+         "--loss-on", loss_on],
         stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
         start_new_session=True)  # its own process group, which its tasks join: one killpg stops them all
     chief, others = run_dir / "progress-0.jsonl", [run_dir / "progress-1.jsonl"]
@@ -328,10 +330,10 @@ KEPT_CHECKPOINTS = 5
 
 
 def run_contender(name: str, backend: LocalBackend, dataset: str, files: list[str], run_dir: Path, rows: int,
-                  dim: int, seconds: float) -> dict:
+                  dim: int, seconds: float, baseline_loss_on: str = "logits") -> dict:
     try:
         if name == "tf-partitioned":
-            return train_tf_partitioned(files, run_dir, rows, dim, seconds)
+            return train_tf_partitioned(files, run_dir, rows, dim, seconds, baseline_loss_on)
         return train(backend, dataset, run_dir, rows, dim, name == "whole", seconds,
                      **(OURS_1_STEP if name == "ours-1-step" else {}))
     finally:
@@ -414,6 +416,9 @@ def main() -> None:
     parser.add_argument("--tables", default="1k,1m,4m", help="tables to run, of " + ",".join(TABLES))
     parser.add_argument("--only", default="whole,tf-partitioned,ours,fit",
                         help="contenders to run, of " + ",".join((*CONTENDERS, "fit")) + " (fit: Keras fit, 1M only)")
+    parser.add_argument("--baseline-loss-on", choices=("logits", "probabilities"), default="logits",
+                        help="the tf-partitioned baseline's loss: on its logit (as a TensorFlow user writes it), "
+                             "or on the sigmoid's probability through Keras's binary_crossentropy, as ours")
     parser.add_argument("--skip-baseline-4m", action="store_true",
                         help="skip the whole-table baseline of the 4M table (minutes for a few steps)")
     args = parser.parse_args()
@@ -445,7 +450,8 @@ def main() -> None:
             turn = round_ % max(1, len(names))  # each round starts with another contender
             for name in names[turn:] + names[:turn]:
                 run_dir = root / f"emb-{label}-{name}-{round_}"
-                runs[name].append(run_contender(name, backend, dataset, files, run_dir, rows, dim, args.seconds))
+                runs[name].append(run_contender(name, backend, dataset, files, run_dir, rows, dim, args.seconds,
+                                                args.baseline_loss_on))
                 print_run(label, dim, round_, name, runs[name][-1])
         results[label] = runs
         print_table_summary(label, runs)

@@ -48,6 +48,9 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=0.05)
     parser.add_argument("--checkpoint-secs", type=float, default=10.0)
     parser.add_argument("--report-secs", type=float, default=1.0)
+    parser.add_argument("--loss-on", choices=("logits", "probabilities"), default="logits",
+                        help="logits: sigmoid_cross_entropy_with_logits, as a TensorFlow user writes it; "
+                             "probabilities: Keras's binary_crossentropy of the sigmoid, as airflow-tf's model computes it")
     return parser.parse_args(argv)
 
 
@@ -98,7 +101,12 @@ def run_task(args: argparse.Namespace) -> None:
             features = input_batches(tf, args.files[index::args.workers], args.batch)
             logits = click_model(tf, features, args.rows, args.dim, cluster.num_tasks("ps"))
             labels = tf.cast(features["clicked"], tf.float32)
-            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+            if args.loss_on == "logits":
+                loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+            else:
+                import keras
+
+                loss = tf.reduce_mean(keras.losses.binary_crossentropy(labels[:, None], tf.sigmoid(logits)[:, None]))
             # Keras's Adagrad starts its accumulators at 0.1 too.
             optimizer = tf.compat.v1.train.AdagradOptimizer(args.learning_rate, initial_accumulator_value=0.1)
             train_op = optimizer.minimize(loss, global_step=global_step)

@@ -1,5 +1,5 @@
 """The cores this process may use (affinity and cgroup CPU quota): the default number of threads that
-read and encode."""
+read and encode, and what a training task's threads per op share out (runtime.task)."""
 
 from __future__ import annotations
 

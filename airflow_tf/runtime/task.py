@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 from airflow_tf.cluster.spec import TRAINERS_ON_THIS_MACHINE
@@ -121,7 +121,7 @@ def _check_place_in_cluster(task: Task) -> None:
         raise TaskConfigError(f'{TF_CONFIG}: the cluster has no "ps" job; parameter-server training needs one')
 
 
-def intra_op_threads(task: Task, config: TrainingConfig, environ: MutableMapping[str, str] = os.environ) -> int:
+def intra_op_threads(task: Task, config: TrainingConfig, environ: Mapping[str, str] = os.environ) -> int:
     """Threads per op: the option when set; else 1 on a ps (it applies updates and serves
     variables, and a thread per core would only compete with the trainers), and on a training
     task its share of the cores this process may use (affinity, cgroup quota: a pod's CPU limit)
