@@ -35,7 +35,7 @@ from .sharding import shard_name
 from .split import check_split_key
 from .stream import buffer_plan, write_stream
 from .schema import FORMAT_VERSION, SCHEMA_FILE, SUCCESS_FILE, Schema
-from .versions import commit, commit_next, make_root, remove_stale_temporaries, resolve_version_name
+from .versions import check_dataset_name, commit, commit_next, make_root, remove_stale_temporaries, resolve_version_name
 
 PLAN_FILE = "plan.json"
 PART_MARKER = "_PART"
@@ -86,8 +86,7 @@ def plan_parts(
     if options.vocabularies:
         raise DataError("vocabularies are counted over all the training rows, which no part sees: prepare the "
                         "version in one task (PrepareTFRecordsOperator) to keep vocabularies")
-    if not name or not str(name).strip():
-        raise DataError("a dataset name is required")
+    name = check_dataset_name(name)
     root = Path(strip_file_scheme(output)) / path_component(str(name))
     version_name = resolve_version_name(version, root)
     if version is not None and (root / version_name).exists() and not overwrite:

@@ -34,7 +34,7 @@ from .schema import FORMAT_VERSION, SCHEMA_FILE, Schema
 from .split import check_split_key
 from .staging import prepare_into_object_storage
 from .stream import buffer_plan, write_stream
-from .versions import commit_version, make_root, refuse_existing, remove_stale_temporaries, resolve_version_name
+from .versions import check_dataset_name, commit_version, make_root, refuse_existing, remove_stale_temporaries, resolve_version_name
 from .vocabulary import VocabularyCounter, vocabulary_sizes
 
 __all__ = ["PrepareOptions", "Progress", "prepare_dataset"]
@@ -114,8 +114,7 @@ def prepare_dataset(  # noqa: PLR0917  the public signature of 0.1.0 (positional
     given = locals()  # the option parameters above are PrepareOptions' fields, by name
     values = {key: given[key] for key in (*PrepareOptions.names(), *RENAMED) if given[key] is not None}
     options = PrepareOptions.given(options, "prepare_dataset", values)
-    if not name or not str(name).strip():
-        raise DataError("a dataset name is required")
+    name = check_dataset_name(name)
     if partition_key is not None:
         partition_key = str(partition_key)
         version = path_component(partition_key) if version is None else version

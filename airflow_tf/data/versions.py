@@ -24,6 +24,14 @@ log = logging.getLogger("airflow_tf.data.prepare")  # the prepare step's logger 
 _STALE_AFTER = 24 * 3600.0  # seconds after which a temporary directory is taken as abandoned
 
 
+def check_dataset_name(name: Any) -> str:
+    """``name`` when it names a dataset (a non-empty string: it becomes the directory of every
+    version and the asset's name); else a DataError saying what was given."""
+    if isinstance(name, str) and name.strip():
+        return name
+    raise DataError(f"name: expected a dataset name (a non-empty string), got {name!r}")
+
+
 def existing_versions(root: Path | str, storage_options: StorageOptions | None = None) -> list[int]:
     """Integer versions under ``<output>/<name>`` (a directory, or an object-storage prefix)."""
     if isinstance(root, str):

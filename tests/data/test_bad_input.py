@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_tf.data.partitioned import plan_parts
 from airflow_tf.data import (
     DataError, DatasetExistsError, InputDataError, SchemaError, load_schema, prepare_dataset,
 )
@@ -37,6 +38,19 @@ def test_missing_input_and_glob_without_matches(tmp_path, assert_nothing_committ
     _fails(tmp_path, tmp_path / "absent.csv", InputDataError, r"absent\.csv does not exist", assert_nothing_committed)
     _fails(tmp_path, str(tmp_path / "*.parquet"), InputDataError, r"glob .*\*\.parquet' matches no files",
            assert_nothing_committed)
+
+
+@pytest.mark.parametrize("name", [None, "", "  ", 7, ["clicks"]])
+def test_a_name_that_is_not_a_non_empty_string_is_refused(tmp_path, write_csv, assert_nothing_committed, name):
+    """A dataset's name becomes its directory: 7 or a list would be quietly written as "7" or
+    "['clicks']" and found under no name the user knows."""
+    source = write_csv("good.csv", GOOD)
+    with pytest.raises(DataError, match=rf"name: expected a dataset name \(a non-empty string\), got {re.escape(repr(name))}"):
+        prepare_dataset(source, tmp_path / "out", name, label="y")
+    with pytest.raises(DataError, match=r"name: expected a dataset name"):
+        plan_parts(source, tmp_path / "out", name, parts=2, label="y")
+    assert_nothing_committed(tmp_path / "out")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
 def test_empty_file_and_header_without_rows(tmp_path, write_csv, assert_nothing_committed):
