@@ -14,6 +14,9 @@ from processes import group_processes_of, kill_leftovers
 
 TESTS = Path(__file__).resolve().parent
 _GROUPS_FILE = pytest.StashKey[Path]()
+_MEASURED: dict[str, float] = {}
+"""Each test's seconds this run, where the reports arrive (the controller, or the one process
+without -n); written out with ``--record-durations``."""
 
 
 def pytest_configure(config):
@@ -22,9 +25,25 @@ def pytest_configure(config):
         config.stash[_GROUPS_FILE] = xdist_groups.name_groups_file()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", metavar="FILE", default=None,
+                     help="write each test's time (setup, call, teardown) into FILE, merged with what it holds; "
+                          "tests/durations.json orders the units of a run with -n (tests/xdist_groups.py)")
+
+
 def pytest_unconfigure(config):
     if (groups := config.stash.get(_GROUPS_FILE, None)) is not None:
         groups.unlink(missing_ok=True)
+
+
+def pytest_runtest_logreport(report):
+    _MEASURED[report.nodeid] = _MEASURED.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    target = session.config.getoption("record_durations")
+    if target and _MEASURED and not hasattr(session.config, "workerinput"):
+        xdist_groups.record_durations(Path(target), _MEASURED)
 
 
 def pytest_collection_modifyitems(config, items):

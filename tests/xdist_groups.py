@@ -4,7 +4,10 @@ pytest-xdist's ``--dist loadgroup`` reads ``xdist_group`` marks by rewriting eac
 which pytest 9 no longer lets it do: the marks are silently ignored and every test goes to any
 worker, so a run started two Kubernetes planes and two Airflow stacks. Here the workers write
 each test's group (:func:`group_of`) to a file the controller names, and the controller's
-scheduler makes each group one unit of work, the largest first (xdist's ``loadscope`` reorder).
+scheduler makes each group one unit of work. Units start longest first, by the times a run of the
+suite recorded in ``tests/durations.json`` (``./scripts/test --record-durations
+tests/durations.json`` refreshes it): a long test started last would run on alone while the other
+worker idles.
 """
 
 from __future__ import annotations
@@ -17,18 +20,25 @@ from pathlib import Path
 from xdist.scheduler import LoadScopeScheduling
 
 GROUPS_ENV = "AIRFLOW_TF_TEST_GROUPS"
+DURATIONS = Path(__file__).with_name("durations.json")
+"""``{node id: seconds}`` of a whole run of the suite: each test's setup, call and teardown."""
+UNKNOWN_SECONDS = 1.0
+"""What a test not in :data:`DURATIONS` (a new one) is taken to cost: most tests are quick."""
 """The file the workers write ``{node id: group}`` to; set by the controller before they start."""
 
 
 def group_of(item, tests: Path) -> str | None:
     """The group a test must share a worker with: the whole of tests/stack (one Airflow stack),
-    the whole of tests/k8s (one control plane; the node agent's tests make and count network
-    namespaces and mounts, so two must never overlap), the tests of a file whose fixtures outlive
-    one test (trained groups, emulators); else none."""
+    the tests of tests/k8s on the session's control plane (its ``plane`` fixture: one plane), the
+    tests of a file whose fixtures outlive one test (trained groups, emulators); else none. A test
+    that starts a plane of its own (the node agent's) is a unit of its own: what it counts
+    afterwards (processes, network namespaces, mounts) is named by its plane's directory and its
+    node's random prefix, so another plane beside it does not change it."""
     path = Path(str(item.path)).resolve()
-    for folder in ("stack", "k8s"):
-        if path.is_relative_to(tests / folder):
-            return folder
+    if path.is_relative_to(tests / "stack"):
+        return "stack"
+    if path.is_relative_to(tests / "k8s") and "plane" in getattr(item, "fixturenames", ()):
+        return "k8s"
     if _uses_shared_fixtures(item):
         return path.as_posix()
     return None
@@ -59,6 +69,22 @@ def write_groups(items, tests: Path) -> None:
     staged.replace(target)
 
 
+def read_durations(path: Path) -> dict[str, float]:
+    """The recorded times, or none when the file is missing (every unit then costs its test count)."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def record_durations(path: Path, measured: dict[str, float]) -> None:
+    """Merge this run's times into ``path`` (tests it did not run keep theirs), written whole or not at all."""
+    durations = {**read_durations(path), **{test: round(seconds, 1) for test, seconds in measured.items()}}
+    staged = path.with_name(f".{path.name}.{os.getpid()}")
+    staged.write_text(json.dumps(dict(sorted(durations.items())), indent=0) + "\n")
+    staged.replace(path)
+
+
 class GroupScheduling(LoadScopeScheduling):
     """xdist's scope scheduling with the groups the workers recorded as scopes; a test of no group
     is a scope of its own, so it goes to whichever worker is free."""
@@ -66,6 +92,17 @@ class GroupScheduling(LoadScopeScheduling):
     def __init__(self, config, log=None) -> None:
         super().__init__(config, log)
         self._groups: dict[str, str] | None = None
+        self._longest_first = False
+
+    def _assign_work_unit(self, node) -> None:
+        if not self._longest_first:  # the queue is whole before its first unit is handed out
+            durations = read_durations(DURATIONS)
+            cost = {scope: sum(durations.get(test, UNKNOWN_SECONDS) for test in unit)
+                    for scope, unit in self.workqueue.items()}
+            for scope in sorted(self.workqueue, key=lambda scope: -cost[scope]):
+                self.workqueue.move_to_end(scope)
+            self._longest_first = True
+        super()._assign_work_unit(node)
 
     def _split_scope(self, nodeid: str) -> str:
         if self._groups is None:  # read once all workers finished collecting

@@ -1,8 +1,8 @@
 """The Kubernetes tests' control plane: one per test session (``scripts/kube up``, or the
 cluster ``AIRFLOW_TF_TEST_KUBECONFIG`` names), a namespace per test, the test as the kubelet.
 
-Every test that uses the plane runs on one pytest-xdist worker (tests/conftest.py puts them in
-one group), so a run starts one plane. When a test fails, the plane's logs (each component's,
+Every test that uses the plane runs on one pytest-xdist worker (tests/xdist_groups.py puts them in
+one group), so a run starts one plane; the node agent's tests start planes of their own. When a test fails, the plane's logs (each component's,
 and the audit log of the service accounts' requests) are copied next to it and the path printed.
 """
 
