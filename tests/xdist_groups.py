@@ -20,25 +20,28 @@ from pathlib import Path
 from xdist.scheduler import LoadScopeScheduling
 
 GROUPS_ENV = "AIRFLOW_TF_TEST_GROUPS"
+"""The file the workers write ``{node id: group}`` to; set by the controller before they start."""
 DURATIONS = Path(__file__).with_name("durations.json")
 """``{node id: seconds}`` of a whole run of the suite: each test's setup, call and teardown."""
 UNKNOWN_SECONDS = 1.0
 """What a test not in :data:`DURATIONS` (a new one) is taken to cost: most tests are quick."""
-"""The file the workers write ``{node id: group}`` to; set by the controller before they start."""
+
+
+SHARED_PER_FOLDER = {"stack": "stack", "k8s": "plane"}
+"""The folders whose package-scoped fixture is started once per worker that asks for it: one
+Airflow stack (tests/stack) and one control plane (tests/k8s) per run when its tests share a worker."""
 
 
 def group_of(item, tests: Path) -> str | None:
-    """The group a test must share a worker with: the whole of tests/stack (one Airflow stack),
-    the tests of tests/k8s on the session's control plane (its ``plane`` fixture: one plane), the
-    tests of a file whose fixtures outlive one test (trained groups, emulators); else none. A test
-    that starts a plane of its own (the node agent's) is a unit of its own: what it counts
-    afterwards (processes, network namespaces, mounts) is named by its plane's directory and its
-    node's random prefix, so another plane beside it does not change it."""
+    """The group a test must share a worker with: the tests of tests/stack on its Airflow stack
+    and those of tests/k8s on its control plane (:data:`SHARED_PER_FOLDER`), the tests of a file
+    whose fixtures outlive one test (trained groups, emulators, the multi-team stack); else none. The
+    node agent's tests (tests/node) each start a plane of their own and count what it left by its
+    directory and its node's random prefix, so they run beside anything."""
     path = Path(str(item.path)).resolve()
-    if path.is_relative_to(tests / "stack"):
-        return "stack"
-    if path.is_relative_to(tests / "k8s") and "plane" in getattr(item, "fixturenames", ()):
-        return "k8s"
+    for folder, fixture in SHARED_PER_FOLDER.items():
+        if path.is_relative_to(tests / folder) and fixture in getattr(item, "fixturenames", ()):
+            return folder
     if _uses_shared_fixtures(item):
         return path.as_posix()
     return None

@@ -2,8 +2,9 @@
 cluster ``AIRFLOW_TF_TEST_KUBECONFIG`` names), a namespace per test, the test as the kubelet.
 
 Every test that uses the plane runs on one pytest-xdist worker (tests/xdist_groups.py puts them in
-one group), so a run starts one plane; the node agent's tests start planes of their own. When a test fails, the plane's logs (each component's,
-and the audit log of the service accounts' requests) are copied next to it and the path printed.
+one group), so a run starts one plane; the node agent's tests (tests/node) start planes of their
+own. When a test fails, the plane's logs (each component's, and the audit log of the service
+accounts' requests) are copied next to it and the path printed.
 """
 
 from __future__ import annotations

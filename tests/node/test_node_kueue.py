@@ -19,7 +19,7 @@ from airflow_tf.data.samples import write_linear_regression_csv
 from airflow_tf.demo import DEMO_NAMESPACE, kubernetes_env
 
 from .host import down, mounts, namespaces, node_prefix, plane_env, processes, shared_storage, up_with_node
-from .plane import wait_for
+from k8s.plane import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="the node agent makes namespaces (root)")]
 

@@ -23,7 +23,7 @@ from airflow_tf.demo import DEMO_NAMESPACE, REPO_DAGS, ClusterRecorder, kubernet
 
 from serving_check import WARMUP, serve_both_ways
 from .host import down, mounts, namespaces, node_prefix, plane_env, processes, shared_storage, up_with_node
-from .plane import wait_for
+from k8s.plane import wait_for
 
 sys.path.insert(0, str(REPO_DAGS.parent / "scripts"))
 from airflow_stack import USERNAME, AirflowStack  # noqa: E402
@@ -238,7 +238,7 @@ def test_the_parts_of_a_partitioned_prepare_run_as_pods_on_the_node(tmp_path):
     from airflow_tf.data import prepare_dataset
     from airflow_tf.demo import airflow_env, dags_test, init_airflow
 
-    from .test_kubernetes_parts import _inputs, _records
+    from k8s.test_kubernetes_parts import _inputs, _records
 
     directory = tmp_path / "plane"
     with shared_storage() as storage:

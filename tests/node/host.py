@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from .plane import KUBE_SCRIPT
+from k8s.plane import KUBE_SCRIPT
 
 
 def processes(marker: str) -> list[str]:

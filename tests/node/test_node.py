@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from .host import down, mounts, namespaces, node_prefix, plane_env, processes, up_with_node
-from .plane import wait_for
+from k8s.plane import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="the node agent makes namespaces (root)")]
 
