@@ -206,7 +206,11 @@ def _faults_during(dag_run: _ScheduledRun, core, runs: Path, steps: int) -> None
     logs = dag_run.task_logs()
     assert state == "success", logs[-4000:]
     final = _progress(runs)
-    assert final["done"] and final["global_step"] >= steps and final["checkpoint"].endswith(f"-{final['global_step']}")
+    # The final checkpoint is at or past the final step. Its name is the global step the chief read
+    # just before saving: the other worker's last step may land after that read (async training),
+    # so the final global step can be one past the name.
+    saved = int(final["checkpoint"].rsplit("-", 1)[-1])
+    assert final["done"] and final["global_step"] >= steps and steps <= saved <= final["global_step"], final
     # The wait (on the triggerer) said which task was replaced, and why.
     assert re.search(r"replaced: \S+-ps-0 restarted 2 time\(s\), last: pod \S+ ended \(exit code 137 \(SIGKILL\)\)",
                      logs), logs[-4000:]
