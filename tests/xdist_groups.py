@@ -19,6 +19,8 @@ from pathlib import Path
 
 from xdist.scheduler import LoadScopeScheduling
 
+from airflow_tf.files import read_json, write_json
+
 GROUPS_ENV = "AIRFLOW_TF_TEST_GROUPS"
 """The file the workers write ``{node id: group}`` to; set by the controller before they start."""
 DURATIONS = Path(__file__).with_name("durations.json")
@@ -74,18 +76,13 @@ def write_groups(items, tests: Path) -> None:
 
 def read_durations(path: Path) -> dict[str, float]:
     """The recorded times, or none when the file is missing (every unit then costs its test count)."""
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
+    return read_json(path, missing_ok=True) or {}
 
 
 def record_durations(path: Path, measured: dict[str, float]) -> None:
     """Merge this run's times into ``path`` (tests it did not run keep theirs), written whole or not at all."""
-    durations = {**read_durations(path), **{test: round(seconds, 1) for test, seconds in measured.items()}}
-    staged = path.with_name(f".{path.name}.{os.getpid()}")
-    staged.write_text(json.dumps(dict(sorted(durations.items())), indent=0) + "\n")
-    staged.replace(path)
+    write_json(path, {**read_durations(path), **{test: round(seconds, 1) for test, seconds in measured.items()}},
+               fsync=False)
 
 
 class GroupScheduling(LoadScopeScheduling):

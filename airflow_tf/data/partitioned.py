@@ -87,7 +87,7 @@ def plan_parts(
         raise DataError("vocabularies are counted over all the training rows, which no part sees: prepare the "
                         "version in one task (PrepareTFRecordsOperator) to keep vocabularies")
     name = check_dataset_name(name)
-    root = Path(strip_file_scheme(output)) / path_component(str(name))
+    root = Path(strip_file_scheme(output)) / path_component(name)
     version_name = resolve_version_name(version, root)
     if version is not None and (root / version_name).exists() and not overwrite:
         raise DatasetExistsError(
@@ -109,7 +109,7 @@ def plan_parts(
         "format_version": FORMAT_VERSION,
         "token": directory.name,
         "directory": str(directory.resolve()),
-        "name": str(name),
+        "name": name,
         "version": None if version is None else version_name,
         "overwrite": bool(overwrite),
         "schema": decided.to_dict(),

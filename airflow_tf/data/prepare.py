@@ -126,16 +126,16 @@ def prepare_dataset(  # noqa: PLR0917  the public signature of 0.1.0 (positional
         stage = functools.partial(prepare_dataset, input, options=options, progress=progress,
                                   progress_every=progress_every, partition_key=partition_key,
                                   storage_options=storage_options)
-        return prepare_into_object_storage(os.fspath(output), str(name), version, overwrite=overwrite,
+        return prepare_into_object_storage(os.fspath(output), name, version, overwrite=overwrite,
                                            fingerprint=fingerprint, storage_options=storage_options,
                                            stage=stage, started=started)
-    root = Path(strip_file_scheme(output)) / path_component(str(name))
+    root = Path(strip_file_scheme(output)) / path_component(name)
     version_name = resolve_version_name(version, root)
     final = root / version_name
     refuse_existing(final, version, overwrite)
     reporter = Reporter(progress, progress_every)
     block_bytes, in_flight = buffer_plan(options.buffer_mib)
-    reused = reuse_cached(root, str(name), fingerprint, started) if fingerprint else None
+    reused = reuse_cached(root, name, fingerprint, started) if fingerprint else None
     if reused is not None:
         return reused
 
@@ -163,7 +163,7 @@ def prepare_dataset(  # noqa: PLR0917  the public signature of 0.1.0 (positional
         write_json(temporary / SCHEMA_FILE, inputs.schema.to_dict())
         manifest = {
             "format_version": FORMAT_VERSION,
-            "name": str(name),
+            "name": name,
             "version": version_name,
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "compression": options.compression,
@@ -183,7 +183,7 @@ def prepare_dataset(  # noqa: PLR0917  the public signature of 0.1.0 (positional
     seconds = time.monotonic() - started
     return {
         "dataset_uri": str(final.resolve()),
-        "name": str(name),
+        "name": name,
         "version": version_name,
         "counts": {split: info["examples"] for split, info in manifest_splits.items()},
         "shards": {split: len(info["shards"]) for split, info in manifest_splits.items()},
