@@ -21,6 +21,7 @@ from airflow_tf.cluster.training import TrainingConfig
 
 from .errors import ModelError, NonFiniteError, TaskConfigError, failure_reason
 from .logs import log, log_exit
+from .startup import import_tensorflow
 from .task import Task, grpc_default_options, session_config, task_from_env
 
 CONFIG_ERROR = 2
@@ -39,7 +40,8 @@ def run(config: TrainingConfig, task: Task) -> int:
         from airflow_tf.data import load_schema
 
         schema = load_schema(config.dataset)  # refuses an unfinished dataset before TensorFlow starts
-    import tensorflow as tf
+    serves_only = task.type == "ps" or (config.mode == "coordinator" and task.type != "chief")
+    tf = import_tensorflow(serves_only)
 
     from .step_bound import quiet_tensorflow_logs
 
@@ -52,7 +54,7 @@ def run(config: TrainingConfig, task: Task) -> int:
         tf.train.ClusterSpec(task.cluster), job_name=task.type, task_index=task.index,
         protocol="grpc", config=session_config(task, config), start=True,
     )
-    if task.type == "ps" or config.mode == "coordinator":  # a coordinator's worker runs what the chief sends
+    if serves_only:  # a coordinator's worker runs what the chief sends
         log(f"airflow-tf task {task.type}:{task.index} serving at {server.target}; it runs until it is stopped")
         # The server runs on its own threads. A SIGTERM may be delivered to any of them, and
         # signal.pause() only wakes for the main thread's own signals: wake regularly instead,

@@ -30,12 +30,21 @@ def check_request(data: Any) -> dict[str, Any]:
     return dict(data)
 
 
+def _serving():
+    """``airflow_tf.serving``, with TensorFlow loaded lean first (the start of an evaluation or an
+    export is often its process's first use of TensorFlow)."""
+    from airflow_tf import serving
+    from airflow_tf.runtime.startup import import_tensorflow
+
+    import_tensorflow()
+    return serving
+
+
 def evaluate(request: Mapping[str, Any]) -> dict[str, Any]:
     """Evaluates the run's final checkpoint (and the served model, with ``compare_to_served``);
     returns the EvaluationResult dict (its ``baseline`` says what the served model scored)."""
-    from airflow_tf import serving
-
     request = check_request(request)
+    serving = _serving()
     baseline = None
     if request.get("compare_to_served"):
         if not request.get("model_name") or not request.get("serving_base"):
@@ -49,9 +58,8 @@ def evaluate(request: Mapping[str, Any]) -> dict[str, Any]:
 def export(request: Mapping[str, Any]) -> dict[str, Any]:
     """Exports the run's checkpoint as the next version of ``model_name``; returns the
     ExportResult dict. An unblessed model (by ``metrics``) raises NotBlessedError unless ``force``."""
-    from airflow_tf import serving
-
     request = check_request(request)
+    serving = _serving()
     if not request.get("model_name") or not request.get("serving_base"):
         raise ValueError("export needs model_name and serving_base")
     return serving.export_saved_model(request["run_dir"], request["dataset"], request["training"],

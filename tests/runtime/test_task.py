@@ -184,3 +184,4 @@ def test_threads_per_op_follow_the_role_and_the_cores_the_trainers_share(monkeyp
                                 {TRAINERS_ON_THIS_MACHINE: "2"}) == given
     with pytest.raises(TaskConfigError, match=f"{TRAINERS_ON_THIS_MACHINE}='two': expected a positive whole number"):
         intra_op_threads(trainer, unset, {TRAINERS_ON_THIS_MACHINE: "two"})
+
