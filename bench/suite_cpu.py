@@ -1,0 +1,141 @@
+"""CPU seconds by kind of process while a command runs (e.g. the test suite): what the time of a
+CPU-bound run is spent on.
+
+``.venv/bin/python bench/suite_cpu.py [--interval 1] [--out FILE] -- COMMAND [ARGS...]``
+
+Every ``--interval`` seconds it reads each process's CPU time from ``/proc`` and charges what it
+used since the last read to the process's kind (its command line, and for a TensorFlow task its
+role from ``TF_CONFIG``). A process that exits between two reads loses at most one interval of
+CPU, so the table is a lower bound per kind; its total is compared with the whole machine's.
+Reading other processes' environments needs root (or the same user).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+KINDS = [  # (kind, pattern of the command line); the first match wins
+    ("tensorflow task", r"-m airflow_tf\.runtime\b|airflow_tf/runtime/__main__"),
+    ("evaluate/export pod", r"-m airflow_tf\.serving\b"),
+    ("airflow-tf CLI", r"/airflow-tf\b"),
+    ("airflow dags test", r"airflow dags test|airflow\S* dags test"),
+    ("airflow scheduler", r"airflow\S* scheduler"),
+    ("airflow api-server", r"airflow\S* api-server|uvicorn|gunicorn"),
+    ("airflow dag-processor", r"airflow\S* dag-processor"),
+    ("airflow triggerer", r"airflow\S* triggerer"),
+    ("airflow task", r"airflow\S* (tasks|task) |supervisor|airflow-task"),
+    ("airflow (other)", r"\bairflow\b"),
+    ("postgres", r"postgres"),
+    ("chromium", r"chrom"),
+    ("kubernetes plane", r"kube-apiserver|etcd|kube-controller|kube-scheduler|coredns|kueue|jobset|"
+                         r"scripts/kube|kube/bin|/plane\b"),
+    ("node agent", r"node-agent|airflow-tf-node|nodeagent"),
+    ("pytest", r"pytest|xdist|execnet"),
+    ("go build", r"\bgo\b|/compile\b|/link\b|/asm\b"),
+    ("pip", r"\bpip\b"),
+    ("python (other)", r"python"),
+]
+PATTERNS = [(kind, re.compile(pattern)) for kind, pattern in KINDS]
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _cpu_ticks(pid: str) -> int | None:
+    stat = _read(Path("/proc", pid, "stat"))
+    if stat is None:
+        return None
+    fields = stat.rsplit(b")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (the fields after the command's name)
+
+
+def _kind(pid: str) -> str | None:
+    cmdline = _read(Path("/proc", pid, "cmdline"))
+    if not cmdline:
+        return None  # a kernel thread, or gone
+    text = cmdline.replace(b"\0", b" ").decode(errors="replace")
+    for kind, pattern in PATTERNS:
+        if pattern.search(text):
+            if kind == "tensorflow task":
+                role = re.search(rb'"type":\s*"(\w+)"', _read(Path("/proc", pid, "environ")) or b"")
+                return f"tensorflow task ({role.group(1).decode() if role else '?'})"
+            return kind
+    return "other: " + os.path.basename(text.split()[0])[:30]
+
+
+def _machine_busy_ticks() -> int:
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    return sum(int(v) for v in fields[:3]) + sum(int(v) for v in fields[5:8])  # all but idle and iowait
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between reads (default 1)")
+    parser.add_argument("--out", help="also write the table as JSON here")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command or args.interval <= 0:
+        parser.error("give a positive --interval and a command after --")
+    seen: dict[str, tuple[str, int]] = {}  # pid -> (kind, ticks at the last read)
+    used: Counter[str] = Counter()
+    me = str(os.getpid())
+
+    def read_all(charge: bool) -> None:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or pid == me:
+                continue
+            ticks = _cpu_ticks(pid)
+            if ticks is None:
+                continue
+            if pid not in seen:
+                kind = _kind(pid)
+                if kind is None:
+                    continue
+                # One started during the run is charged all its CPU; one already running, from now.
+                seen[pid] = (kind, 0 if charge else ticks)
+            kind, before = seen[pid]
+            used[kind] += ticks - before
+            seen[pid] = (kind, ticks)
+
+    read_all(charge=False)
+    used.clear()
+    machine_start, start = _machine_busy_ticks(), time.monotonic()
+    child = subprocess.Popen(command)
+    while True:
+        finished = child.poll() is not None
+        read_all(charge=True)
+        if finished:
+            break
+        time.sleep(args.interval)
+    wall = time.monotonic() - start
+    machine = (_machine_busy_ticks() - machine_start) / TICKS
+    rows = [(kind, ticks / TICKS) for kind, ticks in used.most_common() if ticks > 0]
+    print(f"\n{'kind of process':34} {'CPU s':>9} {'share':>6}", file=sys.stderr)
+    for kind, seconds in rows:
+        print(f"{kind:34} {seconds:9.0f} {seconds / machine:6.1%}", file=sys.stderr)
+    print(f"{'charged in all':34} {sum(s for _, s in rows):9.0f}\n{'the machine was busy':34} {machine:9.0f} "
+          f"over {wall:.0f} s wall on {os.cpu_count()} cores ({machine / wall / (os.cpu_count() or 1):.0%})",
+          file=sys.stderr)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"wall_s": wall, "machine_busy_cpu_s": machine,
+                                              "by_kind_cpu_s": dict(rows), "command": command}, indent=1))
+    return child.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

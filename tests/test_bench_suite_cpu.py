@@ -1,0 +1,24 @@
+"""bench/suite_cpu.py charges the CPU a command's processes use to their kind of process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "suite_cpu.py"
+BUSY = "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass\n"
+
+
+def test_a_busy_child_of_the_command_is_charged_to_its_kind(tmp_path):
+    out = tmp_path / "cpu.json"
+    # The command's own child, named as a TensorFlow task would be, burns 1.5 s of CPU.
+    command = [sys.executable, "-c", f"import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', "
+               f"{BUSY!r}, '-m', 'airflow_tf.runtime']))"]
+    result = subprocess.run([sys.executable, str(SCRIPT), "--interval", "0.2", "--out", str(out), "--", *command],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    table = json.loads(out.read_text())
+    assert 1.3 <= table["by_kind_cpu_s"]["tensorflow task (?)"] <= 2.5, table
+    assert "tensorflow task (?)" in result.stderr and "the machine was busy" in result.stderr
