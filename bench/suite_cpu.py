@@ -25,22 +25,22 @@ from pathlib import Path
 TICKS = os.sysconf("SC_CLK_TCK")
 
 KINDS = [  # (kind, pattern of the command line); the first match wins
+    ("node agent", r"/airflow-tf-node\b"),
     ("tensorflow task", r"-m airflow_tf\.runtime\b|airflow_tf/runtime/__main__"),
     ("evaluate/export pod", r"-m airflow_tf\.serving\b"),
-    ("airflow-tf CLI", r"/airflow-tf\b"),
-    ("airflow dags test", r"airflow dags test|airflow\S* dags test"),
+    ("postgres", r"^postgres|/postgres\b"),
+    ("chromium", r"chrom"),
+    ("kubernetes plane", r"kube-apiserver|/etcd\b|kube-controller|kube-scheduler|coredns|/kueue\b|jobset|"
+                         r"scripts/kube\b"),
+    ("airflow dags test", r"airflow\S* dags test"),
     ("airflow scheduler", r"airflow\S* scheduler"),
     ("airflow api-server", r"airflow\S* api-server|uvicorn|gunicorn"),
     ("airflow dag-processor", r"airflow\S* dag-processor"),
     ("airflow triggerer", r"airflow\S* triggerer"),
-    ("airflow task", r"airflow\S* (tasks|task) |supervisor|airflow-task"),
+    ("airflow task", r"airflow\S* (tasks?|worker) "),
+    ("airflow-tf CLI", r"/airflow-tf\s"),
+    ("pytest", r"-m pytest\b|bin/pytest\b|xdist|execnet"),
     ("airflow (other)", r"\bairflow\b"),
-    ("postgres", r"postgres"),
-    ("chromium", r"chrom"),
-    ("kubernetes plane", r"kube-apiserver|etcd|kube-controller|kube-scheduler|coredns|kueue|jobset|"
-                         r"scripts/kube|kube/bin|/plane\b"),
-    ("node agent", r"node-agent|airflow-tf-node|nodeagent"),
-    ("pytest", r"pytest|xdist|execnet"),
     ("go build", r"\bgo\b|/compile\b|/link\b|/asm\b"),
     ("pip", r"\bpip\b"),
     ("python (other)", r"python"),
