@@ -5,8 +5,9 @@ CPU-bound run is spent on.
 
 Every ``--interval`` seconds it reads each process's CPU time from ``/proc`` and charges what it
 used since the last read to the process's kind (its command line, and for a TensorFlow task its
-role from ``TF_CONFIG``). A process that exits between two reads loses at most one interval of
-CPU, so the table is a lower bound per kind; its total is compared with the whole machine's.
+role from ``TF_CONFIG``), read again each time: a process that execs another program is charged
+as the new one from then on. A process that exits between two reads loses at most one interval
+of CPU, so the table is a lower bound per kind; its total is compared with the whole machine's.
 Reading other processes' environments needs root (or the same user).
 """
 
@@ -26,8 +27,10 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 KINDS = [  # (kind, pattern of the command line); the first match wins
     ("node agent", r"/airflow-tf-node\b"),
-    ("tensorflow task", r"-m airflow_tf\.runtime\b|airflow_tf/runtime/__main__"),
-    ("evaluate/export pod", r"-m airflow_tf\.serving\b"),
+    ("health question", r"-m airflow_tf\.runtime\.health\b"),
+    ("tensorflow task", r"-m airflow_tf\.runtime(\s|$)"),
+    ("export's load check", r"-m airflow_tf\.serving\.loading\b"),
+    ("evaluate/export pod", r"-m airflow_tf\.serving(\s|$)"),
     ("postgres", r"^postgres|/postgres\b"),
     ("chromium", r"chrom"),
     ("kubernetes plane", r"kube-apiserver|/etcd\b|kube-controller|kube-scheduler|coredns|/kueue\b|jobset|"
@@ -39,7 +42,7 @@ KINDS = [  # (kind, pattern of the command line); the first match wins
     ("airflow triggerer", r"airflow\S* triggerer"),
     ("airflow task", r"airflow\S* (tasks?|worker) "),
     ("airflow-tf CLI", r"/airflow-tf\s"),
-    ("pytest", r"-m pytest\b|bin/pytest\b|xdist|execnet"),
+    ("pytest", r"-m pytest\b|bin/pytest\b|pytest-xdist|execnet"),
     ("airflow (other)", r"\bairflow\b"),
     ("go build", r"\bgo\b|/compile\b|/link\b|/asm\b"),
     ("pip", r"\bpip\b"),
@@ -102,13 +105,13 @@ def main(argv: list[str] | None = None) -> int:
             ticks = _cpu_ticks(pid)
             if ticks is None:
                 continue
-            if pid not in seen:
-                kind = _kind(pid)
-                if kind is None:
-                    continue
-                # One started during the run is charged all its CPU; one already running, from now.
-                seen[pid] = (kind, 0 if charge else ticks)
-            kind, before = seen[pid]
+            # Read each time: a forked process (a pod's sandbox, a task runner) becomes what it
+            # execs, and its CPU from then on is charged to that.
+            kind = _kind(pid) or (seen[pid][0] if pid in seen else None)
+            if kind is None:
+                continue
+            # One started during the run is charged all its CPU; one already running, from now.
+            before = seen[pid][1] if pid in seen else (0 if charge else ticks)
             used[kind] += ticks - before
             seen[pid] = (kind, ticks)
 

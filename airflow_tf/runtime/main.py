@@ -41,7 +41,7 @@ def run(config: TrainingConfig, task: Task) -> int:
 
         schema = load_schema(config.dataset)  # refuses an unfinished dataset before TensorFlow starts
     serves_only = task.type == "ps" or (config.mode == "coordinator" and task.type != "chief")
-    tf = import_tensorflow(serves_only)
+    tf = import_tensorflow(keras=not serves_only)
 
     from .step_bound import quiet_tensorflow_logs
 

@@ -28,10 +28,10 @@ def _hidden(packages: tuple[str, ...]) -> Iterator[None]:
                 del sys.modules[name]
 
 
-def import_tensorflow(serves_only: bool = False):
-    """The ``tensorflow`` module, loaded lean if this is its first import in the process. A task
-    that ``serves_only`` (a ps, a coordinator's worker) runs graphs that other tasks build and
-    send, so it loads no Keras at all."""
-    with _hidden(KERAS_OPTIONAL_PACKAGES + (("keras",) if serves_only else ())):
+def import_tensorflow(keras: bool = True):
+    """The ``tensorflow`` module, loaded lean if this is its first import in the process. Without
+    ``keras``, no Keras at all: for a process that only runs graphs built elsewhere (a ps, a
+    coordinator's worker, a check that loads an export as TensorFlow Serving does, with no Keras)."""
+    with _hidden(KERAS_OPTIONAL_PACKAGES + (() if keras else ("keras",))):
         import tensorflow as tf
     return tf

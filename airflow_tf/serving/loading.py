@@ -125,6 +125,9 @@ def check(export_dir: str | Path, requests_file: str | Path) -> Any:
 def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
+    from airflow_tf.runtime.startup import import_tensorflow
+
+    import_tensorflow(keras=False)  # as in TensorFlow Serving, which has no Keras to lean on
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 3:
         print("usage: python -m airflow_tf.serving.loading EXPORT_DIR REQUESTS OUTPUTS.npy", file=sys.stderr)

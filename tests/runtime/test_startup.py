@@ -9,12 +9,12 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("serves_only, loaded", [(True, []), (False, ["keras"])])
+@pytest.mark.parametrize("keras, loaded", [(False, []), (True, ["keras"])])
 def test_a_task_starts_tensorflow_without_kerass_optional_packages_and_a_model_can_still_import_them(
-        serves_only, loaded):
+        keras, loaded):
     # Keras would import these at start-up for plotting, scikit-learn wrappers and DataFrame input,
     # seconds of CPU for every ps and worker start (a restarted group starts them all again).
-    code = (f"import sys; from airflow_tf.runtime.startup import import_tensorflow; import_tensorflow({serves_only}); "
+    code = (f"import sys; from airflow_tf.runtime.startup import import_tensorflow; import_tensorflow(keras={keras}); "
             "print(sorted(m for m in ('keras', 'sklearn', 'matplotlib', 'pandas') if sys.modules.get(m))); "
             "import matplotlib.pyplot; print('importable')")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

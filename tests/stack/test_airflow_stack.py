@@ -1,5 +1,6 @@
-"""DAG runs through Airflow's own components, the way users run them: a REST API v2 trigger,
-a schedule firing with nobody triggering, and a person in the web UI (headless Chromium)."""
+"""DAG runs through Airflow's own components, the way users run them: a schedule firing with
+nobody triggering, and a person in the web UI (headless Chromium). A REST API v2 trigger is
+tests/stack/test_approval_stack.py's."""
 
 from __future__ import annotations
 
@@ -25,37 +26,6 @@ def exported_versions(stack) -> list[str]:
     return sorted((p.name for p in models.iterdir() if p.name.isdigit()), key=int) if models.is_dir() else []
 
 
-def test_rest_triggered_run_trains_defers_on_the_triggerer_and_exports_a_model(stack):
-    api = stack.api
-    api.wait_for_dag(DAG_ID)
-    api.unpause(DAG_ID)
-    run_id = api.trigger(DAG_ID, conf=SMALL_RUN)
-    seen: dict[str, set] = {}
-    run = api.wait_for_run(DAG_ID, run_id, timeout=420, seen=seen)
-
-    assert run["state"] == "success", api.failure_report(DAG_ID, run_id)
-    assert run["run_type"] == "manual" and run["triggered_by"] == "rest_api"
-    tis = api.task_instances(DAG_ID, run_id)
-    assert {t: ti["state"] for t, ti in tis.items()} == {t: "success" for t in tis}
-    assert {"prepare", "training.launch", "training.wait_for_workers", "training.teardown", "training.evaluate",
-            "training.export"} <= set(tis)
-
-    # The sensor handed its wait to the triggerer: deferred while the workers trained, then
-    # resumed by the trigger's event.
-    assert "deferred" in seen["training.wait_for_workers"], seen["training.wait_for_workers"]
-    sensor = tis["training.wait_for_workers"]
-    log = api.task_log(DAG_ID, run_id, "training.wait_for_workers", sensor["try_number"])
-    assert "Pausing task as DEFERRED" in log, log[-3000:]
-    assert "Trigger fired event" in log, "the triggerer's lines are part of the task log:\n" + log[-3000:]
-
-    # The blessed model is served from <storage>/models/<name>/<version>/ and predicts 2x + 10.
-    versions = exported_versions(stack)
-    assert versions, f"nothing exported under {stack.storage / 'models'}"
-    export = stack.storage / "models" / "linear_regression" / versions[-1]
-    assert (export / "saved_model.pb").is_file()
-    assert predict(str(export), {"x": [0.0, 1.0, 5.0]}) == pytest.approx([10.0, 12.0, 20.0], abs=0.5)
-
-
 def test_a_scheduled_dag_runs_by_itself_once_unpaused(stack):
     api = stack.api
     dag_id = "tf_stack_hourly"
@@ -79,9 +49,10 @@ def test_a_scheduled_dag_runs_by_itself_once_unpaused(stack):
 
 # The stack's start counts into the first test that uses it, and a loaded machine is slow.
 @pytest.mark.timeout(2400)
-def test_a_user_triggers_the_dag_in_the_web_ui_and_sees_it_succeed(stack, signed_in_page):
+def test_a_user_triggers_the_dag_in_the_web_ui_sees_it_succeed_and_its_model_is_served(stack, signed_in_page):
     """A person in the UI: opens the DAG, types the run parameters into the trigger dialog,
-    triggers it and watches the run page until its state badge reads Success or Failed."""
+    triggers it and watches the run page until its state badge reads Success or Failed. The run
+    waited for its workers on the triggerer and exported a model that predicts 2x + 10."""
     page = signed_in_page
     api = stack.api
     api.wait_for_dag(DAG_ID)
@@ -127,3 +98,18 @@ def test_a_user_triggers_the_dag_in_the_web_ui_and_sees_it_succeed(stack, signed
     assert run["conf"] == SMALL_RUN, "the values typed into the Run Parameters form reached the run"
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(exported_versions(stack)) == len(before) + 1, "the UI's run exported a new model version"
+    tis = api.task_instances(DAG_ID, run_id)
+    assert {t: ti["state"] for t, ti in tis.items()} == {t: "success" for t in tis}
+    assert {"prepare", "training.launch", "training.wait_for_workers", "training.teardown", "training.evaluate",
+            "training.export"} <= set(tis)
+
+    # The sensor handed its wait to the triggerer: deferred while the workers trained, then
+    # resumed by the trigger's event (the triggerer's lines are part of the task log).
+    sensor = tis["training.wait_for_workers"]
+    log = api.task_log(DAG_ID, run_id, "training.wait_for_workers", sensor["try_number"])
+    assert "Pausing task as DEFERRED" in log and "Trigger fired event" in log, log[-3000:]
+
+    # The blessed model is served from <storage>/models/<name>/<version>/ and predicts 2x + 10.
+    export = stack.storage / "models" / "linear_regression" / exported_versions(stack)[-1]
+    assert (export / "saved_model.pb").is_file()
+    assert predict(str(export), {"x": [0.0, 1.0, 5.0]}) == pytest.approx([10.0, 12.0, 20.0], abs=0.5)

@@ -89,6 +89,7 @@ def test_a_person_approves_the_chosen_run_of_a_sweep_through_the_rest_api(stack)
     assert answer["chosen_options"] == ["Approve"] and answer["responded_by"]["name"] == USERNAME
     run = api.wait_for_run(SWEEP, run_id, timeout=600)
     assert run["state"] == "success", api.failure_report(SWEEP, run_id)
+    assert run["run_type"] == "manual" and run["triggered_by"] == "rest_api"
     assert api.task_instances(SWEEP, run_id)["sweep.export"]["state"] == "success"
     decision = result_of(api, SWEEP, run_id, approve)
     assert decision["approved"] and decision["by"] == USERNAME and not decision["timed_out"], decision
