@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give a positive --interval and a command after --")
     seen: dict[str, tuple[str, int]] = {}  # pid -> (kind, ticks at the last read)
     used: Counter[str] = Counter()
+    started: dict[str, set[str]] = {}  # kind -> the processes charged to it
     me = str(os.getpid())
 
     def read_all(charge: bool) -> None:
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             before = seen[pid][1] if pid in seen else (0 if charge else ticks)
             used[kind] += ticks - before
             seen[pid] = (kind, ticks)
+            started.setdefault(kind, set()).add(pid)
 
     read_all(charge=False)
     used.clear()
@@ -128,15 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic() - start
     machine = (_machine_busy_ticks() - machine_start) / TICKS
     rows = [(kind, ticks / TICKS) for kind, ticks in used.most_common() if ticks > 0]
-    print(f"\n{'kind of process':34} {'CPU s':>9} {'share':>6}", file=sys.stderr)
+    counts = {kind: len(started.get(kind, ())) for kind, _ in rows}
+    print(f"\n{'kind of process':34} {'CPU s':>9} {'share':>6} {'processes':>9}", file=sys.stderr)
     for kind, seconds in rows:
-        print(f"{kind:34} {seconds:9.0f} {seconds / machine:6.1%}", file=sys.stderr)
+        print(f"{kind:34} {seconds:9.0f} {seconds / machine:6.1%} {counts[kind]:9}", file=sys.stderr)
     print(f"{'charged in all':34} {sum(s for _, s in rows):9.0f}\n{'the machine was busy':34} {machine:9.0f} "
           f"over {wall:.0f} s wall on {os.cpu_count()} cores ({machine / wall / (os.cpu_count() or 1):.0%})",
           file=sys.stderr)
     if args.out:
         Path(args.out).write_text(json.dumps({"wall_s": wall, "machine_busy_cpu_s": machine,
-                                              "by_kind_cpu_s": dict(rows), "command": command}, indent=1))
+                                              "by_kind_cpu_s": dict(rows), "processes_by_kind": counts, "command": command}, indent=1))
     return child.returncode
 
 

@@ -21,4 +21,5 @@ def test_a_busy_child_of_the_command_is_charged_to_its_kind(tmp_path):
     assert result.returncode == 0, result.stderr
     table = json.loads(out.read_text())
     assert 1.3 <= table["by_kind_cpu_s"]["tensorflow task (?)"] <= 2.5, table
+    assert table["processes_by_kind"]["tensorflow task (?)"] == 1, table
     assert "tensorflow task (?)" in result.stderr and "the machine was busy" in result.stderr
