@@ -85,18 +85,21 @@ def _machine_busy_ticks() -> int:
     return sum(int(v) for v in fields[:3]) + sum(int(v) for v in fields[5:8])  # all but idle and iowait
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between reads (default 1)")
-    parser.add_argument("--out", help="also write the table as JSON here")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command or args.interval <= 0:
-        parser.error("give a positive --interval and a command after --")
+class Usage:
+    """The CPU seconds each kind of process used while a command ran, and how many processes."""
+
+    def __init__(self) -> None:
+        self.cpu: Counter[str] = Counter()  # kind -> CPU seconds
+        self.processes: dict[str, set[str]] = {}  # kind -> the pids charged to it
+        self.machine_cpu = 0.0  # what the whole machine used meanwhile
+        self.wall = 0.0
+        self.returncode = 0
+
+
+def measure(command: list[str], interval: float = 1.0, **popen) -> Usage:
+    """Run ``command`` (``popen``: Popen's arguments) and charge its run's CPU by kind of process."""
+    usage = Usage()
     seen: dict[str, tuple[str, int]] = {}  # pid -> (kind, ticks at the last read)
-    used: Counter[str] = Counter()
-    started: dict[str, set[str]] = {}  # kind -> the processes charged to it
     me = str(os.getpid())
 
     def read_all(charge: bool) -> None:
@@ -113,34 +116,50 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             # One started during the run is charged all its CPU; one already running, from now.
             before = seen[pid][1] if pid in seen else (0 if charge else ticks)
-            used[kind] += ticks - before
+            if charge:
+                usage.cpu[kind] += (ticks - before) / TICKS
+                usage.processes.setdefault(kind, set()).add(pid)
             seen[pid] = (kind, ticks)
-            started.setdefault(kind, set()).add(pid)
 
     read_all(charge=False)
-    used.clear()
     machine_start, start = _machine_busy_ticks(), time.monotonic()
-    child = subprocess.Popen(command)
+    child = subprocess.Popen(command, **popen)
     while True:
         finished = child.poll() is not None
         read_all(charge=True)
         if finished:
             break
-        time.sleep(args.interval)
-    wall = time.monotonic() - start
-    machine = (_machine_busy_ticks() - machine_start) / TICKS
-    rows = [(kind, ticks / TICKS) for kind, ticks in used.most_common() if ticks > 0]
-    counts = {kind: len(started.get(kind, ())) for kind, _ in rows}
+        time.sleep(interval)
+    usage.wall = time.monotonic() - start
+    usage.machine_cpu = (_machine_busy_ticks() - machine_start) / TICKS
+    usage.returncode = child.returncode
+    return usage
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between reads (default 1)")
+    parser.add_argument("--out", help="also write the table as JSON here")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command or args.interval <= 0:
+        parser.error("give a positive --interval and a command after --")
+    usage = measure(command, args.interval)
+    machine = usage.machine_cpu
+    rows = [(kind, seconds) for kind, seconds in usage.cpu.most_common() if seconds > 0]
+    counts = {kind: len(usage.processes.get(kind, ())) for kind, _ in rows}
     print(f"\n{'kind of process':34} {'CPU s':>9} {'share':>6} {'processes':>9}", file=sys.stderr)
     for kind, seconds in rows:
         print(f"{kind:34} {seconds:9.0f} {seconds / machine:6.1%} {counts[kind]:9}", file=sys.stderr)
     print(f"{'charged in all':34} {sum(s for _, s in rows):9.0f}\n{'the machine was busy':34} {machine:9.0f} "
-          f"over {wall:.0f} s wall on {os.cpu_count()} cores ({machine / wall / (os.cpu_count() or 1):.0%})",
+          f"over {usage.wall:.0f} s wall on {os.cpu_count()} cores ({machine / usage.wall / (os.cpu_count() or 1):.0%})",
           file=sys.stderr)
     if args.out:
-        Path(args.out).write_text(json.dumps({"wall_s": wall, "machine_busy_cpu_s": machine,
-                                              "by_kind_cpu_s": dict(rows), "processes_by_kind": counts, "command": command}, indent=1))
-    return child.returncode
+        Path(args.out).write_text(json.dumps({"wall_s": usage.wall, "machine_busy_cpu_s": machine,
+                                              "by_kind_cpu_s": dict(rows), "processes_by_kind": counts,
+                                              "command": command}, indent=1))
+    return usage.returncode
 
 
 if __name__ == "__main__":
