@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import Any
 
 DNS1123_LABEL_MAX = 63
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def is_name(value: Any) -> bool:
+    """Whether a user gave a name (a non-empty string) where a dataset, model or group is named:
+    None, '' or 7 would make its directory and asset quietly wrong."""
+    return isinstance(value, str) and bool(value.strip())
 
 
 def _digest(value: str, length: int = 8) -> str:

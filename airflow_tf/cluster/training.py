@@ -52,6 +52,11 @@ FALSE_WORDS = ("0", "false", "no", "off", "none", "")
 """``none`` and ``""``: a template that rendered an unset value."""
 
 
+def is_unset(value: Any) -> bool:
+    """None, or what a template renders for an unset value ('' or 'None'): the option's default."""
+    return value is None or (isinstance(value, str) and value.strip() in ("", "None"))
+
+
 def parse_bool(value: Any, name: str) -> bool:
     """A true/false option as a template renders it (``"True"``, ``"false"``, ``"1"``) or as
     given; anything else raises ValueError naming the option, never a silent False."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Mapping, Sequence
 
-from ..cluster.training import parse_bool
+from ..cluster.training import is_unset, parse_bool
 from ..deprecation import renamed
 from .errors import DataError, SchemaError
 from .schema import Schema
@@ -20,14 +20,9 @@ COMPRESSIONS = ("gzip", "zlib")
 RENAMED = {"target_shard_mb": "target_shard_mib", "workers": "encode_threads"}
 
 
-def _unset(value: Any) -> bool:
-    """A template renders an unset value as '' or 'None'."""
-    return value is None or (isinstance(value, str) and value.strip() in ("", "None"))
-
-
 def _number(value: Any, kind: type, name: str) -> Any:
     """``value`` (or the text a template rendered) as ``kind``; None stays None."""
-    if _unset(value):
+    if is_unset(value):
         return None
     if isinstance(value, bool):
         raise DataError(f"{name} must be a number, got {value!r}")
@@ -38,7 +33,7 @@ def _number(value: Any, kind: type, name: str) -> Any:
 
 
 def _text(value: Any) -> str | None:
-    return None if _unset(value) else str(value)
+    return None if is_unset(value) else str(value)
 
 
 def column_names(value: str | Sequence[str] | None) -> list[str]:
@@ -88,7 +83,7 @@ class PrepareOptions:
             object.__setattr__(self, name, value)
 
         for option in dataclasses.fields(self):  # unset (a template's '' or 'None'): the default
-            if option.default is not None and _unset(getattr(self, option.name)):
+            if option.default is not None and is_unset(getattr(self, option.name)):
                 put(option.name, option.default)
 
         put("label", _text(self.label))
@@ -100,14 +95,14 @@ class PrepareOptions:
         put("encode_threads", _number(self.encode_threads, int, "encode_threads"))
         put("buffer_mib", _number(self.buffer_mib, float, "buffer_mib"))
         put("compression", _compression(self.compression))
-        put("schema", None if _unset(self.schema) or self.schema == {} else Schema.coerce(self.schema))  # type: ignore[arg-type]
-        put("string_columns", tuple(column_names(None if _unset(self.string_columns) else self.string_columns)))
+        put("schema", None if is_unset(self.schema) or self.schema == {} else Schema.coerce(self.schema))  # type: ignore[arg-type]
+        put("string_columns", tuple(column_names(None if is_unset(self.string_columns) else self.string_columns)))
         try:
             put("allow_nan", parse_bool(self.allow_nan, "allow_nan"))
         except ValueError as exc:
             raise DataError(str(exc)) from None
         vocabularies = self.vocabularies
-        put("vocabularies", None if _unset(vocabularies) or vocabularies == {} else
+        put("vocabularies", None if is_unset(vocabularies) or vocabularies == {} else
             tuple(vocabularies) if isinstance(vocabularies, list) else vocabularies)
         self._check()
 
@@ -190,7 +185,7 @@ class PrepareOptions:
 
 
 def _compression(value: Any) -> str | None:
-    if _unset(value) or str(value).strip().lower() == "none":
+    if is_unset(value) or str(value).strip().lower() == "none":
         return None
     if str(value).lower() not in COMPRESSIONS:
         raise DataError(f"compression {value!r} is not supported; use 'gzip', 'zlib' or none")

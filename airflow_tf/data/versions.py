@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
-from ..cluster.names import path_component
+from ..cluster.names import is_name, path_component
 from ..files import fsync_dir, write_json
 from . import object_store
 from .errors import DataError, DatasetExistsError
@@ -27,7 +27,7 @@ _STALE_AFTER = 24 * 3600.0  # seconds after which a temporary directory is taken
 def check_dataset_name(name: Any) -> str:
     """``name`` when it names a dataset (a non-empty string: it becomes the directory of every
     version and the asset's name); else a DataError saying what was given."""
-    if isinstance(name, str) and name.strip():
+    if is_name(name):
         return name
     raise DataError(f"name: expected a dataset name (a non-empty string), got {name!r}")
 

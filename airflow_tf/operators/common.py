@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from airflow.sdk import Asset
 from airflow.providers.common.compat.sdk import AirflowFailException
 
+from airflow_tf.cluster.names import is_name
 from airflow_tf.cluster.training import parse_bool
 # The warning's documented home is here (CHANGELOG.md); it lives in a leaf every room may import.
 from airflow_tf.deprecation import AirflowTFDeprecationWarning, deprecated  # noqa: F401
@@ -40,7 +41,7 @@ def check_name(value: Any, argument: str) -> Any:
     """``value`` when it is a name (a non-empty string) or known only when the task runs
     (:func:`is_template`); else a ValueError naming ``argument``. A dataset's or model's name
     becomes an asset and a directory: None would make both quietly wrong."""
-    if is_template(value) or (isinstance(value, str) and value.strip()):
+    if is_template(value) or is_name(value):
         return value
     raise ValueError(f"{argument}: expected a name (a non-empty string or a template), got {value!r}")
 

@@ -17,7 +17,7 @@ from airflow_tf.backends.ownership import (NotOurGroupError, RunDirTakenError, R
 from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name
 from airflow_tf.cluster.results import LaunchResult
 from airflow_tf.cluster.model_code import snapshot_model_code
-from airflow_tf.cluster.training import dataset_uri_of, parse_bool
+from airflow_tf.cluster.training import dataset_uri_of, is_unset, parse_bool
 from airflow_tf.plugins.links import TensorBoardLink
 from airflow_tf.storage import runs_dir
 
@@ -195,9 +195,7 @@ class LaunchTFClusterOperator(BaseOperator):
         options = {}
         for name in TRAINING_OPTIONS:
             value = getattr(self, name)
-            if isinstance(value, str) and value.strip() in ("", "None"):
-                value = None
-            if value is not None:
+            if not is_unset(value):
                 options[name] = value
         return options
 

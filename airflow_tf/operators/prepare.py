@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from airflow.sdk import BaseOperator
 
-from airflow_tf.cluster.training import parse_bool
+from airflow_tf.cluster.training import is_unset, parse_bool
 from airflow_tf.data.options import DEFAULTS, PrepareOptions
 from airflow_tf.deprecation import renamed
 from airflow_tf.storage import datasets_dir
@@ -18,7 +18,7 @@ from .common import check_name, dataset_asset, flag, is_template, no_retry_for
 
 def _optional(value: Any, kind: type) -> Any:
     """A rendered template arrives as text: '' and 'None' mean unset, numbers are parsed."""
-    if value is None or (isinstance(value, str) and value.strip() in ("", "None")):
+    if is_unset(value):
         return None
     return kind(value)
 

@@ -232,10 +232,14 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
 
         if task.is_chief:
             log(f"airflow-tf variables {placement(variables)}")
+        # A model of one input of n floats is fed the in-memory share's rows whole, or by feature.
+        spec = dataset.element_spec
+        fed_rows = not isinstance(spec[0] if isinstance(spec, tuple) else spec, dict)
         log(f"airflow-tf train role={task.type} index={task.index} chief={task.is_chief} "
             f"mode={'sync' if config.sync else 'async'} replicas_to_aggregate={aggregate} "
             f"trainers={trainers} shard={task.trainer_index}/{trainers} towers={len(devices)} target_step={target} "
-            f"intra_op_threads={intra_op_threads(task, config)} start={start or 'from the chief'}")
+            f"intra_op_threads={intra_op_threads(task, config)} input={'whole_rows' if fed_rows else 'by_feature'} "
+            f"start={start or 'from the chief'}")
 
         calls = StepsPerCall(single, chain, target=target, trainers=trainers, fixed=fixed)
         bound = StepBoundHook(global_step, config.operation_timeout_secs,
