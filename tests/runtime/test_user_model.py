@@ -230,8 +230,8 @@ def test_the_seeds_sequential_model_next_to_a_dag_trains_through_airflow_tf_run(
     assert f"copied to {snapshot} (sha256 {manifest['sha256']})" in cli.stderr
     worker_log = next(Path(summary["logs"]).glob("*worker-0.log")).read_text()
     assert f"airflow-tf model code seed_dag_model from {snapshot} sha256={manifest['sha256']}" in worker_log
-    # The share fits in memory and the model takes one input of floats: it was fed whole rows.
-    assert " input=whole_rows " in worker_log, worker_log[-2000:]
+    # One feature: the model is fed it as it is (whole rows are for two or more float features).
+    assert " input=by_feature " in worker_log, worker_log[-2000:]
     assert not group_processes(local_state_dir)
 
     # Evaluation and export (in this process, which does not have the DAGs folder on sys.path

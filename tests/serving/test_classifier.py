@@ -44,6 +44,9 @@ def test_classifier_metrics_thresholds_and_signature(classifier_run, tmp_path):
     import tensorflow as tf
 
     run_dir, dataset, config = classifier_run
+    # Two float features, a built-in model, the share in memory: the worker was fed whole rows.
+    (worker_log,) = (run_dir / "logs").rglob("*worker-0.log")
+    assert " input=whole_rows " in worker_log.read_text(), worker_log.read_text()[-2000:]
     result = evaluate_checkpoint(run_dir, dataset, config, thresholds={"accuracy": {"min": 0.9}})
     assert result["task"] == "classification"
     assert set(result["metrics"]) == {"loss", "accuracy", "cross_entropy"}
