@@ -77,7 +77,7 @@ def _kind(pid: str) -> str | None:
                 role = re.search(rb'"type":\s*"(\w+)"', _read(Path("/proc", pid, "environ")) or b"")
                 return f"tensorflow task ({role.group(1).decode() if role else '?'})"
             return kind
-    return "other: " + os.path.basename(text.split()[0])[:30]
+    return "other: " + os.path.basename((text.split() or ["?"])[0])[:30]
 
 
 def _machine_busy_ticks() -> int:

@@ -2,7 +2,8 @@
 never uses: Keras imports several packages at start-up only if they are installed, for
 utilities no task calls, at 2-3 s of CPU for every process that starts (a restarted group
 starts all of its tasks again). Hidden while TensorFlow loads, they import as usual afterwards,
-so a user's model code may still use them."""
+so a user's model code may still use them; Keras' own scikit-learn wrappers and image plotting
+stay off in such a process (an evaluation on the local backend runs in the Airflow task's)."""
 
 from __future__ import annotations
 
