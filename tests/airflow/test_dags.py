@@ -39,43 +39,6 @@ print(json.dumps([[name, task, extra] for name, task, extra in rows]))
     return events
 
 
-def test_linear_regression_dag_exports_a_model_close_to_2x_plus_10(airflow_home, tmp_path, group_processes):
-    result = airflow_home.run("tf_linear_regression", tmp_path, conf=json.dumps({"steps": 1500, "rows": 5000}))
-    assert run_state(result.stdout) == "success", result.stdout[-4000:]
-    states = task_states(airflow_home, "tf_linear_regression", result.stdout)
-    assert set(states.values()) == {"success"}, states
-    assert {"training.launch", "training.wait_for_workers", "training.teardown", "training.evaluate",
-            "training.export"} <= set(states), states
-    export = tmp_path / "storage" / "models" / "linear_regression" / "1"
-    assert (export / "saved_model.pb").exists()
-    predictions = predict(str(export), {"x": [0.0, 1.0, 5.0]})
-    assert predictions == pytest.approx([10.0, 12.0, 20.0], abs=0.5)
-    run_dirs = list((tmp_path / "storage" / "runs").iterdir())
-    assert len(run_dirs) == 1 and (run_dirs[0] / "metrics.json").exists()
-    assert json.loads((run_dirs[0] / "metrics.json").read_text())["blessed"] is True
-    assert not group_processes(tmp_path / "groups"), "no process of the group is left"
-
-
-def test_digits_classifier_reaches_090_accuracy(airflow_home, tmp_path, group_processes):
-    result = airflow_home.run("tf_digits_classifier", tmp_path)
-    assert run_state(result.stdout) == "success", result.stdout[-4000:]
-    run_dir = next((tmp_path / "storage" / "runs").iterdir())
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["metrics"]["accuracy"] >= 0.9, metrics
-    export = tmp_path / "storage" / "models" / "digits" / "1"
-    import numpy as np
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    pixels = (digits.data[:50] / 16.0).astype("float32")
-    import tensorflow as tf
-
-    outputs = tf.saved_model.load(str(export)).signatures["serving_default"](pixels=tf.constant(pixels))
-    classes = np.asarray(outputs["classes"]).reshape(-1)
-    assert (classes == digits.target[:50]).mean() >= 0.9
-    assert not group_processes(tmp_path / "groups"), "no process of the group is left"
-
-
 def test_recommendation_dag_trains_tables_on_both_ps_and_exports_a_model_of_raw_ids(airflow_home, tmp_path,
                                                                                      group_processes):
     result = airflow_home.run("tf_recommendation", tmp_path, conf=json.dumps({"steps": 1500, "rows": 200_000}))
@@ -201,16 +164,6 @@ def test_a_mapped_sweep_trains_one_group_per_learning_rate_and_exports_the_best(
     metadata = json.loads((export / "1" / "assets.extra" / "airflow_tf.json").read_text())
     assert metadata["run_dir"] == best["run_dir"], (metadata["run_dir"], evaluations)
     assert metadata["training_config"]["learning_rate"] in (0.002, 0.02)
-    assert not group_processes(tmp_path / "groups"), "no process of the group is left"
-
-
-def test_a_dag_written_against_the_first_release_still_runs(airflow_home, tmp_path, group_processes):
-    """training={...} and TeardownTFClusterOperator(launch_task_id=...) (0.1.0), deprecated."""
-    result = airflow_home.run("tf_test_first_release_api", tmp_path)
-    assert run_state(result.stdout) == "success", result.stdout[-4000:]
-    assert re.search(r"tore down [1-9]\d* task\(s\) of group ", result.stdout), \
-        "the teardown found the group from the launch's task id alone"
-    assert (tmp_path / "storage" / "models" / "first_release" / "1" / "saved_model.pb").exists()
     assert not group_processes(tmp_path / "groups"), "no process of the group is left"
 
 
