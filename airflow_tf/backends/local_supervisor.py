@@ -167,6 +167,9 @@ class Supervisor:
             for task, port in zip(tasks, free_ports(len(tasks)), strict=True):
                 task.port = port
         cluster = cluster_def(self.spec, lambda role, index: f"127.0.0.1:{self.task(role, index).port}")
+        # The steps a stopped chief logged last count as where the new tasks start from; read
+        # later, they would look like steps of the new chief, taken as serving before it answers.
+        self.read_progress()
         for task in tasks:
             self.launch(task, cluster)
 
