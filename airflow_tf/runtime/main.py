@@ -21,7 +21,7 @@ from airflow_tf.cluster.training import TrainingConfig
 
 from .errors import ModelError, NonFiniteError, TaskConfigError, failure_reason
 from .logs import log, log_exit
-from .startup import import_tensorflow
+from .startup import import_tensorflow, import_tensorflow_server
 from .task import Task, grpc_default_options, session_config, task_from_env
 
 CONFIG_ERROR = 2
@@ -41,17 +41,18 @@ def run(config: TrainingConfig, task: Task) -> int:
 
         schema = load_schema(config.dataset)  # refuses an unfinished dataset before TensorFlow starts
     serves_only = task.type == "ps" or (config.mode == "coordinator" and task.type != "chief")
-    tf = import_tensorflow(keras=not serves_only)
+    if not serves_only:  # one that only serves runs graphs built elsewhere: no Python API needed
+        import_tensorflow(keras=True)
+        from .step_bound import quiet_tensorflow_logs
 
-    from .step_bound import quiet_tensorflow_logs
-
-    quiet_tensorflow_logs()  # the compat.v1 APIs warn on every use; this log says what happens
+        quiet_tensorflow_logs()  # the compat.v1 APIs warn on every use; this log says what happens
+    server_lib = import_tensorflow_server()
     if config.mode == "coordinator" and task.type == "chief":
         from .coordinator import run_chief  # its strategy starts the chief's server
 
         return log_exit(run_chief(config, task, schema))
-    server = tf.distribute.Server(
-        tf.train.ClusterSpec(task.cluster), job_name=task.type, task_index=task.index,
+    server = server_lib.Server(
+        server_lib.ClusterSpec(task.cluster), job_name=task.type, task_index=task.index,
         protocol="grpc", config=session_config(task, config), start=True,
     )
     if serves_only:  # a coordinator's worker runs what the chief sends

@@ -3,12 +3,19 @@ never uses: Keras imports several packages at start-up only if they are installe
 utilities no task calls, at 2-3 s of CPU for every process that starts (a restarted group
 starts all of its tasks again). Hidden while TensorFlow loads, they import as usual afterwards,
 so a user's model code may still use them; Keras' own scikit-learn wrappers and image plotting
-stay off in such a process (an evaluation on the local backend runs in the Airflow task's)."""
+stay off in such a process (an evaluation on the local backend runs in the Airflow task's).
+
+A task that only serves (a ps, a coordinator's worker) needs less still: TensorFlow's runtime
+and its gRPC server, not the ``tf.*`` Python API that ``import tensorflow`` builds
+(:func:`import_tensorflow_server`)."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import os
 import sys
+import types
 from collections.abc import Iterator
 
 KERAS_OPTIONAL_PACKAGES = ("sklearn", "matplotlib", "pandas")
@@ -35,4 +42,51 @@ def import_tensorflow(keras: bool = True):
     coordinator's worker, a check that loads an export as TensorFlow Serving does, with no Keras)."""
     with _hidden(KERAS_OPTIONAL_PACKAGES + (() if keras else ("keras",))):
         import tensorflow as tf
+
+        if isinstance(tf, _DeferredPackage):  # a lean server start before: the API loads now, lean too
+            tf._run_init()
     return tf
+
+
+class _DeferredPackage(types.ModuleType):
+    """The ``tensorflow`` package with its ``__init__`` (the ``tf.*`` API) not run yet: its
+    submodules import as usual, and the first use of any other attribute runs the ``__init__``,
+    so code that does ``import tensorflow as tf`` later in the process still gets all of it."""
+
+    def __getattr__(self, name: str):
+        self._run_init()
+        return getattr(self, name)
+
+    def _run_init(self) -> None:
+        spec = self.__spec__
+        assert spec is not None and spec.loader is not None
+        # Once: an attribute the __init__ does not define is then an AttributeError.
+        self.__class__ = types.ModuleType  # type: ignore[assignment]
+        exec(spec.loader.get_code(spec.name), self.__dict__)  # type: ignore[attr-defined]
+
+
+def _needs_full_init(spec: importlib.machinery.ModuleSpec) -> bool:
+    """TensorFlow's ``__init__`` also loads kernel libraries and pluggable devices when these
+    folders exist (a vendor's plugin, say); only the whole import does that."""
+    package = os.path.dirname(spec.origin or "")
+    plugins = (os.path.join(path, "tensorflow-plugins") for path in sys.path if path)
+    return os.path.isdir(os.path.join(package, "core", "kernels")) or any(os.path.isdir(p) for p in plugins)
+
+
+def import_tensorflow_server():
+    """TensorFlow's ``server_lib`` (``Server``, ``ClusterSpec``): its C++ runtime, every kernel
+    and the gRPC server, without the ``tf.*`` Python API, about a fifth of the CPU of ``import
+    tensorflow``. For a process that only serves graphs built elsewhere (a ps, a coordinator's
+    worker); if that process later imports ``tensorflow``, the rest loads then."""
+    if "tensorflow" not in sys.modules:
+        spec = importlib.util.find_spec("tensorflow")
+        if spec is None or spec.submodule_search_locations is None or _needs_full_init(spec):
+            import_tensorflow(keras=False)
+        else:
+            package = _DeferredPackage(spec.name)
+            package.__spec__, package.__loader__, package.__file__ = spec, spec.loader, spec.origin
+            package.__path__, package.__package__ = list(spec.submodule_search_locations), spec.name
+            sys.modules[spec.name] = package
+    from tensorflow.python.training import server_lib
+
+    return server_lib

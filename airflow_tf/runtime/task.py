@@ -142,9 +142,9 @@ def intra_op_threads(task: Task, config: TrainingConfig, environ: Mapping[str, s
 def session_config(task: Task, config: TrainingConfig):
     """Threads from the options; a trainer sees only the ps tasks and itself, so it neither
     waits for the other workers to start nor hangs when they have already exited."""
-    import tensorflow as tf
+    from tensorflow.core.protobuf.config_pb2 import ConfigProto  # tf.compat.v1.ConfigProto, API or not
 
-    proto = tf.compat.v1.ConfigProto(
+    proto = ConfigProto(
         intra_op_parallelism_threads=intra_op_threads(task, config),
         inter_op_parallelism_threads=config.inter_op_threads,
     )
