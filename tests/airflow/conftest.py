@@ -23,20 +23,16 @@ class AirflowHome:
             shutil.copy(source, self.dags / source.name)
         self.env = airflow_env(root, self.dags)
         init_airflow(self.env)
-        self._serialized_for = self.env["AIRFLOW_TF_STORAGE"]
+        reserialize(self.env)
         errors = subprocess.run([str(Path(sys.executable).with_name("airflow")), "dags", "list-import-errors"],
                                 env=self.env, text=True, capture_output=True).stdout
         assert "Traceback" not in errors and "Error" not in errors, f"a DAG failed to import:\n{errors}"
 
     def run(self, dag_id: str, storage: Path, conf: str | None = None):
-        """One DAG run with its own storage and group-state directories."""
+        """One DAG run with its own storage and group-state directories. DAG files read the
+        storage path at parse time (asset URIs, paths); ``dags test`` writes the DAGs it parses
+        under this run's environment to the database before the run."""
         env = dict(self.env, AIRFLOW_TF_STORAGE=str(storage / "storage"), AIRFLOW_TF_STATE_DIR=str(storage / "groups"))
-        # DAG files read the storage path at parse time (asset URIs, paths): serialize them
-        # again under this run's environment so the database agrees with what the run parses.
-        # Once per storage: a test's later runs on the same storage would serialize the same.
-        if env["AIRFLOW_TF_STORAGE"] != self._serialized_for:
-            reserialize(env)
-            self._serialized_for = env["AIRFLOW_TF_STORAGE"]
         result = dags_test(env, dag_id, conf)
         (storage / f"{dag_id}.log").write_text(result.stdout)
         return result

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from airflow_tf.demo import airflow_env, dag_run_state, dags_test, predict, reserialize, task_states
+from airflow_tf.demo import airflow_env, dag_run_state, dags_test, predict, task_states
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -51,11 +51,8 @@ def test_four_dag_runs_at_once_all_finish_without_collisions_each_serving_its_mo
         env = airflow_env(tmp_path / f"home-{i}", airflow_home.dags)
         env.update(AIRFLOW_TF_STORAGE=str(shared / "storage"), AIRFLOW_TF_STATE_DIR=str(shared / "groups"))
         Path(env["AIRFLOW_HOME"]).mkdir(parents=True)
-        if not homes:  # DAG files read the storage at parse time: serialize them once for it
-            shutil.copy(Path(airflow_home.env["AIRFLOW_HOME"]) / "airflow.db", Path(env["AIRFLOW_HOME"]))
-            reserialize(env)
-        else:  # the same DAG folder and storage: a copy of that database
-            shutil.copy(Path(homes[0]["AIRFLOW_HOME"]) / "airflow.db", Path(env["AIRFLOW_HOME"]))
+        # A copy of the migrated database; each `dags test` writes the DAGs it parses into its own.
+        shutil.copy(Path(airflow_home.env["AIRFLOW_HOME"]) / "airflow.db", Path(env["AIRFLOW_HOME"]))
         homes.append(env)
 
     with ThreadPoolExecutor(len(RUNS)) as pool:
