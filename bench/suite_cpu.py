@@ -66,18 +66,28 @@ def _cpu_ticks(pid: str) -> int | None:
     return int(fields[11]) + int(fields[12])  # utime, stime (the fields after the command's name)
 
 
-def _kind(pid: str) -> str | None:
+def _command(args: list[str]) -> str:
+    """What a process runs, in a few words: ``airflow db migrate``, ``python -m pytest``, ``python -c
+    'from airflow...'`` (paths shortened to their last part)."""
+    words = [os.path.basename(arg) if "/" in arg and " " not in arg else arg.split("\n")[0][:40]
+             for arg in args[:4]]
+    return " ".join(words)[:80]
+
+
+def _kind(pid: str) -> tuple[str, str] | None:
+    """The kind of process ``pid`` is, and its command in a few words."""
     cmdline = _read(Path("/proc", pid, "cmdline"))
     if not cmdline:
         return None  # a kernel thread, or gone
-    text = cmdline.replace(b"\0", b" ").decode(errors="replace")
+    args = cmdline.rstrip(b"\0").decode(errors="replace").split("\0")
+    text, command = " ".join(args), _command(args)
     for kind, pattern in PATTERNS:
         if pattern.search(text):
             if kind == "tensorflow task":
                 role = re.search(rb'"type":\s*"(\w+)"', _read(Path("/proc", pid, "environ")) or b"")
-                return f"tensorflow task ({role.group(1).decode() if role else '?'})"
-            return kind
-    return "other: " + os.path.basename((text.split() or ["?"])[0])[:30]
+                return f"tensorflow task ({role.group(1).decode() if role else '?'})", command
+            return kind, command
+    return "other: " + os.path.basename((text.split() or ["?"])[0])[:30], command
 
 
 def _machine_busy_ticks() -> int:
@@ -90,6 +100,7 @@ class Usage:
 
     def __init__(self) -> None:
         self.cpu: Counter[str] = Counter()  # kind -> CPU seconds
+        self.commands: Counter[tuple[str, str]] = Counter()  # (kind, command in a few words) -> CPU seconds
         self.processes: dict[str, set[str]] = {}  # kind -> the pids charged to it
         self.machine_cpu = 0.0  # what the whole machine used meanwhile
         self.wall = 0.0
@@ -99,7 +110,7 @@ class Usage:
 def measure(command: list[str], interval: float = 1.0, **popen) -> Usage:
     """Run ``command`` (``popen``: Popen's arguments) and charge its run's CPU by kind of process."""
     usage = Usage()
-    seen: dict[str, tuple[str, int]] = {}  # pid -> (kind, ticks at the last read)
+    seen: dict[str, tuple[tuple[str, str], int]] = {}  # pid -> ((kind, command), ticks at the last read)
     me = str(os.getpid())
 
     def read_all(charge: bool) -> None:
@@ -111,15 +122,17 @@ def measure(command: list[str], interval: float = 1.0, **popen) -> Usage:
                 continue
             # Read each time: a forked process (a pod's sandbox, a task runner) becomes what it
             # execs, and its CPU from then on is charged to that.
-            kind = _kind(pid) or (seen[pid][0] if pid in seen else None)
-            if kind is None:
+            found = _kind(pid) or (seen[pid][0] if pid in seen else None)
+            if found is None:
                 continue
+            kind = found[0]
             # One started during the run is charged all its CPU; one already running, from now.
             before = seen[pid][1] if pid in seen else (0 if charge else ticks)
             if charge:
                 usage.cpu[kind] += (ticks - before) / TICKS
+                usage.commands[found] += (ticks - before) / TICKS
                 usage.processes.setdefault(kind, set()).add(pid)
-            seen[pid] = (kind, ticks)
+            seen[pid] = (found, ticks)
 
     read_all(charge=False)
     machine_start, start = _machine_busy_ticks(), time.monotonic()
@@ -140,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between reads (default 1)")
     parser.add_argument("--out", help="also write the table as JSON here")
+    parser.add_argument("--commands", type=int, default=15, metavar="N",
+                        help="also list the N commands that used the most CPU (default 15)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -155,9 +170,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'charged in all':34} {sum(s for _, s in rows):9.0f}\n{'the machine was busy':34} {machine:9.0f} "
           f"over {usage.wall:.0f} s wall on {os.cpu_count()} cores ({machine / usage.wall / (os.cpu_count() or 1):.0%})",
           file=sys.stderr)
+    commands = [(kind, what, seconds) for (kind, what), seconds in usage.commands.most_common(args.commands)
+                if seconds > 0]
+    if commands:
+        print(f"\n{'kind of process':34} {'CPU s':>9}  command", file=sys.stderr)
+        for kind, what, seconds in commands:
+            print(f"{kind:34} {seconds:9.0f}  {what}", file=sys.stderr)
     if args.out:
         Path(args.out).write_text(json.dumps({"wall_s": usage.wall, "machine_busy_cpu_s": machine,
                                               "by_kind_cpu_s": dict(rows), "processes_by_kind": counts,
+                                              "top_commands": [{"kind": k, "command": c, "cpu_s": s}
+                                                               for k, c, s in commands],
                                               "command": command}, indent=1))
     return usage.returncode
 

@@ -23,3 +23,7 @@ def test_a_busy_child_of_the_command_is_charged_to_its_kind(tmp_path):
     assert 1.3 <= table["by_kind_cpu_s"]["tensorflow task (?)"] <= 2.5, table
     assert table["processes_by_kind"]["tensorflow task (?)"] == 1, table
     assert "tensorflow task (?)" in result.stderr and "the machine was busy" in result.stderr
+    # ... and listed among the commands that used the most CPU, in a few words.
+    [top] = [row for row in table["top_commands"] if row["kind"] == "tensorflow task (?)"]
+    assert top["command"].startswith("python") and "import time" in top["command"], top
+    assert 1.3 <= top["cpu_s"] <= 2.5, top
