@@ -26,7 +26,8 @@ from pathlib import Path
 TICKS = os.sysconf("SC_CLK_TCK")
 
 KINDS = [  # (kind, pattern of the command line); the first match wins
-    ("node agent", r"/airflow-tf-node\b"),
+    # The binary itself (a pod's storage folder may be named airflow-tf-node-storage-...).
+    ("node agent", r"/airflow-tf-node(\s|$)"),
     ("health question", r"-m airflow_tf\.runtime\.health\b"),
     ("tensorflow task", r"-m airflow_tf\.runtime(\s|$)"),
     ("export's load check", r"-m airflow_tf\.serving\.loading\b"),
@@ -37,15 +38,15 @@ KINDS = [  # (kind, pattern of the command line); the first match wins
                          r"scripts/kube\b"),
     ("airflow dags test", r"airflow\S* dags test"),
     ("airflow scheduler", r"airflow\S* scheduler"),
-    ("airflow api-server", r"airflow\S* api-server|uvicorn|gunicorn"),
+    ("airflow api-server", r"airflow\S* api[-_]server|uvicorn|gunicorn"),
     ("airflow dag-processor", r"airflow\S* dag-processor"),
     ("airflow triggerer", r"airflow\S* triggerer"),
     ("airflow task", r"airflow\S* (tasks?|worker) "),
     ("airflow-tf CLI", r"/airflow-tf\s"),
     ("pytest", r"-m pytest\b|bin/pytest\b|pytest-xdist|execnet"),
+    ("pip", r"-m pip\b|/pip3?\s"),  # before Airflow: an install names the [airflow] extra
     ("airflow (other)", r"\bairflow\b"),
     ("go build", r"\bgo\b|/compile\b|/link\b|/asm\b"),
-    ("pip", r"\bpip\b"),
     ("python (other)", r"python"),
 ]
 PATTERNS = [(kind, re.compile(pattern)) for kind, pattern in KINDS]
