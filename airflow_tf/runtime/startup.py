@@ -65,12 +65,10 @@ class _DeferredPackage(types.ModuleType):
         exec(spec.loader.get_code(spec.name), self.__dict__)  # type: ignore[attr-defined]
 
 
-def _needs_full_init(spec: importlib.machinery.ModuleSpec) -> bool:
-    """TensorFlow's ``__init__`` also loads kernel libraries and pluggable devices when these
-    folders exist (a vendor's plugin, say); only the whole import does that."""
-    package = os.path.dirname(spec.origin or "")
-    plugins = (os.path.join(path, "tensorflow-plugins") for path in sys.path if path)
-    return os.path.isdir(os.path.join(package, "core", "kernels")) or any(os.path.isdir(p) for p in plugins)
+def _has_plugins() -> bool:
+    """TensorFlow's ``__init__`` also loads pluggable devices (a vendor's plugin) from these
+    folders; only the whole import does that."""
+    return any(os.path.isdir(os.path.join(path, "tensorflow-plugins")) for path in sys.path if path)
 
 
 def import_tensorflow_server():
@@ -80,13 +78,20 @@ def import_tensorflow_server():
     worker); if that process later imports ``tensorflow``, the rest loads then."""
     if "tensorflow" not in sys.modules:
         spec = importlib.util.find_spec("tensorflow")
-        if spec is None or spec.submodule_search_locations is None or _needs_full_init(spec):
+        if spec is None or spec.submodule_search_locations is None or _has_plugins():
             import_tensorflow(keras=False)
         else:
             package = _DeferredPackage(spec.name)
             package.__spec__, package.__loader__, package.__file__ = spec, spec.loader, spec.origin
             package.__path__, package.__package__ = list(spec.submodule_search_locations), spec.name
             sys.modules[spec.name] = package
+            # Kernels shipped as libraries of their own, which the __init__ would load
+            # (TensorFlow 2.19: the Sobol sampler's).
+            kernels = os.path.join(os.path.dirname(spec.origin or ""), "core", "kernels")
+            if os.path.isdir(kernels):
+                from tensorflow.python.framework import load_library
+
+                load_library.load_library(kernels)
     from tensorflow.python.training import server_lib
 
     return server_lib
