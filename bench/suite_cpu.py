@@ -100,12 +100,19 @@ class Usage:
     """The CPU seconds each kind of process used while a command ran, and how many processes."""
 
     def __init__(self) -> None:
-        self.cpu: Counter[str] = Counter()  # kind -> CPU seconds
         self.commands: Counter[tuple[str, str]] = Counter()  # (kind, command in a few words) -> CPU seconds
         self.processes: dict[str, set[str]] = {}  # kind -> the pids charged to it
         self.machine_cpu = 0.0  # what the whole machine used meanwhile
         self.wall = 0.0
         self.returncode = 0
+
+    @property
+    def cpu(self) -> Counter[str]:
+        """Kind -> CPU seconds."""
+        by_kind: Counter[str] = Counter()
+        for (kind, _), seconds in self.commands.items():
+            by_kind[kind] += seconds
+        return by_kind
 
 
 def measure(command: list[str], interval: float = 1.0, **popen) -> Usage:
@@ -126,13 +133,11 @@ def measure(command: list[str], interval: float = 1.0, **popen) -> Usage:
             found = _kind(pid) or (seen[pid][0] if pid in seen else None)
             if found is None:
                 continue
-            kind = found[0]
             # One started during the run is charged all its CPU; one already running, from now.
             before = seen[pid][1] if pid in seen else (0 if charge else ticks)
             if charge:
-                usage.cpu[kind] += (ticks - before) / TICKS
                 usage.commands[found] += (ticks - before) / TICKS
-                usage.processes.setdefault(kind, set()).add(pid)
+                usage.processes.setdefault(found[0], set()).add(pid)
             seen[pid] = (found, ticks)
 
     read_all(charge=False)
@@ -159,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command or args.interval <= 0:
-        parser.error("give a positive --interval and a command after --")
+    if not command or args.interval <= 0 or args.commands < 0:
+        parser.error("give a positive --interval, --commands of 0 or more, and a command after --")
     usage = measure(command, args.interval)
     machine = usage.machine_cpu
     rows = [(kind, seconds) for kind, seconds in usage.cpu.most_common() if seconds > 0]
