@@ -157,10 +157,11 @@ def test_a_killed_and_a_frozen_ps_are_replaced_and_the_dag_trains_to_its_final_s
 def _faults_on_the_plane(directory: Path, tmp_path: Path) -> None:
     from kubernetes import client, config
 
-    # Enough that the training outlasts both faults: the second comes ~1000 steps after the first
-    # checkpoint past step 500, and its replacement waits for the liveness probe's failures (at
-    # 10,000 steps a run under load finished before it).
-    steps = 20000
+    # Enough that the training outlasts both faults, and no more (each step costs the other
+    # tests CPU): the first comes at the first checkpoint past step 500 (about 2,000-3,000 steps in;
+    # the DAG checkpoints every 5 s), the second as soon as the replacement runs, a few hundred steps on;
+    # a frozen ps stops the training until its replacement restores the newest checkpoint.
+    steps = 8000
     env = plane_env(directory)
     core = client.CoreV1Api(config.new_client_from_config(config_file=env["KUBECONFIG"]))
     runs = Path(env["AIRFLOW_TF_KUBE_STORAGE"]) / "runs"
@@ -193,6 +194,7 @@ def _faults_during(dag_run: _ScheduledRun, core, runs: Path, steps: int) -> None
             _progress(runs)), 240, "a checkpoint of the training")
         pid = int(ps.status.container_statuses[0].container_id.rsplit("/", 1)[-1])
         at = step()
+        assert at < steps - 1000, f"the training ran to step {at} of {steps} before the {fault.name}: raise steps"
         os.kill(pid, fault)
         faulted = time.monotonic()
         replaced.append(ps.metadata.name)
