@@ -26,22 +26,24 @@ from pathlib import Path
 from airflow.sdk import DAG, task
 from airflow_tf.operators import PrepareTFRecordsOperator
 
-for dag_id, source, text in (("prepare_ok", {good!r}, ""), ("prepare_bad", {bad!r}, ""),
-                             ("prepare_text", {mixed!r}, "code")):
-    with DAG(dag_id, schedule=None, start_date=datetime(2024, 1, 1), catchup=False,
-             params={{"name": "templated", "fraction": 0.25, "text": text}}) as dag:
-        prepare = PrepareTFRecordsOperator(
-            task_id="prepare", input=source, output={output!r}, name="{{{{ params.name }}}}", label="y",
-            eval_fraction="{{{{ params.fraction }}}}", shards="3", progress_every=0,
-            string_columns="{{{{ params.text }}}}",
+
+@task
+def record(summary, path):
+    Path(path).write_text(json.dumps(summary))
+
+
+# Three prepares in one run (each ``dags test`` costs seconds of CPU): a good input, a ragged one
+# that fails alone, and text read as text, committed after the good one as the next version.
+with DAG("prepare_dags", schedule=None, start_date=datetime(2024, 1, 1), catchup=False,
+         params={{"name": "templated", "fraction": 0.25, "text": "code"}}) as dag:
+    prepares = {{}}
+    for case, source, text in (("ok", {good!r}, ""), ("bad", {bad!r}, ""), ("text", {mixed!r}, "{{{{ params.text }}}}")):
+        prepares[case] = PrepareTFRecordsOperator(
+            task_id=f"prepare_{{case}}", input=source, output={output!r}, name="{{{{ params.name }}}}", label="y",
+            eval_fraction="{{{{ params.fraction }}}}", shards="3", progress_every=0, string_columns=text,
         )
-
-        @task
-        def record(summary):
-            Path({result!r}).write_text(json.dumps(summary))
-
-        record(prepare.output)
-    globals()[dag_id] = dag
+        record.override(task_id=f"record_{{case}}")(prepares[case].output, f"{results}/{{case}}.json")
+    prepares["ok"] >> prepares["text"]
 '''
 
 
@@ -52,17 +54,18 @@ def test_operator_runs_in_airflow_with_templates_progress_and_xcom(tmp_path):
     bad.write_text("x,y\n1,2\n3\n")
     mixed = tmp_path / "raw" / "mixed.csv"  # a code column of numbers, with letters deep down
     mixed.write_text("code,y\n" + "".join(f"{'A7' if i == 1500 else i},{i % 2}\n" for i in range(2000)))
-    output, result = tmp_path / "datasets", tmp_path / "xcom.json"
+    output, results = tmp_path / "datasets", tmp_path / "xcom"
+    results.mkdir()
     dags = tmp_path / "dags"
     dags.mkdir()
     (dags / "prepare_dags.py").write_text(textwrap.dedent(DAG_FILE.format(
-        good=str(good), bad=str(bad), mixed=str(mixed), output=str(output), result=str(result))))
+        good=str(good), bad=str(bad), mixed=str(mixed), output=str(output), results=str(results))))
     env = airflow_env(tmp_path, dags)
     init_airflow(env)
 
-    run = dags_test(env, "prepare_ok")
-    assert "state=success" in run.stdout, run.stdout[-4000:]
-    summary = json.loads(result.read_text())  # the XCom as the downstream task received it
+    run = dags_test(env, "prepare_dags")
+    assert "state=failed" in run.stdout, "the ragged input fails its task, and so the run"
+    summary = json.loads((results / "ok.json").read_text())  # the XCom as the downstream task received it
     uri = summary["dataset_uri"]
     assert uri == str((output / "templated" / "1").resolve())
     # A row's split is a hash of (file, row, seed): about eval_fraction (0.25) of the rows.
@@ -75,17 +78,15 @@ def test_operator_runs_in_airflow_with_templates_progress_and_xcom(tmp_path):
     assert load_schema(uri).label_name == "y" and count_examples(uri, "eval") == counts["eval"]
     assert "prepare write: 20000/20000 rows (100.0%)" in run.stdout and "rows/s" in run.stdout
 
-    failed = dags_test(env, "prepare_bad")
-    assert "state=failed" in failed.stdout
-    assert f"{bad} line 3: expected 2 fields (the header's), found 1" in failed.stdout
-    assert not (output / "templated" / "2").exists()
+    assert f"{bad} line 3: expected 2 fields (the header's), found 1" in run.stdout
+    assert not (results / "bad.json").exists(), "nothing downstream of the failed prepare ran"
 
-    # string_columns (templated) reads the code column as text: committed as the next version.
-    text = dags_test(env, "prepare_text")
-    assert "state=success" in text.stdout, text.stdout[-4000:]
-    summary = json.loads(result.read_text())
+    # string_columns (templated) reads the code column as text: committed as the next version,
+    # the failed prepare having taken none.
+    summary = json.loads((results / "text.json").read_text())
     assert summary["dataset_uri"] == str((output / "templated" / "2").resolve())
     assert summary["schema"]["features"][0] == {"name": "code", "dtype": "string", "shape": []}
+    assert sorted(path.name for path in (output / "templated").iterdir() if path.name.isdigit()) == ["1", "2"]
 
 
 def test_the_partition_key_goes_on_the_airflow_asset_event_or_a_log_line_says_why_not():
