@@ -35,10 +35,10 @@ SECRETS = {
 }
 
 
-def linear_group(name: str, dataset: str, run_dir: Path, steps: int, **options) -> GroupSpec:
+def linear_group(name: str, dataset: str, run_dir: Path, steps: int, workers: int = 2, **options) -> GroupSpec:
     config = TrainingConfig(dataset=dataset, run_dir=str(run_dir), steps=steps, batch_size=32, learning_rate=0.05,
                             checkpoint_every_secs=0.5, log_every_secs=0.3)
-    return GroupSpec.for_training(name, config, ps=1, workers=2, **options)
+    return GroupSpec.for_training(name, config, ps=1, workers=workers, **options)
 
 
 def training(backend, ref, index: int) -> bool:
@@ -151,14 +151,15 @@ def test_a_sigstopped_worker_is_restarted_and_training_completes(local_state_dir
 def test_a_stuck_chief_fails_the_group_by_name_once_the_budget_is_spent(local_state_dir, linear_dataset, tmp_path,
                                                                          group_processes, wait_until):
     backend = LocalBackend()
-    ref = backend.launch(linear_group("stuck", linear_dataset, tmp_path / "run", steps=1_000_000,
-                                      progress_timeout=30, backoff_limit=0, health_timeout=None))
+    # The chief alone: a second worker would only burn CPU training on while the bound runs out.
+    ref = backend.launch(linear_group("stuck", linear_dataset, tmp_path / "run", steps=1_000_000, workers=1,
+                                      progress_timeout=15, backoff_limit=0, health_timeout=None))
     try:
         wait_until(lambda: backend.status(ref).progress, 600, what="the chief's first progress report")
         os.kill(backend.processes(ref)["stuck-worker-0"], signal.SIGSTOP)  # alive, but no step ever ends
         outcome, _ = wait_for_group(backend, ref, timeout=600)
         assert not outcome.succeeded and outcome.failed_task.name == "stuck-worker-0"
-        assert "no progress for 30 s" in outcome.reason and "backoff limit of 0" in outcome.reason
+        assert "no progress for 15 s" in outcome.reason and "backoff limit of 0" in outcome.reason
         wait_until(lambda: not group_processes(local_state_dir), 60, what="the rest of the group to stop by itself")
     finally:
         backend.teardown(ref)
