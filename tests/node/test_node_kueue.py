@@ -96,7 +96,10 @@ def test_a_preempted_group_resumes_from_its_checkpoint_to_its_final_step(tmp_pat
                 return GroupSpec.for_training(name, training, ps=1, workers=2, role_options={
                     role: {"resources": TASK, "kubernetes": kube} for role in ("ps", "worker")})
 
-            low_spec = spec("tf-low", priorities["low"], 12000)
+            # Preempted with its newest checkpoint near step 1,750 here alone; the steps after its
+            # readmission only cost the other tests CPU.
+            low_steps = 6000
+            low_spec = spec("tf-low", priorities["low"], low_steps)
             low = backend.launch(low_spec)
             low_run = Path(low_spec.training.run_dir)
             wait_for(lambda: _checkpoint_step(low_run) > 500, 240, "a checkpoint of tf-low past step 500")
@@ -110,6 +113,8 @@ def test_a_preempted_group_resumes_from_its_checkpoint_to_its_final_step(tmp_pat
             # Its pods stop (the workers within their 30 s grace); then its status says why it waits.
             wait_for(preempted, 180, "tf-low's status to say Kueue preempted it", interval=1.0)
             at_preemption = _checkpoint_step(low_run)
+            assert at_preemption < low_steps - 1000, f"tf-low reached step {at_preemption} before its preemption"
+            print(f"tf-low preempted with its newest checkpoint at step {at_preemption}")
             outcome, _ = wait_for_group(backend, high, timeout=300, interval=2.0)
             assert outcome.succeeded, outcome.reason
             backend.teardown(high)
@@ -120,8 +125,8 @@ def test_a_preempted_group_resumes_from_its_checkpoint_to_its_final_step(tmp_pat
             chief_log = backend.logs(low, "worker", 0)
             resumed = [int(step) for step in re.findall(r"session ready global_step=(\d+)", chief_log)]
             assert resumed and resumed[0] >= at_preemption > 500, chief_log[-3000:]
-            assert status.progress["global_step"] >= 12000, status.progress
-            assert _checkpoint_step(low_run) >= 12000
+            assert status.progress["global_step"] >= low_steps, status.progress
+            assert _checkpoint_step(low_run) >= low_steps
             backend.teardown(low)
         finally:
             down(directory)
