@@ -61,9 +61,6 @@ def export_saved_model(  # noqa: PLR0917  public signature: callers pass these p
     does and through ``tf.saved_model.load``, and both must answer as the checkpoint's model.
     ``warmup_requests``: write ``assets.extra/tf_serving_warmup_requests`` (eval rows the model
     server replays before serving). Returns ``{"path", "version", "model_name", ...}``."""
-    from airflow_tf.data import load_schema
-    from airflow_tf.runtime import models
-
     run_path = local_path(run_dir, "run_dir")
     config = training_config(config)
     given: Mapping[str, Any] | None
@@ -82,6 +79,10 @@ def export_saved_model(  # noqa: PLR0917  public signature: callers pass these p
         refuse_non_finite(evaluation.get("metrics") or {}, f"run {run_path}")
     except EvaluationError as exc:
         raise ExportError(f"{exc}; nothing was exported (force does not override this)") from None
+
+    # TensorFlow loads only now: a refusal above takes a fraction of a second, not seconds.
+    from airflow_tf.data import load_schema
+    from airflow_tf.runtime import models
 
     checkpoint = models.resolve_checkpoint(checkpoint or evaluation.get("checkpoint") or run_path)
     schema = load_schema(dataset_uri)
