@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         parser.error("making a control group needs root")
     group, usage = make_group(f"airflow-tf-cpu-per-test-{os.getpid()}")
-    home = (CGROUP_ROOT / "cgroup.procs") if usage.name == "cpu.stat" else (CGROUP_ROOT / "cpuacct" / "cgroup.procs")
+    home = group.parent / "cgroup.procs"  # where this process goes back to
     with tempfile.NamedTemporaryFile(prefix="cpu-per-test-", suffix=".jsonl", delete=False) as scratch:
         records_file = Path(scratch.name)
     try:

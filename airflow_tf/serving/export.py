@@ -80,7 +80,10 @@ def export_saved_model(  # noqa: PLR0917  public signature: callers pass these p
     except EvaluationError as exc:
         raise ExportError(f"{exc}; nothing was exported (force does not override this)") from None
 
-    # TensorFlow loads only now: a refusal above takes a fraction of a second, not seconds.
+    # TensorFlow loads (lean) only now: a refusal above takes a fraction of a second, not seconds.
+    from airflow_tf.runtime.startup import import_tensorflow
+
+    import_tensorflow()
     from airflow_tf.data import load_schema
     from airflow_tf.runtime import models
 

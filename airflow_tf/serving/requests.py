@@ -31,8 +31,8 @@ def check_request(data: Any) -> dict[str, Any]:
 
 
 def _serving():
-    """``airflow_tf.serving``, with TensorFlow loaded lean first (the start of an evaluation or an
-    export is often its process's first use of TensorFlow)."""
+    """``airflow_tf.serving``, with TensorFlow loaded lean first (the start of an evaluation is
+    often its process's first use of TensorFlow; an export loads it once it knows it exports)."""
     from airflow_tf import serving
     from airflow_tf.runtime.startup import import_tensorflow
 
@@ -58,8 +58,9 @@ def evaluate(request: Mapping[str, Any]) -> dict[str, Any]:
 def export(request: Mapping[str, Any]) -> dict[str, Any]:
     """Exports the run's checkpoint as the next version of ``model_name``; returns the
     ExportResult dict. An unblessed model (by ``metrics``) raises NotBlessedError unless ``force``."""
+    from airflow_tf import serving  # which loads TensorFlow once the model is known to be exported
+
     request = check_request(request)
-    serving = _serving()
     if not request.get("model_name") or not request.get("serving_base"):
         raise ValueError("export needs model_name and serving_base")
     return serving.export_saved_model(request["run_dir"], request["dataset"], request["training"],

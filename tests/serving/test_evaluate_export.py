@@ -113,16 +113,22 @@ def test_an_unblessed_model_is_not_exported_and_nothing_is_written(run, linear_d
     # without metrics, the run's metrics.json decides
     with pytest.raises(NotBlessedError, match="not blessed"):
         export_saved_model(run_dir, linear_dataset, config, serving_base, "linear")
-    # ... and says so at once: a fresh process refuses without loading TensorFlow.
+    # ... and says so at once: a fresh process refuses without loading TensorFlow, called
+    # directly or through the request the command line, the operators and the pods send.
     refused = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
         import sys
-        from airflow_tf.serving import NotBlessedError, export_saved_model
-        try:
-            export_saved_model({str(run_dir)!r}, {linear_dataset!r}, {config.to_dict()!r}, {str(serving_base)!r}, "linear")
-        except NotBlessedError:
-            print("tensorflow" in sys.modules)
+        from airflow_tf.serving import NotBlessedError, export_saved_model, requests
+        for export in (lambda: export_saved_model({str(run_dir)!r}, {linear_dataset!r}, {config.to_dict()!r},
+                                                  {str(serving_base)!r}, "linear"),
+                       lambda: requests.export({{"run_dir": {str(run_dir)!r}, "dataset": {linear_dataset!r},
+                                                "training": {config.to_dict()!r}, "model_name": "linear",
+                                                "serving_base": {str(serving_base)!r}}})):
+            try:
+                export()
+            except NotBlessedError:
+                print("tensorflow" in sys.modules)
         """)], capture_output=True, text=True, timeout=120)
-    assert refused.stdout.strip() == "False", refused.stderr[-2000:]
+    assert refused.stdout.split() == ["False", "False"], refused.stderr[-2000:]
     (run_dir / "metrics.json").unlink()
     with pytest.raises(NotBlessedError, match="was not evaluated"):
         export_saved_model(run_dir, linear_dataset, config, serving_base, "linear")
