@@ -10,6 +10,7 @@ its requests are read back from the API server's audit log."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import socket
 import threading
@@ -21,6 +22,7 @@ from .plane import ROLE_FILE, wait_for
 
 from airflow_tf.backends import BackendError, backend_for, get_backend
 from airflow_tf.backends.kubernetes.jobs import render_group
+from airflow_tf.backends.kubernetes.status import assess
 from airflow_tf.backends.kubernetes.labels import GROUP_LABEL, ROLE_LABEL
 from airflow_tf.cluster import GroupSpec, Phase, TrainingConfig, group_outcome, group_name
 from airflow_tf.cluster.progress import format_progress
@@ -383,6 +385,29 @@ def test_a_user_error_fails_the_group_at_once_with_its_reason(kube, kubelet, bac
     wait_for(lambda: not [p for p in kube.objects("pods", f"{ROLE_LABEL}=worker") if p["status"]["phase"] == "Running"],
              30, "Kubernetes to stop the other worker")
     assert backend.logs(ref, "worker", 1) == log_text, "through the API server, from the node's kubelet"
+
+
+def test_a_worker_stopped_because_its_job_failed_is_not_named_as_the_failure():
+    """The Job controller deletes the running pods of a Job that failed; for a moment the stopped
+    worker shows as failed by SIGTERM. The task that failed first is still the one named."""
+    jobs = [o for o in render_group(make_spec(backoff_limit=5), "ml") if o["kind"] == "Job"]
+    worker_job = next(j for j in jobs if j["metadata"]["name"] == "tf-mnist-worker")
+    worker_job["status"] = {"conditions": [{
+        "type": "Failed", "status": "True", "reason": "PodFailurePolicy",
+        "message": "Container worker for pod ml/tf-mnist-worker-1-b failed with exit code 2 matching FailJob rule"}]}
+
+    def worker_pod(index, exit_code, **meta):
+        return {"metadata": {"name": f"tf-mnist-worker-{index}-b", "creationTimestamp": "2026-11-26T09:59:00Z",
+                             "labels": {GROUP_LABEL: "tf-mnist", ROLE_LABEL: "worker",
+                                        "batch.kubernetes.io/job-completion-index": str(index)}, **meta},
+                "status": {"phase": "Failed", "containerStatuses": [
+                    {"name": "worker", "state": {"terminated": {"exitCode": exit_code}}}]}}
+
+    pods = [worker_pod(0, 143, deletionTimestamp="2026-11-26T10:00:01Z"), worker_pod(1, 2)]
+    status = assess("tf-mnist", jobs, pods, dt.datetime(2026, 11, 26, 10, 0, 2, tzinfo=dt.UTC))
+    outcome = group_outcome(status)
+    assert outcome.failed_task.name == "tf-mnist-worker-1" and "exit code 2" in outcome.reason
+    assert status.task("worker", 0).reason.startswith("stopped by Kubernetes: a program error, not retried")
 
 
 @pytest.mark.slow  # the Job controller's 10 s backoff before it replaces a failed pod
