@@ -3,9 +3,13 @@
 import os
 import sys
 
-from .main import main
+from .main import main, remove_own_temporary_directory, use_own_temporary_directory
 
-code = main()
+use_own_temporary_directory()
+try:
+    code = main()
+finally:
+    remove_own_temporary_directory()
 sys.stdout.flush()
 sys.stderr.flush()
 # Everything the task writes (checkpoints, events, progress.json, its log) is closed by now;

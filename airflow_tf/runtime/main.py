@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import traceback
 
@@ -67,6 +69,23 @@ def run(config: TrainingConfig, task: Task) -> int:
     return log_exit(train(config, task, server, schema))
 
 
+_temporary_directory: str | None = None
+
+
+def use_own_temporary_directory() -> None:
+    """Point the task's temporary files into a directory of its own. TensorFlow's autograph
+    writes each function it converts to a file there and removes it at the interpreter's exit,
+    which a task skips (``os._exit``) or never reaches (a ps is stopped by a signal)."""
+    global _temporary_directory
+    _temporary_directory = tempfile.mkdtemp(prefix="airflow-tf-task-")
+    tempfile.tempdir = os.environ["TMPDIR"] = _temporary_directory
+
+
+def remove_own_temporary_directory() -> None:
+    if _temporary_directory is not None:
+        shutil.rmtree(_temporary_directory, ignore_errors=True)
+
+
 def log_exit_on_signal(task: Task) -> None:
     """On SIGTERM/SIGINT, log the exit line, then die of the signal as before: the exit status
     still says "killed by SIGTERM", so a restart policy treats it as the interruption it is."""
@@ -74,6 +93,7 @@ def log_exit_on_signal(task: Task) -> None:
     def handler(signum: int, frame) -> None:
         log(f"airflow-tf task exit role={task.type} index={task.index} status=stopped "
             f"signal={signal.Signals(signum).name}")
+        remove_own_temporary_directory()
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 

@@ -97,9 +97,11 @@ def airflow_tf_run(*args: str, **popen) -> subprocess.Popen:
 
 
 def test_run_trains_and_leaves_nothing_behind(local_state_dir, linear_dataset, tmp_path, group_processes):
-    run_dir = tmp_path / "run"
+    run_dir, temporary = tmp_path / "run", tmp_path / "tmp"
+    temporary.mkdir()
     cli = airflow_tf_run("--dataset", linear_dataset, "--ps", "1", "--workers", "2", "--steps", "400",
-                         "--learning-rate", "0.05", "--run-dir", str(run_dir), "--name", "cli-ok")
+                         "--learning-rate", "0.05", "--run-dir", str(run_dir), "--name", "cli-ok",
+                         env={**os.environ, "TMPDIR": str(temporary)})
     out, err = cli.communicate(timeout=180)
     assert cli.returncode == 0, err
     summary = json.loads(out)
@@ -118,6 +120,8 @@ def test_run_trains_and_leaves_nothing_behind(local_state_dir, linear_dataset, t
         assert f"intra_op_threads={max(1, usable_cpus() // 2)} " in started, started[-2000:]
     assert not group_processes(local_state_dir)
     assert os.listdir(local_state_dir) == [], "the finished group is deleted"
+    # TensorFlow's temporary files (autograph's converted functions) went with the tasks.
+    assert os.listdir(temporary) == []
 
 
 def test_run_reports_the_failed_task_with_its_last_log_lines(local_state_dir, linear_dataset, tmp_path,
