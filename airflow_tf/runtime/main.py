@@ -69,21 +69,21 @@ def run(config: TrainingConfig, task: Task) -> int:
     return log_exit(train(config, task, server, schema))
 
 
-_temporary_directory: str | None = None
+_own_temporary_directory: list[str] = []
 
 
 def use_own_temporary_directory() -> None:
     """Point the task's temporary files into a directory of its own. TensorFlow's autograph
     writes each function it converts to a file there and removes it at the interpreter's exit,
     which a task skips (``os._exit``) or never reaches (a ps is stopped by a signal)."""
-    global _temporary_directory
-    _temporary_directory = tempfile.mkdtemp(prefix="airflow-tf-task-")
-    tempfile.tempdir = os.environ["TMPDIR"] = _temporary_directory
+    directory = tempfile.mkdtemp(prefix="airflow-tf-task-")
+    _own_temporary_directory.append(directory)
+    tempfile.tempdir = os.environ["TMPDIR"] = directory
 
 
 def remove_own_temporary_directory() -> None:
-    if _temporary_directory is not None:
-        shutil.rmtree(_temporary_directory, ignore_errors=True)
+    for directory in _own_temporary_directory:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def log_exit_on_signal(task: Task) -> None:
