@@ -11,7 +11,10 @@ Contenders, alternated ``--rounds`` times:
   ``in_memory_input_bytes=0`` (one ``session.run`` per step, the TFRecord pipeline);
 - **group**: the group with its defaults (several steps per call, the share in memory);
 - **group-intra1**: the same with one thread per op in each task (the default before threads
-  followed the role: now a lone worker on 2 cores runs 2).
+  followed the role: now a lone worker on 2 cores runs 2);
+- **group@COMMIT** (with ``--baseline COMMIT``): the group with its defaults as an earlier commit
+  runs it, from a temporary worktree of that commit (``history.py``), to measure a change in
+  the same run as the code before it.
 
 A group's rate is the median of its chief's progress windows (``log_every_secs=1``), the first
 two left out. Prints each round, then per contender the median and the spread (min-max) of the
@@ -19,7 +22,8 @@ rates, the final losses (Keras: its last epoch's mean; a group: its last progres
 and each group's median rate over Keras's, and its rate over Keras's round by round. Each
 group's run also shows the time from its chief's last progress line to its exit line.
 
-Usage: ``.venv/bin/python bench/bench_keras_fit.py [--rounds 3] [--steps 1200] [--only keras,group] [--workdir DIR]``
+Usage: ``.venv/bin/python bench/bench_keras_fit.py [--rounds 3] [--steps 1200] [--only keras,group]
+[--baseline COMMIT] [--workdir DIR]``
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
+import history
 from bench_group import mlp_dataset
 from bench_modes import progress_lines, stamp_of
 
@@ -105,6 +111,18 @@ def group(backend: LocalBackend, dataset: str, run_dir: Path, steps: int, **opti
             "exit_secs": stamp_of(exit_line) - lines[-1][0]}
 
 
+def group_of_commit(tree: Path, dataset: str, run_dir: Path, steps: int) -> dict:
+    """:func:`group` with its defaults, run by a child that imports airflow_tf from ``tree`` (its
+    tasks inherit the ``PYTHONPATH`` that puts the tree first)."""
+    child = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child-group", json.dumps([dataset, str(run_dir), steps])],
+                           cwd=tree, env=history.environment(tree), capture_output=True, text=True)
+    if child.returncode:
+        raise RuntimeError(f"the baseline's group failed:\n{child.stderr[-3000:]}")
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    history.check_imported_from(tree, result.pop("imported_from"))
+    return result
+
+
 CONTENDERS = {
     "keras": None,
     "group-1-step-streaming": {"steps_per_call": 1, "in_memory_input_bytes": 0},
@@ -120,19 +138,38 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1200, help="training steps of every contender")
     parser.add_argument("--window", type=float, default=1.0, help="seconds per Keras rate window")
     parser.add_argument("--only", default=None, help="comma-separated contenders to run (default: all)")
+    parser.add_argument("--baseline", metavar="COMMIT", default=None,
+                        help="also run the group as COMMIT runs it (contender group@COMMIT)")
+    parser.add_argument("--child-group", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child_group:  # the baseline's group, in its commit's tree
+        dataset, run_dir, steps = json.loads(args.child_group)
+        result = group(LocalBackend(Path(run_dir).parent / "groups"), dataset, Path(run_dir), steps)
+        print(json.dumps({**result, "imported_from": history.imported_from()}))
+        return
+    with history.checkout(args.baseline) if args.baseline else nullcontext() as tree:
+        compare(args, tree)
+
+
+def compare(args: argparse.Namespace, tree: Path | None) -> None:
     root = Path(args.workdir or tempfile.mkdtemp(prefix="bench-keras-fit-"))
     root.mkdir(parents=True, exist_ok=True)
     backend = LocalBackend(root / "groups")
     print(f"workdir {root}; {os.cpu_count()} CPU(s); load average {os.getloadavg()[0]:.1f}", flush=True)
     dataset = mlp_dataset(root)
     contenders = {k: v for k, v in CONTENDERS.items() if not args.only or k in args.only.split(",")}
+    baseline = f"group@{args.baseline}" if tree is not None else None
+    if baseline:
+        contenders[baseline] = {}
     measured: dict[str, list[dict]] = {name: [] for name in contenders}
     for round_ in range(args.rounds):
         for i, (name, options) in enumerate(contenders.items()):
             started = time.monotonic()
             if options is None:
                 m = keras_fit(root / "mlp.npz", args.steps, args.window)
+            elif name == baseline:
+                assert tree is not None
+                m = group_of_commit(tree, dataset, root / f"run-{round_}-{i}", args.steps)
             else:
                 m = group(backend, dataset, root / f"run-{round_}-{i}", args.steps, **options)
             measured[name].append(m)
