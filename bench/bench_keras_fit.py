@@ -17,10 +17,11 @@ Contenders, alternated ``--rounds`` times:
   the same run as the code before it.
 
 A group's rate is the median of its chief's progress windows (``log_every_secs=1``), the first
-two left out. Prints each round, then per contender the median and the spread (min-max) of the
-rates, the final losses (Keras: its last epoch's mean; a group: its last progress window's),
-and each group's median rate over Keras's, and its rate over Keras's round by round. Each
-group's run also shows the time from its chief's last progress line to its exit line.
+two left out. Prints each round (with its slowest and fastest window), then per contender the
+median and the spread (min-max) of the rates, the final losses (Keras: its last epoch's mean; a
+group: its last progress window's), and each group's median rate over Keras's, and its rate over
+Keras's round by round. Each group's run also shows the time from its chief's last progress
+line to its exit line.
 
 Usage: ``.venv/bin/python bench/bench_keras_fit.py [--rounds 3] [--steps 1200] [--only keras,group]
 [--baseline COMMIT] [--workdir DIR]``
@@ -88,7 +89,13 @@ def keras_fit(npz: Path, steps: int, window: float) -> dict:
                           str(window)], capture_output=True, text=True, check=True,
                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    return {"rate": statistics.median(result["rates"]), "loss": result["loss"], "steps": result["steps"]}
+    return {"rate": statistics.median(result["rates"]), "windows": window_range(result["rates"]),
+            "loss": result["loss"], "steps": result["steps"]}
+
+
+def window_range(rates: list[float]) -> str:
+    """The slowest and the fastest window of one run, in thousands of examples/s."""
+    return f"{min(rates) / 1000:.0f}k-{max(rates) / 1000:.0f}k"
 
 
 def group(backend: LocalBackend, dataset: str, run_dir: Path, steps: int, **options) -> dict:
@@ -107,7 +114,8 @@ def group(backend: LocalBackend, dataset: str, run_dir: Path, steps: int, **opti
     _, lines = progress_lines(text)
     rates = [progress["examples_per_sec"] for _, progress in lines[2:-1]]  # the final report spans the exit
     (exit_line,) = [line for line in text.splitlines() if "airflow-tf task exit" in line]
-    return {"rate": statistics.median(rates), "loss": lines[-1][1]["loss"], "steps": lines[-1][1]["global_step"],
+    return {"rate": statistics.median(rates), "windows": window_range(rates), "loss": lines[-1][1]["loss"],
+            "steps": lines[-1][1]["global_step"],
             "exit_secs": stamp_of(exit_line) - lines[-1][0]}
 
 
@@ -174,7 +182,8 @@ def compare(args: argparse.Namespace, tree: Path | None) -> None:
                 m = group(backend, dataset, root / f"run-{round_}-{i}", args.steps, **options)
             measured[name].append(m)
             exit_secs = f", last progress line -> exit line {m['exit_secs']:.2f} s" if "exit_secs" in m else ""
-            print(f"round {round_ + 1} {name:24s} {m['rate']:8.0f} examples/s  final loss {m['loss']:.4f}  "
+            print(f"round {round_ + 1} {name:24s} {m['rate']:8.0f} examples/s (windows {m['windows']})  "
+                  f"final loss {m['loss']:.4f}  "
                   f"({m['steps']} steps, {time.monotonic() - started:.0f} s{exit_secs})", flush=True)
     print(f"median (min-max) of {args.rounds} rounds:")
     keras_rate = statistics.median(m["rate"] for m in measured["keras"]) if "keras" in measured else None
