@@ -75,8 +75,13 @@ _own_temporary_directory: list[str] = []
 def use_own_temporary_directory() -> None:
     """Point the task's temporary files into a directory of its own. TensorFlow's autograph
     writes each function it converts to a file there and removes it at the interpreter's exit,
-    which a task skips (``os._exit``) or never reaches (a ps is stopped by a signal)."""
-    directory = tempfile.mkdtemp(prefix="airflow-tf-task-")
+    which a task skips (``os._exit``) or never reaches (a ps is stopped by a signal). With no
+    writable temporary directory at all (a read-only root filesystem), the task runs as it is:
+    a ps needs none."""
+    try:
+        directory = tempfile.mkdtemp(prefix="airflow-tf-task-")
+    except OSError:
+        return
     _own_temporary_directory.append(directory)
     tempfile.tempdir = os.environ["TMPDIR"] = directory
 

@@ -1,12 +1,21 @@
 """A process of ours loads TensorFlow without the packages Keras would import for utilities no
-task, evaluation or export calls; a user's model can still import them."""
+task, evaluation or export calls; a user's model can still import them. A task starts where no
+temporary directory is writable."""
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
+import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
+
+from airflow_tf.backends.local_processes import free_ports
 
 
 @pytest.mark.parametrize("keras, loaded", [(False, []), (True, ["keras"])])
@@ -35,3 +44,33 @@ def test_a_task_that_only_serves_starts_tensorflows_server_without_its_python_ap
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:3] == ["[]", "True", "3 True"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only /tmp in a mount namespace needs root")
+def test_a_ps_starts_and_stops_where_no_temporary_directory_is_writable(tmp_path):
+    # A task keeps its temporary files in a directory of its own; on a read-only root filesystem
+    # (no writable /tmp, /var/tmp or working directory) it starts without one: a ps needs none.
+    port, other = free_ports(2)
+    tf_config = json.dumps({"cluster": {"ps": [f"127.0.0.1:{port}"], "worker": [f"127.0.0.1:{other}"]},
+                            "task": {"type": "ps", "index": 0}})
+    runtime = shlex.join([sys.executable, "-m", "airflow_tf.runtime", "--dataset", str(tmp_path / "data"),
+                          "--run-dir", str(tmp_path / "run"), "--steps", "10"])
+    script = ("mount -t tmpfs -o ro none /tmp && mount -t tmpfs -o ro none /var/tmp && cd /tmp && "
+              f"exec env -u TMPDIR TF_CONFIG={shlex.quote(tf_config)} {runtime}")
+    ps = subprocess.Popen(["unshare", "--mount", "sh", "-c", script], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not _listening(port):
+            assert ps.poll() is None and time.monotonic() < deadline, ps.communicate(timeout=10)[0][-3000:]
+            time.sleep(0.2)
+    finally:
+        ps.send_signal(signal.SIGTERM)
+        output = ps.communicate(timeout=60)[0]
+    assert ps.returncode == -signal.SIGTERM, output[-3000:]
+    assert "airflow-tf task exit role=ps index=0 status=stopped signal=SIGTERM" in output, output[-3000:]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0

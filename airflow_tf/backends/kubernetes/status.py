@@ -300,26 +300,29 @@ def _assess_task(group: str, role: str, index: int, job: _RoleJob, *, attempts: 
         return None, False
     task = _task_status(pod, now, scheduler_messages, name, restarts)
     _fail_after_oom(task, attempts.earlier((role, index)), now)
-    if task.phase is Phase.FAILED and job.failed and _deleted_by_its_job(pod, job):
-        task.reason = f"stopped by Kubernetes: {job.failure()}"
+    if _stopped_by_failed_job(task, pod, job):
+        task.phase, task.reason = Phase.FAILED, f"stopped by Kubernetes: {job.failure()}"
         return task, True
     if task.phase is Phase.FAILED and not task.reason and task.exit_code is not None:
         _judge_exit(task, job, pod)
     elif task.phase is Phase.FAILED and _disrupted(task) and not job.gave_up_on(index):
         task.phase = Phase.RESTARTING  # a disruption: not counted, the pod is replaced
-    elif task.phase in (Phase.RUNNING, Phase.PENDING) and job.failed:
-        task.phase, task.reason = Phase.FAILED, f"stopped by Kubernetes: {job.failure()}"
-        return task, True
     elif restarts and not task.reason and task.phase in (Phase.RUNNING, Phase.PENDING):
         task.reason = _replaced(attempts.earlier((role, index))[-1], job, now)
     return task, False
 
 
-def _deleted_by_its_job(pod: dict, job: _RoleJob) -> bool:
-    """A pod the Job controller deleted when the Job failed: it was still running, and its exit
-    (SIGTERM's, once the kubelet stops it) is the failure's consequence, not its cause. The Job
-    itself being deleted (a JobSet's cleanup, a teardown) deletes every pod, its cause too."""
-    return bool(_meta(pod).get("deletionTimestamp")) and not _meta(job.job).get("deletionTimestamp")
+def _stopped_by_failed_job(task: TaskStatus, pod: dict, job: _RoleJob) -> bool:
+    """Kubernetes stopped this task because its Job failed: it was still pending or running, or
+    the Job controller deleted its pod then (its exit, SIGTERM's once the kubelet stops it, is
+    the failure's consequence, not its cause). The Job itself being deleted (a JobSet's cleanup,
+    a teardown) deletes every pod, the cause's too."""
+    if not job.failed:
+        return False
+    if task.phase in (Phase.RUNNING, Phase.PENDING):
+        return True
+    return (task.phase is Phase.FAILED and bool(_meta(pod).get("deletionTimestamp"))
+            and not _meta(job.job).get("deletionTimestamp"))
 
 
 def _replaced(previous: dict, job: _RoleJob, now: dt.datetime) -> str:
