@@ -55,8 +55,9 @@ def test_a_ps_starts_and_stops_where_no_temporary_directory_is_writable(tmp_path
                             "task": {"type": "ps", "index": 0}})
     runtime = shlex.join([sys.executable, "-m", "airflow_tf.runtime", "--dataset", str(tmp_path / "data"),
                           "--run-dir", str(tmp_path / "run"), "--steps", "10"])
-    script = ("mount -t tmpfs -o ro none /tmp && mount -t tmpfs -o ro none /var/tmp && cd /tmp && "
-              f"exec env -u TMPDIR TF_CONFIG={shlex.quote(tf_config)} {runtime}")
+    # Read-only in place, not hidden: the checkout and its environment may live under /tmp.
+    script = (" && ".join(f"mount --bind {d} {d} && mount -o remount,bind,ro {d}" for d in ("/tmp", "/var/tmp"))
+              + f" && cd /tmp && exec env -u TMPDIR TF_CONFIG={shlex.quote(tf_config)} {runtime}")
     ps = subprocess.Popen(["unshare", "--mount", "sh", "-c", script], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     try:
