@@ -12,6 +12,10 @@ Variants (``--only``, comma-separated):
 - **matrix**: keras, its batch gathered as whole rows of one matrix and split into columns
   (what ``make_dataset(..., in_memory_bytes=...)`` does);
 - **matrix-chain8**: matrix, 8 steps chained in one ``session.run``;
+- **matrix-chain8-pushed**: matrix-chain8 with the variables on the worker, as a sole writer
+  could keep them: the chain updates them there and copies them to the ps once at its end (the
+  copy a checkpoint would be saved from), instead of each step reading them from the ps and
+  pushing its update there;
 - **matrix-intra2**: matrix, two threads per op;
 - **matrix-xla**: matrix, the worker's step under ``tf.xla.experimental.jit_scope``.
 
@@ -29,7 +33,8 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ["bare", "keras", "columns", "matrix", "matrix-chain8", "matrix-intra2", "matrix-xla"]
+VARIANTS = ["bare", "keras", "columns", "matrix", "matrix-chain8", "matrix-chain8-pushed", "matrix-intra2",
+            "matrix-xla"]
 ROWS, COLUMNS, BATCH = 40_000, 64, 1024
 
 
@@ -88,11 +93,18 @@ def child(variant: str, steps: int) -> None:
     ports = free_port(), free_port()
     cluster = tf.train.ClusterSpec({"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"]})
     servers = [tf.distribute.Server(cluster, job_name=job, task_index=0) for job in ("ps", "worker")]
-    chain = 8 if variant.endswith("chain8") else 1
+    chain = 8 if "chain8" in variant else 1
+    pushed = variant.endswith("-pushed")
     with tf.Graph().as_default():
+        # "-pushed": the model's variables on the worker, their copies on the ps.
+        placement = "/job:worker/task:0" if pushed else tf.compat.v1.train.replica_device_setter(
+            cluster=cluster, worker_device="/job:worker/task:0")
+        with tf.compat.v1.device(placement):
+            forward, variables = _model(variant, tf, keras)
+        with tf.compat.v1.device("/job:ps/task:0"):
+            copies = [tf.Variable(tf.zeros(v.shape), name=f"copy{i}") for i, v in enumerate(variables)] if pushed else []
         with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
                 cluster=cluster, worker_device="/job:worker/task:0")):
-            forward, variables = _model(variant, tf, keras)
             optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.05)
             train_op = None
             for _ in range(chain):
@@ -103,6 +115,9 @@ def child(variant: str, steps: int) -> None:
                         loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, forward(features)))
                         gradients = optimizer.compute_gradients(loss, var_list=variables)
                     train_op = optimizer.apply_gradients(gradients)
+            if copies:
+                with tf.control_dependencies([train_op]):
+                    train_op = tf.group(*(c.assign(v) for c, v in zip(copies, variables, strict=True)))
         config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=2 if variant.endswith("intra2") else 1,
                                           inter_op_parallelism_threads=2)
         config.device_filters.extend(["/job:ps", "/job:worker/task:0"])

@@ -31,6 +31,10 @@ MODES = ("between_graph", "coordinator")
 ``coordinator``: one chief drives the group with ``ParameterServerStrategy`` (async only)."""
 ON_NAN = ("fail", "stop")
 """What a loss that becomes NaN/inf does: fail the run, or stop and keep the last finite checkpoint."""
+VARIABLE_PLACEMENTS = ("auto", "ps")
+"""``ps``: every step reads the variables from the ps and updates them there. ``auto``: a sole
+trainer keeps them and pushes them to copies on the ps after each call (coordinator mode, whose
+chief schedules steps on the workers, keeps them on the ps)."""
 
 
 def _option(default: Any = dataclasses.MISSING, doc: str = "", *, bounds: tuple[float, float] | None = None,
@@ -123,6 +127,12 @@ class TrainingConfig:
                                          "less fixed cost per step. None: chosen from the step time (several for "
                                          "quick steps, 1 for slow ones; 10 per scheduled function in coordinator "
                                          "mode). Sync mode runs 1", bounds=(1, 1000))
+    variable_placement: str = _option("auto", "where a trainer's variables live between its steps: ``ps`` (read "
+                                      "from the parameter servers, each step's update applied there) or ``auto`` "
+                                      "(the same, except that a sole trainer (one worker or chief, asynchronous, one "
+                                      "tower) keeps them and pushes them to their copies on the ps after each call; "
+                                      "checkpoints are saved from the copies). Embedding tables split over the ps "
+                                      "stay there", choices=VARIABLE_PLACEMENTS)
     summary_every_steps: int = _option(100, "TensorBoard summaries (loss, examples/s, learning rate) every N "
                                        "global steps, besides every ``log_every_secs``", bounds=(1, 10**9))
     code_dir: str | None = _option(None, "snapshot of the model's code (written by the launch into the run "

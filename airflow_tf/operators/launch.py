@@ -113,6 +113,7 @@ class LaunchTFClusterOperator(BaseOperator):
                  operation_timeout_secs: float | str = TrainingConfig.operation_timeout_secs,
                  in_memory_input_bytes: int | str = TrainingConfig.in_memory_input_bytes,
                  steps_per_call: int | str | None = TrainingConfig.steps_per_call,
+                 variable_placement: str = TrainingConfig.variable_placement,
                  intra_op_threads: int | str | None = TrainingConfig.intra_op_threads,
                  inter_op_threads: int | str = TrainingConfig.inter_op_threads, seed: int | str = TrainingConfig.seed,
                  min_shard_bytes: int | str = TrainingConfig.min_shard_bytes,
@@ -145,6 +146,7 @@ class LaunchTFClusterOperator(BaseOperator):
         self.operation_timeout_secs = operation_timeout_secs
         self.in_memory_input_bytes = in_memory_input_bytes
         self.steps_per_call = steps_per_call
+        self.variable_placement = variable_placement
         self.intra_op_threads = intra_op_threads
         self.inter_op_threads = inter_op_threads
         self.seed = seed

@@ -1,7 +1,8 @@
 """A trainer (the chief or a worker): between-graph replication in TF1-compat graph mode.
 
 Every trainer builds its own graph: the variables are placed on the ps tasks (round robin, by
-``replica_device_setter``), the input pipeline and the computation on this task. The chief
+``replica_device_setter``), the input pipeline and the computation on this task; a sole trainer
+keeps the variables and the ps their copies (see .kept_variables). The chief
 initialises the variables or restores them from the newest intact checkpoint in the run
 directory, checkpoints every ``checkpoint_every_secs`` seconds and at the end (never non-finite
 variables), and reports progress. A NaN/inf loss fails or stops the task (``on_nan``); a step
@@ -10,6 +11,7 @@ cancelled and the session recreated, as after a lost ps."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -22,6 +24,7 @@ from airflow_tf.data.errors import DataError
 from airflow_tf.data.reader import EMPTY_SHARE_REMEDY
 
 from .embeddings import ShardedTable, check_ps_memory, ps_table_budget, shard_embeddings, trainable_variables
+from .kept_variables import KeptVariables, PullHook, keeps_variables, on_task
 from .errors import TaskConfigError
 from .logs import log
 from .loop import (KEEP_CHECKPOINTS, NanPolicy, Progress, Start, placement, prepare_run_dir, restore_refused,
@@ -190,9 +193,12 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
         setter = tf.compat.v1.train.replica_device_setter(
             cluster=tf.train.ClusterSpec(task.cluster), worker_device=task.device
         )
+        keep = keeps_variables(config, trainers, len(devices))
         with tf.compat.v1.device(setter):
             global_step = tf.compat.v1.train.get_or_create_global_step()
-            model = build_model(config, schema)
+            # A sole trainer builds the model's variables (and so its optimizer's slots) on itself.
+            with tf.compat.v1.device(task.device) if keep else contextlib.nullcontext():
+                model = build_model(config, schema)
             on_rows = matrix_model(model, schema, config.model)
             dataset = make_dataset(
                 config.dataset, "train", config.batch_size, num_shards=trainers,
@@ -220,10 +226,14 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
             chain_length, fixed = _steps_per_call(config, len(devices))
             single = chain_steps(1, one_step, global_step)
             chain = chain_steps(chain_length, one_step, global_step) if chain_length > 1 else None
+            variables = checkpoint_variables(model, tables)
+            kept = KeptVariables({name: v for name, v in variables.items() if on_task(v, task.device)}) if keep else None
+            if kept is not None:
+                variables.update(kept.copies)
+                single, chain = kept.pushing(single), chain and kept.pushing(chain)
         nan_policy = NanPolicy(config.on_nan)
         # Saving and restoring run on this task, so only the chief needs the run directory.
         with tf.device(task.device):
-            variables = checkpoint_variables(model, tables)
             saver = FiniteSaver(variables, nan_policy, max_to_keep=KEEP_CHECKPOINTS, save_relative_paths=True)
             # Only the chief checks and restores; the session restores the run's own checkpoint.
             start = starting_point(config, model, resume_from) if task.is_chief else None
@@ -238,6 +248,7 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
         log(f"airflow-tf train role={task.type} index={task.index} chief={task.is_chief} "
             f"mode={'sync' if config.sync else 'async'} replicas_to_aggregate={aggregate} "
             f"trainers={trainers} shard={task.trainer_index}/{trainers} towers={len(devices)} target_step={target} "
+            f"variables={'kept (copies on the ps)' if kept is not None else 'on the ps'} "
             f"intra_op_threads={intra_op_threads(task, config)} input={'whole_rows' if fed_rows else 'by_feature'} "
             f"start={start or 'from the chief'}")
 
@@ -264,7 +275,7 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
             saver=tf.compat.v1.train.CheckpointSaverHook(config.run_dir, save_secs=config.checkpoint_every_secs,
                                                          saver=saver) if progress is not None else None,
             reporters=[progress] if progress is not None else [])
-        hooks = _hooks(task, bound, training, sync_optimizer)
+        hooks = ([PullHook(kept)] if kept is not None else []) + _hooks(task, bound, training, sync_optimizer)
 
         try:
             session = tf.compat.v1.train.MonitoredSession(
