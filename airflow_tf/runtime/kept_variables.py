@@ -56,7 +56,6 @@ class KeptVariables:
     that push to and pull from them."""
 
     def __init__(self, named: dict[str, tf.Variable]):
-        self.kept = named
         self.copies: dict[str, tf.Variable] = {}
         for name, variable in named.items():
             # Initialised like the variable (a fresh draw of its initializer): the first pull
