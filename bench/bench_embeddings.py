@@ -86,25 +86,6 @@ CHECKPOINT_EVERY_SECS = TrainingConfig.checkpoint_every_secs
 measured seconds (at least 15) hold at least one."""
 
 
-def group_pids(group: str) -> dict[str, int]:
-    """``{"ps-0": pid, ...}`` of the group's runtime processes (by the task name in their environment)."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                runtime = b"airflow_tf.runtime" in f.read()
-        except OSError:
-            continue
-        name = env.get(b"AIRFLOW_TF_TASK", b"").decode()
-        if runtime and name.startswith(group + "-"):
-            found[name[len(group) + 1:]] = int(entry)
-    return found
-
-
 def rss_mib(pid: int, field: str = "VmHWM") -> float:
     """The process's peak (``VmHWM``) or current (``VmRSS``) resident memory."""
     with open(f"/proc/{pid}/status") as f:
@@ -210,7 +191,8 @@ def train(backend: LocalBackend, dataset: str, run_dir: Path, rows: int, dim: in
         return None
 
     try:
-        return watch(name, seconds, new_reports, problem, lambda: group_pids(name))
+        return watch(name, seconds, new_reports, problem,
+                     lambda: {task[len(name) + 1:]: pid for task, pid in backend.processes(ref).items()})
     finally:
         backend.teardown(ref)
 

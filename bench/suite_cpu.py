@@ -29,7 +29,7 @@ KINDS = [  # (kind, pattern of the command line); the first match wins
     # The binary itself (a pod's storage folder may be named airflow-tf-node-storage-...).
     ("node agent", r"/airflow-tf-node(\s|$)"),
     ("health question", r"-m airflow_tf\.runtime\.health\b"),
-    ("tensorflow task", r"-m airflow_tf\.runtime(\s|$)"),
+    ("tensorflow task", r"-m airflow_tf\.runtime(\.forkserver)?(\s|$)"),
     ("export's load check", r"-m airflow_tf\.serving\.loading\b"),
     ("evaluate/export pod", r"-m airflow_tf\.serving(\s|$)"),
     ("postgres", r"^postgres|/postgres\b"),
@@ -75,6 +75,17 @@ def _command(args: list[str]) -> str:
     return " ".join(words)[:80]
 
 
+def _role(pid: str) -> str:
+    """A task's role: from its ``TF_CONFIG``, or for a task its group's fork server forked (whose
+    environment in ``/proc`` is the server's) from its name, ``worker-1``; the server itself is
+    ``fork server``."""
+    role = re.search(rb'"type":\s*"(\w+)"', _read(Path("/proc", pid, "environ")) or b"")
+    if role:
+        return role.group(1).decode()
+    name = (_read(Path("/proc", pid, "comm")) or b"").decode().strip()
+    return name.rsplit("-", 1)[0] if "-" in name else "fork server" if name else "?"
+
+
 def _kind(pid: str) -> tuple[str, str] | None:
     """The kind of process ``pid`` is, and its command in a few words."""
     cmdline = _read(Path("/proc", pid, "cmdline"))
@@ -85,8 +96,7 @@ def _kind(pid: str) -> tuple[str, str] | None:
     for kind, pattern in PATTERNS:
         if pattern.search(text):
             if kind == "tensorflow task":
-                role = re.search(rb'"type":\s*"(\w+)"', _read(Path("/proc", pid, "environ")) or b"")
-                return f"tensorflow task ({role.group(1).decode() if role else '?'})", command
+                return f"tensorflow task ({_role(pid)})", command
             return kind, command
     return "other: " + os.path.basename((text.split() or ["?"])[0])[:30], command
 

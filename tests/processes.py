@@ -36,8 +36,12 @@ def group_processes_of(state_dir: Path) -> list[int]:
 
 
 def task_pid(state_dir: Path, task: str) -> int:
-    """The pid of the group task named ``task`` (``name-ps-0``), which must be running."""
-    (pid,) = [pid for pid, env in _group_environments(state_dir).items() if env.get("AIRFLOW_TF_TASK") == task]
+    """The pid of the group task named ``task`` (``name-ps-0``), which must be running, as its
+    group's state file says (a forked trainer's ``/proc`` environment is its fork server's)."""
+    import json
+
+    (pid,) = [entry["pid"] for path in Path(state_dir).glob("*/state.json")
+              for name, entry in json.loads(path.read_text())["processes"].items() if name == task]
     return pid
 
 

@@ -7,11 +7,11 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 STOP_GRACE = 1.0
 """Seconds between SIGTERM and SIGKILL when stopping a task."""
@@ -21,6 +21,20 @@ PASSED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPD
               "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "KERAS_HOME", "KERAS_BACKEND")
 PASSED_ENV_PREFIXES = ("LC_", "TF_")
 """What every task gets from the launcher's environment: what TensorFlow and the runtime need."""
+
+
+class ChildProcess(Protocol):
+    """A task's process as the supervisor handles it: a :class:`subprocess.Popen`, or the handle
+    of a task its group's fork server forked."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
 
 
 def process_start_time(pid: int) -> int | None:
@@ -115,7 +129,7 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def kill_group(proc: subprocess.Popen, signum: int) -> None:
+def kill_group(proc: ChildProcess, signum: int) -> None:
     """Signal the task and anything it started (each task leads its own process group)."""
     try:
         os.killpg(proc.pid, signum)

@@ -8,6 +8,10 @@ progress, writes the state file atomically, and stops tasks on teardown requests
 
 No orphans: every task is started with ``PR_SET_PDEATHSIG = SIGKILL`` from this (single-
 threaded) process, so if the supervisor dies, even by SIGKILL, the kernel kills its tasks.
+
+The trainers are forked by the group's fork server (:mod:`.local_forkserver`), which loads
+TensorFlow once for all of them and their restarts; the supervisor is their subreaper, so they
+are its children as the tasks it starts itself are.
 """
 
 from __future__ import annotations
@@ -36,17 +40,19 @@ from airflow_tf.cluster import (
 )
 from airflow_tf.cluster.progress import describe, parse_progress
 from airflow_tf.cluster.status import GROUP_RESTARTED, ReasonCode
-from airflow_tf.cluster.spec import HEALTH_ANSWERED, HEALTH_STARTUP_SECS, TRAINERS_ON_THIS_MACHINE
+from airflow_tf.cluster.spec import HEALTH_ANSWERED, HEALTH_STARTUP_SECS, LAUNCH_FAILED, TRAINERS_ON_THIS_MACHINE
 from airflow_tf.files import read_json
 
 from .local_files import STATE_DIR_ENV, GroupDir, archive_logs, tail_text, write_group_file
+from .local_forkserver import ForkedProcess, ForkServer, ForkServerError, forkable
 from .local_network import isolate_network, isolation_warning
-from .local_processes import STOP_GRACE, cpu_ticks, free_ports, is_running, kill_group, process_start_time
+from .local_processes import STOP_GRACE, ChildProcess, cpu_ticks, free_ports, is_running, kill_group, process_start_time
 
 TICK = 0.25
 """Longest sleep between checks; child exits and teardown requests wake the loop at once."""
 WAKE_SIGNALS = {signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 PROGRESS_TAIL_BYTES = 64 * 1024
 STARTUP_ALLOWANCE = 30.0
 """Seconds the health asker may take to start (Python and gRPC on a loaded machine) before its
@@ -72,7 +78,7 @@ class TaskProcess:
     exit_code: int | None = None
     reason: str | None = None
     code: str | None = None
-    proc: subprocess.Popen | None = None
+    proc: ChildProcess | None = None
     start_time: int | None = None
     deleted: bool = False
     last_progress: float = 0.0
@@ -128,6 +134,7 @@ class Supervisor:
         self.asking: tuple[subprocess.Popen, float, dict[str, tuple[TaskProcess, int]]] | None = None
         """The health question under way: its process, when it was asked, whom (by address, with the pid asked)."""
         self.next_question = 0.0
+        self.forkserver: ForkServer | None = None
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -138,6 +145,11 @@ class Supervisor:
                               "warning": isolation_warning(self.spec.name, refused) if refused else None}
             print(self.isolation["warning"] or "network: private namespace, loopback only", flush=True)
         self.write_state()
+        # The tasks the fork server forks, and whatever a task leaves behind, are reparented here.
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        if any(forkable(self.spec, role) for role in self.spec.roles):
+            self.forkserver = ForkServer(sys.executable, self.pid, dict(os.environ, PYTHONUNBUFFERED="1"),
+                                         _die_with_parent(self.pid))
         self.start(self.tasks, new_ports=True)
         self.write_state()
         while self.running:
@@ -158,6 +170,8 @@ class Supervisor:
                 self.running = False
             self.write_state()
         self.stop_asking()
+        if self.forkserver is not None:
+            self.forkserver.close()
         self.write_state()
         archive_logs(self.group.path)
 
@@ -170,7 +184,7 @@ class Supervisor:
         # The steps a stopped chief logged last count as where the new tasks start from; read
         # later, they would look like steps of the new chief, taken as serving before it answers.
         self.read_progress()
-        for task in tasks:
+        for task in sorted(tasks, key=lambda t: forkable(self.spec, t.role)):  # the forked wait for the server
             self.launch(task, cluster)
 
     def task(self, role: str, index: int) -> TaskProcess:
@@ -189,8 +203,9 @@ class Supervisor:
                 log.write(f"--- airflow-tf: restart {task.restarts} of {task.name} ---\n".encode())
                 log.flush()
             command = self.spec.command(task.role, python=sys.executable)
+            task.proc = self.fork(task, env, log_path)
             try:
-                task.proc = subprocess.Popen(
+                task.proc = task.proc or subprocess.Popen(
                     command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     # The supervisor is single-threaded, and PR_SET_PDEATHSIG can only be set in the child.
                     start_new_session=True, preexec_fn=_die_with_parent(self.pid),  # noqa: PLW1509
@@ -205,6 +220,19 @@ class Supervisor:
         task.last_progress, task.progress_mark, task.stepping, task.stalled = time.monotonic(), None, False, False
         task.answered, task.unanswered, task.stuck = False, 0, None
         task.started, task.start_ticks = time.monotonic(), None
+
+    def fork(self, task: TaskProcess, env: dict[str, str], log_path: Path) -> ForkedProcess | None:
+        """``task`` forked by the group's fork server, or None when it starts by itself."""
+        if self.forkserver is None or not forkable(self.spec, task.role):
+            return None
+        assert self.spec.training is not None  # forkable: it runs the runtime
+        try:
+            return self.forkserver.fork(self.spec.training.to_args(), env, log_path, f"{task.role}-{task.index}")
+        except ForkServerError as err:
+            print(f"the fork server failed ({err}): tasks start by themselves from now on", flush=True)
+            self.forkserver.close()
+            self.forkserver = None
+            return None
 
     def stop(self, tasks: list[TaskProcess], grace: float = STOP_GRACE) -> None:
         """SIGTERM, then SIGKILL after ``grace`` (at once for 0); returns when every one is reaped."""
@@ -226,8 +254,25 @@ class Supervisor:
             if task.proc is None or task.proc.poll() is None:
                 continue
             code = task.proc.returncode
+            assert code is not None
             task.proc, task.exit_code = None, code
             self.exited(task, code)
+        self.reap_orphans()
+
+    def reap_orphans(self) -> None:
+        """Reap what exited here without being one of ours (a process a task started and left
+        behind, reparented to this subreaper); ours are reaped by their handles."""
+        ours = {t.proc.pid for t in self.tasks if t.proc is not None}
+        ours.update(p.pid for p in (self.asking[0] if self.asking else None,
+                                    self.forkserver.proc if self.forkserver else None) if p is not None)
+        while True:
+            try:
+                exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if exited is None or exited.si_pid in ours:
+                return
+            os.waitpid(exited.si_pid, 0)
 
     def exited(self, task: TaskProcess, code: int) -> None:
         if code == 0:
@@ -520,7 +565,7 @@ def _die_with_parent(parent: int):
     def setup() -> None:
         # Runs in the forked child before exec: die when the supervisor dies.
         if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != parent:
-            os._exit(70)
+            os._exit(LAUNCH_FAILED)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, WAKE_SIGNALS)
 
     return setup

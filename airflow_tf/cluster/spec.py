@@ -24,6 +24,10 @@ RESTART_POLICIES = ("Never", "OnFailure", "ExitCode")
 SUCCESS_POLICIES = ("AllWorkers", "ChiefOrWorker0")
 DEFAULT_PORT = 2222
 RUNTIME_COMMAND = ("python", "-m", "airflow_tf.runtime")
+FORK_SERVER_COMMAND = ("python", "-m", "airflow_tf.runtime.forkserver")
+LAUNCH_FAILED = 70
+"""Exit code of a local task's process that could not become the task: its supervisor was gone
+before it started, or its fork server could not set it up."""
 DEFAULT_PROGRESS_TIMEOUT = 300.0
 DEFAULT_PS_GRACE_SECONDS = 5.0
 DEFAULT_HEALTH_TIMEOUT = 5.0

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import traceback
+from typing import NoReturn
 
 from airflow_tf.cluster.training import TrainingConfig
 
@@ -106,6 +107,31 @@ def log_exit_on_signal(task: Task) -> None:
         signal.signal(signum, handler)
 
 
+def set_tensorflow_environment(role: str) -> None:
+    """What TensorFlow reads from the environment when it loads, set before it does."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ info and warnings drown the task log
+    os.environ["TF_GRPC_DEFAULT_OPTIONS"] = grpc_default_options(os.environ.get("TF_GRPC_DEFAULT_OPTIONS"))
+    if role == "ps":
+        # A ps computes nothing oneDNN speeds up, and oneDNN's allocator keeps every buffer it
+        # ever held: initialising an embedding table would cost the ps twice the table for good.
+        os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+
+def run_task_process(argv: list[str] | None = None) -> NoReturn:
+    """The whole life of a task's process (``python -m airflow_tf.runtime``, or a child of the
+    group's fork server): run the task, then leave without the interpreter's teardown."""
+    use_own_temporary_directory()
+    try:
+        code = main(argv)
+    finally:
+        remove_own_temporary_directory()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything the task writes (checkpoints, events, progress.json, its log) is closed by now;
+    # skipping the interpreter's teardown of TensorFlow saves a second or two of idle per task.
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         config = TrainingConfig.from_args(argv)
@@ -113,12 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TaskConfigError) as exc:
         print(f"airflow_tf.runtime: error: {exc}", file=sys.stderr, flush=True)
         return CONFIG_ERROR
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ info and warnings drown the task log
-    os.environ["TF_GRPC_DEFAULT_OPTIONS"] = grpc_default_options(os.environ.get("TF_GRPC_DEFAULT_OPTIONS"))
-    if task.type == "ps":
-        # A ps computes nothing oneDNN speeds up, and oneDNN's allocator keeps every buffer it
-        # ever held: initialising an embedding table would cost the ps twice the table for good.
-        os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    set_tensorflow_environment(task.type)
     log(f"airflow-tf task start role={task.type} index={task.index} pid={os.getpid()} "
         f"cluster={json.dumps(task.cluster, sort_keys=True, separators=(',', ':'))}")
     log_exit_on_signal(task)

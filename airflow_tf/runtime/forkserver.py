@@ -1,0 +1,152 @@
+"""A group's fork server: ``python -m airflow_tf.runtime.forkserver <supervisor pid>``.
+
+Loading TensorFlow and Keras is most of a trainer's start (about 4 s of CPU, and more on a busy
+machine), paid again by every worker of a group and by every restart of one. The local
+supervisor starts this process once per group: it loads them once, then forks a task for each
+request. The task starts training at once and shares the loaded pages with its siblings.
+
+Requests and answers are JSON lines on stdin and stdout: ``{"args": [...], "env": {...},
+"log": path, "title": "worker-1"}`` is answered ``{"pid": n}`` (or ``{"error": why}``). Each task
+is forked twice, so that its parent is the supervisor (a child subreaper), which reaps it and reads
+its exit status as it does for a task it starts itself, and the task dies with the supervisor.
+
+Nothing here may start a thread or TensorFlow's runtime (a session, an eager context): a forked
+child keeps only the thread that forked it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+import warnings
+from typing import Any, NoReturn
+
+from airflow_tf.cluster.spec import LAUNCH_FAILED
+
+PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+REPARENT_WAIT = 10.0
+"""Seconds a forked task waits to become the supervisor's child (the process between exits at once)."""
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def preload() -> None:
+    """Load what a trainer loads, as a task would (its environment first): TensorFlow, Keras,
+    the training loop and the models."""
+    from .main import set_tensorflow_environment
+    from .startup import import_tensorflow
+
+    set_tensorflow_environment("worker")
+    import_tensorflow(keras=True)
+    import airflow_tf.data  # noqa: F401  # the dataset's schema and reader
+    from . import coordinator, training  # noqa: F401
+
+
+def serve(parent: int, requests, answers) -> None:
+    """Answer each request line with the forked task's pid, until stdin closes."""
+    own = (requests.fileno(), answers.fileno())
+    for line in requests:
+        answer: dict[str, Any]
+        try:
+            request = json.loads(line)
+            answer = {"pid": fork_task(request, parent, own)}
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            answer = {"error": f"{type(err).__name__}: {err}"}
+        answers.write((json.dumps(answer) + "\n").encode())
+        answers.flush()
+
+
+def fork_task(request: dict[str, Any], parent: int, own: tuple[int, ...] = ()) -> int:
+    """Fork the task ``request`` describes; its pid once it runs. The process between the two
+    forks exits at once, so the task is reparented to ``parent``, the nearest subreaper. The
+    task closes ``own``, the server's ends of its pipes: a task holding them would keep the
+    supervisor from seeing the server exit."""
+    args, env, log, title = list(request["args"]), dict(request["env"]), str(request["log"]), str(request["title"])
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with warnings.catch_warnings():
+        # Python warns of forking a process with threads: TensorFlow's native ones (its
+        # allocator's, BLAS's) are not needed in the child, which starts its own.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        middle = os.fork()
+    if middle == 0:
+        os.close(read_end)
+        try:
+            task = os.fork()
+            if task == 0:
+                for fd in (write_end, *own):
+                    os.close(fd)
+                become_task(args, env, log, title, parent)
+            os.write(write_end, str(task).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        pid = pipe.read()
+    os.waitpid(middle, 0)
+    if not pid:
+        raise OSError("the second fork failed")
+    return int(pid)
+
+
+def become_task(args: list[str], env: dict[str, str], log: str, title: str, parent: int) -> NoReturn:
+    """In the forked task: the supervisor's child, dying with it, in a session of its own,
+    writing to its log, with its own environment; then the task's whole life."""
+    try:
+        deadline = time.monotonic() + REPARENT_WAIT
+        while os.getppid() != parent:
+            if time.monotonic() > deadline:
+                os._exit(LAUNCH_FAILED)
+            time.sleep(0.001)
+        if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != parent:
+            os._exit(LAUNCH_FAILED)
+        os.setsid()
+        output = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        nothing = os.open(os.devnull, os.O_RDONLY)
+        for source, target in ((nothing, 0), (output, 1), (output, 2)):
+            os.dup2(source, target)
+        os.close(output)
+        os.close(nothing)
+        os.environ.clear()
+        os.environ.update(env)
+        _libc.prctl(PR_SET_NAME, title.encode()[:15], 0, 0, 0)  # what ps -o comm and top show
+        sys.argv = [sys.argv[0], *args]
+        if "numpy" in sys.modules:  # the fork copied the server's random state to every task
+            sys.modules["numpy"].random.seed()
+    except BaseException:  # whatever it was, it goes to the log (or stderr) and the task exits
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(LAUNCH_FAILED)
+    from .main import run_task_process
+
+    run_task_process(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not args[0].isdigit():
+        print("usage: python -m airflow_tf.runtime.forkserver <supervisor pid>", file=sys.stderr)
+        return 2
+    parent = int(args[0])
+    # Requests arrive on stdin and answers leave on stdout; whatever else writes to them (a
+    # warning while TensorFlow loads) goes to stderr instead, and the tasks get neither.
+    requests = os.fdopen(os.dup(0), "rb")
+    answers = os.fdopen(os.dup(1), "wb")
+    nothing = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(nothing, 0)
+    os.close(nothing)
+    os.dup2(2, 1)
+    preload()
+    serve(parent, requests, answers)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""A local group's fork server: the trainers are forked from one process that loaded TensorFlow
+for them, remain the supervisor's children (restarted, reaped and killed with it as before), and
+a group whose fork server is lost starts its tasks by themselves."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from airflow_tf.backends.local import LocalBackend
+from airflow_tf.backends.local_forkserver import forkable
+from airflow_tf.cluster import GroupSpec, TrainingConfig
+
+SESSION_READY = re.compile(r"airflow-tf session ready global_step=(\d+)")
+
+
+def _config(tmp_path: Path, dataset: str = "/data/linear/1", steps: int = 100) -> TrainingConfig:
+    return TrainingConfig(dataset=dataset, run_dir=str(tmp_path / "run"), steps=steps, batch_size=32,
+                          learning_rate=0.05, checkpoint_every_secs=0.5, log_every_secs=0.3)
+
+
+def test_trainers_are_forked_and_a_role_with_its_own_loading_settings_or_command_is_not(tmp_path):
+    spec = GroupSpec.for_training("fs", _config(tmp_path), ps=1, workers=2,
+                                  role_options={"worker": {"env": {"COLOR": "blue"}}})
+    assert forkable(spec, "worker") and not forkable(spec, "ps")
+    for env in ({"TF_ENABLE_ONEDNN_OPTS": "0"}, {"KERAS_BACKEND": "jax"}, {"PYTHONPATH": "/models"},
+                {"OMP_NUM_THREADS": "1"}):
+        own = GroupSpec.for_training("fs", _config(tmp_path), ps=1, workers=2, role_options={"worker": {"env": env}})
+        assert not forkable(own, "worker"), f"a worker with {env} must load TensorFlow with it"
+    spec.roles["worker"].command = ["python", "-c", "pass"]
+    assert not forkable(spec, "worker")
+
+
+def _proc(pid: int, what: str) -> str:
+    with open(f"/proc/{pid}/{what}", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode().strip()
+
+
+def _parent(pid: int) -> int:
+    return int(_proc(pid, "stat").rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.slow
+def test_forked_trainers_restart_die_with_their_supervisor_and_a_lost_fork_server_is_replaced_by_plain_starts(
+        local_state_dir, linear_dataset, tmp_path, group_processes, wait_until):
+    backend = LocalBackend()
+    ref = backend.launch(GroupSpec.for_training("fs", _config(tmp_path, linear_dataset, 10_000_000), ps=1, workers=2))
+    try:
+        supervisor = backend.supervisor_pid(ref)
+        pids = wait_until(lambda: len(p := backend.processes(ref)) == 3 and p, 120, what="3 tasks")
+        wait_until(lambda: all(SESSION_READY.search(backend.logs(ref, "worker", i)) for i in (0, 1)), 300,
+                   what="both workers to train")
+        for index in (0, 1):
+            worker = pids[f"fs-worker-{index}"]
+            assert "-m airflow_tf.runtime.forkserver" in _proc(worker, "cmdline"), "a trainer is forked"
+            assert _proc(worker, "comm") == f"worker-{index}", "ps and top name a forked task by its role"
+            assert _parent(worker) == supervisor, "the supervisor reaps a forked task as its own child"
+        assert "-m airflow_tf.runtime --dataset" in _proc(pids["fs-ps-0"], "cmdline"), "a ps starts by itself"
+
+        # A killed worker is forked again, its exit status read as for any child.
+        os.kill(pids["fs-worker-1"], signal.SIGKILL)
+        again = wait_until(lambda: (p := backend.processes(ref).get("fs-worker-1")) not in (None, pids["fs-worker-1"])
+                           and p, 120, what="worker 1 restarted")
+        assert "killed by SIGKILL" in (backend.status(ref).task("worker", 1).reason or "")
+        assert _proc(again, "comm") == "worker-1"
+
+        # Without its fork server, the group starts a restarted task by itself and trains on.
+        (server,) = [pid for pid in group_processes(local_state_dir)
+                     if _parent(pid) == supervisor and _proc(pid, "comm") == "python"
+                     and "airflow_tf.runtime.forkserver" in _proc(pid, "cmdline")]
+        os.kill(server, signal.SIGKILL)
+        os.kill(again, signal.SIGKILL)
+        plain = wait_until(lambda: (p := backend.processes(ref).get("fs-worker-1")) not in (None, again) and p, 120,
+                           what="worker 1 restarted again")
+        assert "-m airflow_tf.runtime --dataset" in _proc(plain, "cmdline")
+        logged = len(backend.logs(ref, "worker", 1))
+        wait_until(lambda: SESSION_READY.search(backend.logs(ref, "worker", 1)[logged:]), 300,
+                   what="worker 1 to train again")
+        assert "the fork server failed" in Path(local_state_dir, "fs", "supervisor.log").read_text()
+
+        # Killed with its supervisor: nothing of the group is left, forked or not.
+        os.kill(supervisor, signal.SIGKILL)
+        wait_until(lambda: not group_processes(local_state_dir), 30, what="the group's processes to die")
+    finally:
+        backend.teardown(ref)
