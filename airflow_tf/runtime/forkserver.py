@@ -17,6 +17,7 @@ child keeps only the thread that forked it.
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import signal
@@ -46,6 +47,11 @@ def preload() -> None:
     import_tensorflow(keras=True)
     import airflow_tf.data  # noqa: F401  # the dataset's schema and reader
     from . import coordinator, training  # noqa: F401
+
+    # The loaded objects live as long as every task: the tasks' collections need not walk them,
+    # which would also copy every page they sit on into each task.
+    gc.collect()
+    gc.freeze()
 
 
 def serve(parent: int, requests, answers) -> None:
