@@ -75,15 +75,17 @@ def _command(args: list[str]) -> str:
     return " ".join(words)[:80]
 
 
-def _role(pid: str) -> str:
+def _role(pid: str, command_line: str) -> str:
     """A task's role: from its ``TF_CONFIG``, or for a task its group's fork server forked (whose
     environment in ``/proc`` is the server's) from its name, ``worker-1``; the server itself is
     ``fork server``."""
     role = re.search(rb'"type":\s*"(\w+)"', _read(Path("/proc", pid, "environ")) or b"")
     if role:
         return role.group(1).decode()
+    if "airflow_tf.runtime.forkserver" not in command_line:
+        return "?"
     name = (_read(Path("/proc", pid, "comm")) or b"").decode().strip()
-    return name.rsplit("-", 1)[0] if "-" in name else "fork server" if name else "?"
+    return name.rsplit("-", 1)[0] if "-" in name else "fork server"
 
 
 def _kind(pid: str) -> tuple[str, str] | None:
@@ -96,7 +98,7 @@ def _kind(pid: str) -> tuple[str, str] | None:
     for kind, pattern in PATTERNS:
         if pattern.search(text):
             if kind == "tensorflow task":
-                return f"tensorflow task ({_role(pid)})", command
+                return f"tensorflow task ({_role(pid, text)})", command
             return kind, command
     return "other: " + os.path.basename((text.split() or ["?"])[0])[:30], command
 

@@ -4,14 +4,18 @@ them, their CPU time, free loopback ports, and the minimal environment they star
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
+
+from airflow_tf.cluster.spec import LAUNCH_FAILED
 
 STOP_GRACE = 1.0
 """Seconds between SIGTERM and SIGKILL when stopping a task."""
@@ -21,6 +25,9 @@ PASSED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPD
               "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "KERAS_HOME", "KERAS_BACKEND")
 PASSED_ENV_PREFIXES = ("LC_", "TF_")
 """What every task gets from the launcher's environment: what TensorFlow and the runtime need."""
+PR_SET_PDEATHSIG = 1
+
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class ChildProcess(Protocol):
@@ -136,3 +143,26 @@ def kill_group(proc: ChildProcess, signum: int) -> None:
     except (ProcessLookupError, PermissionError):
         with contextlib.suppress(ProcessLookupError):  # it has exited already
             proc.send_signal(signum)
+
+
+def die_with_parent(parent: int, unblock: set[signal.Signals]):
+    """A ``preexec_fn`` for a child of the single-threaded ``parent`` (PR_SET_PDEATHSIG can only be
+    set in the child): it dies when ``parent`` dies, even by SIGKILL, and gets back the signals
+    ``parent`` blocks for itself."""
+
+    def setup() -> None:
+        # Runs in the forked child before exec.
+        if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != parent:
+            os._exit(LAUNCH_FAILED)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)
+
+    return setup
+
+
+def temporary_directory(parent: str | None) -> str | None:
+    """A new directory for one task's temporary files (in ``parent``, else the default one), or
+    None where none can be made."""
+    try:
+        return tempfile.mkdtemp(prefix="airflow-tf-task-", dir=parent)
+    except OSError:
+        return None

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,23 +42,29 @@ from airflow_tf.cluster import (
 )
 from airflow_tf.cluster.progress import describe, parse_progress
 from airflow_tf.cluster.status import GROUP_RESTARTED, ReasonCode
-from airflow_tf.cluster.spec import HEALTH_ANSWERED, HEALTH_STARTUP_SECS, LAUNCH_FAILED, TRAINERS_ON_THIS_MACHINE
+from airflow_tf.cluster.spec import TASK_TEMPORARY_DIRECTORY, TRAINERS_ON_THIS_MACHINE
 from airflow_tf.files import read_json
 
 from .local_files import STATE_DIR_ENV, GroupDir, archive_logs, tail_text, write_group_file
 from .local_forkserver import ForkedProcess, ForkServer, ForkServerError, forkable
 from .local_network import isolate_network, isolation_warning
-from .local_processes import STOP_GRACE, ChildProcess, cpu_ticks, free_ports, is_running, kill_group, process_start_time
+from .local_processes import (
+    STOP_GRACE,
+    ChildProcess,
+    die_with_parent,
+    free_ports,
+    is_running,
+    kill_group,
+    process_start_time,
+    temporary_directory,
+)
+from .local_watch import TaskWatch
 
 TICK = 0.25
 """Longest sleep between checks; child exits and teardown requests wake the loop at once."""
 WAKE_SIGNALS = {signal.SIGCHLD, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 PROGRESS_TAIL_BYTES = 64 * 1024
-STARTUP_ALLOWANCE = 30.0
-"""Seconds the health asker may take to start (Python and gRPC on a loaded machine) before its
-question is dropped unjudged."""
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -99,6 +107,8 @@ class TaskProcess:
     """Monotonic time its process started."""
     start_ticks: int | None = None
     """Its CPU time at the last question it left unanswered before its first answer."""
+    temporary: str | None = None
+    """The temporary directory of its current process, removed when that process ends."""
 
     def status(self) -> TaskStatus:
         return TaskStatus(self.role, self.index, self.name, self.phase, self.restarts, self.exit_code, self.reason,
@@ -109,7 +119,7 @@ class TaskProcess:
         return self.proc is None and self.phase in (Phase.SUCCEEDED, Phase.FAILED)
 
 
-class Supervisor:
+class Supervisor(TaskWatch):
     def __init__(self, group: GroupDir) -> None:
         self.group = group
         saved = read_json(group.spec)
@@ -131,8 +141,7 @@ class Supervisor:
         self.running = True
         self.last_written: Any = None
         self.health = self.spec.health_bounds()
-        self.asking: tuple[subprocess.Popen, float, dict[str, tuple[TaskProcess, int]]] | None = None
-        """The health question under way: its process, when it was asked, whom (by address, with the pid asked)."""
+        self.asking = None
         self.next_question = 0.0
         self.forkserver: ForkServer | None = None
 
@@ -149,7 +158,7 @@ class Supervisor:
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         if any(forkable(self.spec, role) for role in self.spec.roles):
             self.forkserver = ForkServer(sys.executable, self.pid, dict(os.environ, PYTHONUNBUFFERED="1"),
-                                         _die_with_parent(self.pid))
+                                         self.child_setup())
         self.start(self.tasks, new_ports=True)
         self.write_state()
         while self.running:
@@ -197,6 +206,9 @@ class Supervisor:
                    AIRFLOW_TF_GROUP=self.spec.name, AIRFLOW_TF_TASK=task.name)
         # Every task of the group runs on this machine: the trainers share its cores.
         env[TRAINERS_ON_THIS_MACHINE] = str(self.spec.replicas("worker") + self.spec.replicas("chief"))
+        task.temporary = temporary_directory(env.get("TMPDIR"))
+        if task.temporary:  # TensorFlow's files there (autograph's) go even when the task is killed
+            env["TMPDIR"] = env[TASK_TEMPORARY_DIRECTORY] = task.temporary
         log_path = self.group.log(task.role, task.index)
         with open(log_path, "ab") as log:
             if task.restarts:
@@ -208,10 +220,11 @@ class Supervisor:
                 task.proc = task.proc or subprocess.Popen(
                     command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     # The supervisor is single-threaded, and PR_SET_PDEATHSIG can only be set in the child.
-                    start_new_session=True, preexec_fn=_die_with_parent(self.pid),  # noqa: PLW1509
+                    start_new_session=True, preexec_fn=self.child_setup(),  # noqa: PLW1509
                 )
             except OSError as err:  # a command that does not exist cannot be retried into existence
-                task.phase, task.proc = Phase.FAILED, None
+                task.phase = Phase.FAILED
+                self.ended(task, None)
                 task.reason = f"cannot start {command[0]!r}: {err.strerror}; check roles.{task.role}.command"
                 return
         task.start_time = process_start_time(task.proc.pid)
@@ -220,6 +233,9 @@ class Supervisor:
         task.last_progress, task.progress_mark, task.stepping, task.stalled = time.monotonic(), None, False, False
         task.answered, task.unanswered, task.stuck = False, 0, None
         task.started, task.start_ticks = time.monotonic(), None
+
+    def child_setup(self) -> Callable[[], None]:
+        return die_with_parent(self.pid, WAKE_SIGNALS)
 
     def fork(self, task: TaskProcess, env: dict[str, str], log_path: Path) -> ForkedProcess | None:
         """``task`` forked by the group's fork server, or None when it starts by itself."""
@@ -247,7 +263,7 @@ class Supervisor:
             if proc.poll() is None:
                 kill_group(proc, signal.SIGKILL)
                 proc.wait()
-            t.exit_code, t.proc = proc.returncode, None
+            self.ended(t, proc.returncode)
 
     def reap(self) -> None:
         for task in self.tasks:
@@ -255,9 +271,16 @@ class Supervisor:
                 continue
             code = task.proc.returncode
             assert code is not None
-            task.proc, task.exit_code = None, code
+            self.ended(task, code)
             self.exited(task, code)
         self.reap_orphans()
+
+    def ended(self, task: TaskProcess, code: int | None) -> None:
+        """``task``'s process is gone (reaped), with exit code ``code``: so are its temporary files."""
+        task.proc, task.exit_code = None, code
+        if task.temporary:
+            shutil.rmtree(task.temporary, ignore_errors=True)
+            task.temporary = None
 
     def reap_orphans(self) -> None:
         """Reap what exited here without being one of ours (a process a task started and left
@@ -355,129 +378,6 @@ class Supervisor:
             self.shutdown(f"the launching process (pid {owner['pid']}) exited before handing the group over, "
                           "so its group was stopped")
 
-    def check_progress(self) -> None:
-        """Restart (under its restart policy) a training task with no progress for
-        ``progress_timeout`` seconds. Once the chief reports steps, its global step must change;
-        the other trainers, which report no steps of their own, and a chief still starting up
-        must use CPU time (a stopped process, or one blocked for good, uses none)."""
-        timeout = self.spec.progress_timeout
-        if timeout is None or not self.running:
-            return
-        now = time.monotonic()
-        trainers = [t for t in self.tasks if t.role in self.spec.training_roles() and t.proc is not None]
-        self.note_progress(trainers, now)
-        for task in self.stalled(trainers, now, timeout):
-            task.stalled = True
-            self.stop([task])
-            assert task.exit_code is not None  # stop() reaped it
-            self.exited(task, task.exit_code)
-
-    def note_chief_steps(self) -> None:
-        """Mark the chief as stepping once its global step moved since it (re)started."""
-        step, chief = (self.progress or {}).get("global_step"), self.chief
-        if chief.proc is not None and not chief.stepping and step is not None and step != chief.start_step:
-            chief.stepping, chief.progress_mark = True, None
-
-    def note_progress(self, trainers: list[TaskProcess], now: float) -> None:
-        """Stamp each trainer whose mark moved: the chief's global step once it steps, else CPU time."""
-        step = (self.progress or {}).get("global_step")
-        for task in trainers:
-            mark = step if task.stepping else cpu_ticks(task.proc.pid) if task.proc is not None else None
-            if mark is not None and mark != task.progress_mark:
-                task.progress_mark, task.last_progress = mark, now
-
-    def stalled(self, trainers: list[TaskProcess], now: float, timeout: float) -> list[TaskProcess]:
-        """The trainers without progress for ``timeout``. Others first: a stalled worker also
-        stalls the chief's global step in sync mode, so the chief's clock restarts with theirs."""
-        stalled = [t for t in trainers if t is not self.chief and now - t.last_progress >= timeout]
-        if not stalled and self.chief in trainers and now - self.chief.last_progress >= timeout:
-            stalled = [self.chief]
-        if stalled and self.chief not in stalled:
-            self.chief.last_progress = now
-        return stalled
-
-    def check_health(self) -> None:
-        """Ask every running ps and worker its health question (:mod:`airflow_tf.runtime.health`,
-        in a child process, so this loop never waits on a task), one question at a time every
-        ``health_timeout`` seconds. A task that has answered once and then leaves
-        ``HEALTH_FAILURES`` questions in a row unanswered is stuck: it is killed (SIGKILL: a
-        stopped or wedged process may never handle SIGTERM) and restarted under its restart
-        policy, a ps with the rest of its group, like a lost task."""
-        if self.health is None or not self.running:
-            return
-        now = time.monotonic()
-        if self.asking is not None:
-            proc, asked, whom = self.asking
-            if proc.poll() is None:
-                # The asker itself may start slowly on a loaded machine: it is not the tasks' fault.
-                if now - asked > self.health.timeout_secs + STARTUP_ALLOWANCE:
-                    self.stop_asking()
-                return
-            self.asking = None
-            output, _ = proc.communicate()
-            answers = dict(line.split(" ", 1) for line in output.splitlines() if " " in line)
-            for address, (task, pid) in whom.items():
-                if task.proc is not None and task.proc.pid == pid and address in answers:
-                    self.judge(task, answers[address])
-        if now < self.next_question:
-            return
-        whom = {f"127.0.0.1:{t.port}": (t, t.proc.pid) for t in self.tasks
-                if t.proc is not None and t.phase is Phase.RUNNING and self.spec.answers_health(t.role)}
-        if not whom:
-            return
-        self.next_question = now + self.health.period_secs
-        command = self.spec.health_command(list(whom), python=sys.executable)
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, start_new_session=True,
-                                preexec_fn=_die_with_parent(self.pid))  # noqa: PLW1509
-        self.asking = (proc, now, whom)
-
-    def judge(self, task: TaskProcess, answer: str) -> None:
-        """Count one answer of ``task`` (``answered in 0.004 s`` or why not); replace it once stuck."""
-        assert self.health is not None
-        if answer.startswith(HEALTH_ANSWERED):
-            task.answered, task.unanswered = True, 0
-            return
-        if self.serving(task):
-            task.unanswered += 1
-            if task.unanswered < self.health.failures:
-                return
-            task.stuck = (f"stuck: its TensorFlow server left {task.unanswered} health questions in a row unanswered "
-                          f"(last: {answer}; each has {self.health.timeout_secs:g} s, one every "
-                          f"{self.health.period_secs:g} s, health_timeout), so it was killed and restarted")
-        else:
-            # Still starting, its server perhaps not listening yet: starting (importing
-            # TensorFlow) uses CPU time; a task stopped or blocked before its first answer uses none.
-            ticks = cpu_ticks(task.proc.pid) if task.proc is not None else None
-            task.unanswered = 0 if ticks != task.start_ticks else task.unanswered + 1
-            task.start_ticks = ticks
-            starting = time.monotonic() - task.started
-            if task.unanswered < self.health.failures and starting < HEALTH_STARTUP_SECS:
-                return
-            idle = f"used no CPU time for {task.unanswered} questions in a row" if task.unanswered else (
-                f"did not answer within {HEALTH_STARTUP_SECS:g} s")
-            task.stuck = (f"stuck while starting: it never answered its health question and {idle} "
-                          f"(last: {answer}; health_timeout {self.health.timeout_secs:g} s), so it was killed "
-                          "and restarted")
-        print(f"{task.name} {task.stuck}", flush=True)
-        self.stop([task], grace=0)
-        assert task.exit_code is not None  # stop() reaped it
-        self.exited(task, task.exit_code)
-
-    def serving(self, task: TaskProcess) -> bool:
-        """Whether ``task``'s server is known to serve: it answered a health question, or the
-        chief trains, which its own server and every ps serve for. On a loaded machine a chief may
-        reach its first checkpoint before its first answer; it is not starting any more then."""
-        return task.answered or (self.chief.stepping and (task is self.chief or task.role == "ps"))
-
-    def stop_asking(self) -> None:
-        if self.asking is not None:
-            proc = self.asking[0]
-            kill_group(proc, signal.SIGKILL)
-            proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
-            self.asking = None
-
     def stop_when_done(self) -> None:
         """Once no training task runs any more, or the group has failed for good, stop what
         still runs after ``ps_grace_seconds``: the parameter servers (and an evaluator, and in
@@ -559,16 +459,6 @@ class Supervisor:
         if state != self.last_written:
             write_group_file(self.group.state, state)
             self.last_written = state
-
-
-def _die_with_parent(parent: int):
-    def setup() -> None:
-        # Runs in the forked child before exec: die when the supervisor dies.
-        if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != parent:
-            os._exit(LAUNCH_FAILED)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, WAKE_SIGNALS)
-
-    return setup
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,9 @@ SUCCESS_POLICIES = ("AllWorkers", "ChiefOrWorker0")
 DEFAULT_PORT = 2222
 RUNTIME_COMMAND = ("python", "-m", "airflow_tf.runtime")
 FORK_SERVER_COMMAND = ("python", "-m", "airflow_tf.runtime.forkserver")
+TASK_TEMPORARY_DIRECTORY = "AIRFLOW_TF_TASK_TMPDIR"
+"""Set by a backend that made a task's temporary directory and removes it when the task ends,
+even killed (the local backend): the task keeps its temporary files there."""
 LAUNCH_FAILED = 70
 """Exit code of a local task's process that could not become the task: its supervisor was gone
 before it started, or its fork server could not set it up."""

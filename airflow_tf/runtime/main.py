@@ -20,6 +20,7 @@ import time
 import traceback
 from typing import NoReturn
 
+from airflow_tf.cluster.spec import TASK_TEMPORARY_DIRECTORY
 from airflow_tf.cluster.training import TrainingConfig
 
 from .errors import ModelError, NonFiniteError, TaskConfigError, failure_reason
@@ -78,7 +79,12 @@ def use_own_temporary_directory() -> None:
     writes each function it converts to a file there and removes it at the interpreter's exit,
     which a task skips (``os._exit``) or never reaches (a ps is stopped by a signal). With no
     writable temporary directory at all (a read-only root filesystem), the task runs as it is:
-    a ps needs none."""
+    a ps needs none. A directory its backend made for it, and removes even when the task is
+    killed, is used as it is."""
+    given = os.environ.get(TASK_TEMPORARY_DIRECTORY)
+    if given:
+        tempfile.tempdir = os.environ["TMPDIR"] = given
+        return
     try:
         directory = tempfile.mkdtemp(prefix="airflow-tf-task-")
     except OSError:

@@ -45,7 +45,11 @@ def training_step(backend, ref) -> int:
     return progress["global_step"] if progress else 0
 
 
-def test_killed_chief_worker_resumes_from_the_checkpoint(local_state_dir, linear_dataset, tmp_path, wait_until):
+def test_killed_chief_worker_resumes_from_the_checkpoint(local_state_dir, linear_dataset, tmp_path, wait_until,
+                                                         monkeypatch):
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
     backend = LocalBackend()
     run_dir = tmp_path / "run"
     ref = backend.launch(linear_group("killchief", linear_dataset, run_dir, steps=1500))
@@ -63,6 +67,8 @@ def test_killed_chief_worker_resumes_from_the_checkpoint(local_state_dir, linear
         assert checkpoint_step(run_dir) >= 1500
     finally:
         backend.teardown(ref)
+    # The killed chief's temporary files (autograph's) went with it, as the others' did.
+    assert os.listdir(temporary) == []
 
 
 def test_killed_ps_restarts_the_group_from_the_checkpoint(local_state_dir, linear_dataset, tmp_path, wait_until):
