@@ -25,6 +25,7 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from airflow_tf.cluster.spec import LAUNCH_FAILED
@@ -89,7 +90,7 @@ def fork_task(request: dict[str, Any], parent: int, own: tuple[int, ...] = ()) -
             if task == 0:
                 for fd in (write_end, *own):
                     os.close(fd)
-                become_task(args, env, log, title, parent)
+                _exit_as_python_would(lambda: become_task(args, env, log, title, parent))
             os.write(write_end, str(task).encode())
         finally:
             os._exit(0)
@@ -100,6 +101,28 @@ def fork_task(request: dict[str, Any], parent: int, own: tuple[int, ...] = ()) -
     if not pid:
         raise OSError("the second fork failed")
     return int(pid)
+
+
+def _exit_as_python_would(body: Callable[[], object]) -> NoReturn:
+    """Run ``body`` in a forked process and exit with the status an interpreter would have ended
+    with: ``sys.exit``'s code, or 1 after printing an uncaught exception, never the process's
+    exit after the fork."""
+    code: int = 0
+    try:
+        body()
+    except SystemExit as exit_:
+        if exit_.code is None or isinstance(exit_.code, int):
+            code = exit_.code or 0
+        else:
+            print(exit_.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # as the interpreter does: the traceback, then exit 1
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def become_task(args: list[str], env: dict[str, str], log: str, title: str, parent: int) -> NoReturn:

@@ -87,3 +87,29 @@ def test_forked_trainers_restart_die_with_their_supervisor_and_a_lost_fork_serve
         wait_until(lambda: not group_processes(local_state_dir), 30, what="the group's processes to die")
     finally:
         backend.teardown(ref)
+
+
+def _exit_status_of(body) -> int:
+    from airflow_tf.runtime.forkserver import _exit_as_python_would
+
+    pid = os.fork()
+    if pid == 0:
+        _exit_as_python_would(body)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def _raise(error: BaseException):
+    def body():
+        raise error
+
+    return body
+
+
+def test_a_forked_task_exits_with_the_status_its_interpreter_would_have():
+    """Never as a success after an exception: the fork server's child must not fall through to
+    the exit of the process that forked it."""
+    assert _exit_status_of(lambda: None) == 0
+    assert _exit_status_of(_raise(SystemExit(2))) == 2, "argparse's refusal"
+    assert _exit_status_of(_raise(SystemExit("no dataset"))) == 1
+    assert _exit_status_of(_raise(RuntimeError("boom"))) == 1
+    assert _exit_status_of(_raise(KeyboardInterrupt())) == 1
