@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import warnings
 from pathlib import Path
 
 import pytest
@@ -92,7 +93,9 @@ def test_forked_trainers_restart_die_with_their_supervisor_and_a_lost_fork_serve
 def _exit_status_of(body) -> int:
     from airflow_tf.runtime.forkserver import _exit_as_python_would
 
-    pid = os.fork()
+    with warnings.catch_warnings():  # pytest's own threads: the child only exits
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:
         _exit_as_python_would(body)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
