@@ -45,7 +45,8 @@ from .base import BackendError, GroupRef, poll_watch
 from .local_files import STATE_DIR_ENV, GroupDir, archive_logs, default_state_dir, tail_text, write_group_file
 from .local_memory import check_capacity, expected_memory_mb, resident_mb
 from .local_processes import (
-    KILL_WAIT, is_running, process_start_time, signal_process, stop_processes, task_environment, wait_gone,
+    KILL_WAIT, is_running, process_start_time, remove_temporary_directory, signal_process, stop_processes,
+    task_environment, wait_gone,
 )
 
 SUPERVISOR_MODULE = "airflow_tf.backends.local_supervisor"
@@ -402,6 +403,8 @@ class LocalBackend:
         chosen = [t for t in status.tasks if roles is None or t.role in roles]
         procs = state.get("processes", {})
         stop_processes((procs[t.name]["pid"], procs[t.name]["start_time"]) for t in chosen if t.name in procs)
+        for t in chosen:  # the supervisor would have removed them when their processes ended
+            remove_temporary_directory(procs.get(t.name, {}).get("temporary"))
         if roles is not None:
             status.tasks = [t for t in status.tasks if t not in chosen]
             state["status"] = status.to_dict()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -159,10 +160,20 @@ def die_with_parent(parent: int, unblock: set[signal.Signals]):
     return setup
 
 
+TEMPORARY_PREFIX = "airflow-tf-task-"
+
+
 def temporary_directory(parent: str | None) -> str | None:
     """A new directory for one task's temporary files (in ``parent``, else the default one), or
     None where none can be made."""
     try:
-        return tempfile.mkdtemp(prefix="airflow-tf-task-", dir=parent)
+        return tempfile.mkdtemp(prefix=TEMPORARY_PREFIX, dir=parent)
     except OSError:
         return None
+
+
+def remove_temporary_directory(path: str | None) -> None:
+    """Remove a task's temporary directory; a path not named as one is left alone (it was read
+    back from a state file)."""
+    if path and os.path.basename(path.rstrip("/")).startswith(TEMPORARY_PREFIX):
+        shutil.rmtree(path, ignore_errors=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -56,6 +55,7 @@ from .local_processes import (
     is_running,
     kill_group,
     process_start_time,
+    remove_temporary_directory,
     temporary_directory,
 )
 from .local_watch import TaskWatch
@@ -278,9 +278,8 @@ class Supervisor(TaskWatch):
     def ended(self, task: TaskProcess, code: int | None) -> None:
         """``task``'s process is gone (reaped), with exit code ``code``: so are its temporary files."""
         task.proc, task.exit_code = None, code
-        if task.temporary:
-            shutil.rmtree(task.temporary, ignore_errors=True)
-            task.temporary = None
+        remove_temporary_directory(task.temporary)
+        task.temporary = None
 
     def reap_orphans(self) -> None:
         """Reap what exited here without being one of ours (a process a task started and left
@@ -450,7 +449,7 @@ class Supervisor(TaskWatch):
                            "state": "running" if self.running else "exited"},
             "status": self.status().to_dict(),
             "processes": {
-                t.name: {"pid": t.proc.pid, "start_time": t.start_time, "port": t.port}
+                t.name: {"pid": t.proc.pid, "start_time": t.start_time, "port": t.port, "temporary": t.temporary}
                 for t in self.tasks if t.proc is not None
             },
             "restarts": self.restarts,

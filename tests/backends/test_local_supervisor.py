@@ -277,7 +277,10 @@ def test_active_deadline_fails_the_group_and_stops_everything(local_state_dir, g
     backend.teardown(ref)
 
 
-def test_tasks_die_with_a_killed_supervisor(local_state_dir, group_processes, wait_until):
+def test_tasks_die_with_a_killed_supervisor(local_state_dir, group_processes, wait_until, tmp_path, monkeypatch):
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
     backend = LocalBackend()
     ref = backend.launch(group("orphans", SERVE_FOREVER))
     tasks = wait_until(lambda: len(p := backend.processes(ref)) == 3 and p, what="3 tasks")
@@ -288,7 +291,9 @@ def test_tasks_die_with_a_killed_supervisor(local_state_dir, group_processes, wa
     wait_until(lambda: all(not alive(pid) for pid in tasks.values()), SETTLE, what="every task to be gone")
     outcome, _ = wait_for_group(backend, ref, timeout=SETTLE)
     assert not outcome.succeeded and "supervisor of group 'orphans'" in outcome.reason and "died" in outcome.reason
+    assert len(os.listdir(temporary)) == 3, "each task had a temporary directory of its own"
     assert sorted(backend.teardown(ref)) == sorted(tasks)
+    assert os.listdir(temporary) == [], "the teardown removed what the dead supervisor could not"
 
 
 def test_teardown_is_prompt_even_for_a_task_that_ignores_sigterm(local_state_dir, group_processes, wait_until):
