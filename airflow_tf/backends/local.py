@@ -403,8 +403,9 @@ class LocalBackend:
         chosen = [t for t in status.tasks if roles is None or t.role in roles]
         procs = state.get("processes", {})
         stop_processes((procs[t.name]["pid"], procs[t.name]["start_time"]) for t in chosen if t.name in procs)
+        parents = _temporary_parents(read_json(group.spec, missing_ok=True))
         for t in chosen:  # the supervisor would have removed them when their processes ended
-            remove_temporary_directory(procs.get(t.name, {}).get("temporary"))
+            remove_temporary_directory(procs.get(t.name, {}).get("temporary"), parents)
         if roles is not None:
             status.tasks = [t for t in status.tasks if t not in chosen]
             state["status"] = status.to_dict()
@@ -435,6 +436,17 @@ def _reserve_attempt(spec: GroupSpec, attempt: int) -> tuple[int, str | None]:
             return attempt, str(target)
         except FileExistsError:
             attempt += 1
+
+
+def _temporary_parents(saved: dict[str, Any] | None) -> list[str]:
+    """Where the supervisor of the group ``saved`` made its tasks' temporary directories: the
+    temporary directory of its environment, or the one a role's ``env`` names."""
+    parents = [tempfile.gettempdir()]
+    if saved is not None:
+        spec = GroupSpec.from_dict(saved["spec"])
+        parents.append(task_environment(spec.pass_env).get("TMPDIR") or tempfile.gettempdir())
+        parents += [r.env["TMPDIR"] for r in spec.roles.values() if "TMPDIR" in r.env]
+    return parents
 
 
 def _check_inputs(spec: GroupSpec) -> None:

@@ -172,8 +172,13 @@ def temporary_directory(parent: str | None) -> str | None:
         return None
 
 
-def remove_temporary_directory(path: str | None) -> None:
-    """Remove a task's temporary directory; a path not named as one is left alone (it was read
-    back from a state file)."""
-    if path and os.path.basename(path.rstrip("/")).startswith(TEMPORARY_PREFIX):
-        shutil.rmtree(path, ignore_errors=True)
+def remove_temporary_directory(path: str | None, parents: Iterable[str] | None = None) -> None:
+    """Remove a task's temporary directory. A path read back from a state file also names its
+    allowed ``parents``: one not named as a task's, or elsewhere, is left alone."""
+    if not path or not os.path.basename(path.rstrip("/")).startswith(TEMPORARY_PREFIX):
+        return
+    if parents is not None:
+        real = os.path.realpath(path)
+        if os.path.dirname(real) not in {os.path.realpath(p) for p in parents} or os.path.islink(path):
+            return
+    shutil.rmtree(path, ignore_errors=True)

@@ -425,3 +425,20 @@ def test_more_training_tasks_than_cores_is_a_warning(local_state_dir, caplog):
     assert warnings == [f"training group 'crowded' has {cores + 1} training tasks for {cores} CPU core(s): they "
                         f"share the cores, so each trains slower and the group may be no faster than {cores} "
                         "worker(s) would be"]
+
+
+def test_a_teardown_removes_only_task_directories_in_a_temporary_directory(tmp_path):
+    """A state file names the directories to remove; one elsewhere, or not named as a task's, stays."""
+    from airflow_tf.backends.local_processes import remove_temporary_directory, temporary_directory
+    temporary, elsewhere = tmp_path / "tmp", tmp_path / "models"
+    temporary.mkdir()
+    elsewhere.mkdir()
+    task_dir = temporary_directory(str(temporary))
+    lookalike = elsewhere / "airflow-tf-task-saved"
+    lookalike.mkdir()
+    plain = temporary / "keep"
+    plain.mkdir()
+    for path in (str(lookalike), str(plain), task_dir):
+        remove_temporary_directory(path, parents=[str(temporary)])
+    assert lookalike.is_dir() and plain.is_dir(), "a directory outside the temporary one, or not a task's, is kept"
+    assert not os.path.exists(task_dir)
