@@ -38,8 +38,8 @@ def group_of(item, tests: Path) -> str | None:
     """The group a test must share a worker with: the tests of tests/stack on its Airflow stack
     and those of tests/k8s on its control plane (:data:`SHARED_PER_FOLDER`), the tests of a file
     whose fixtures outlive one test (trained groups, emulators, the multi-team stack); else none. The
-    node agent's tests (tests/node) each start a plane of their own and count what it left by its
-    directory and its node's random prefix, so they run beside anything."""
+    node agent's tests (tests/node) count what their own plane left by its directory and its
+    node's random prefix, so they run beside anything."""
     path = Path(str(item.path)).resolve()
     for folder, fixture in SHARED_PER_FOLDER.items():
         if path.is_relative_to(tests / folder) and fixture in getattr(item, "fixturenames", ()):

@@ -15,6 +15,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,19 +43,24 @@ def _leftovers(directory: Path, prefix: str) -> dict:
 NOTHING = {"processes": [], "namespaces": [], "mounts": [], "files": False}
 
 
-def test_the_demo_dag_trains_on_kubernetes_end_to_end_and_leaves_nothing_behind(tmp_path):
-    directory = tmp_path / "plane"
+@pytest.fixture(scope="module")
+def node_plane(tmp_path_factory) -> Iterator[tuple[Path, Path]]:
+    """One plane with its node, and the storage folder its pods share with Airflow, for this file's
+    DAG runs (a plane costs about 30 s of CPU to start). Each run's groups are torn down by its
+    DAG; once the last test is done, ``scripts/kube down`` must leave nothing behind."""
+    directory = tmp_path_factory.mktemp("node-dag") / "plane"
     with shared_storage() as storage:
         up_with_node(directory, storage)
         prefix = node_prefix(directory)
         try:
-            _demo_on_the_plane(directory, storage, tmp_path)
+            yield directory, storage
         finally:
             down(directory)
-    assert _leftovers(directory, prefix) == NOTHING
+    assert _leftovers(directory, prefix) == NOTHING, "scripts/kube down left this behind"
 
 
-def _demo_on_the_plane(directory: Path, storage: Path, tmp_path: Path) -> None:
+def test_the_demo_dag_trains_on_kubernetes_end_to_end(node_plane, tmp_path):
+    directory, storage = node_plane
     try:
         summary = run_demo(tmp_path / "demo", plane=directory)
     except SystemExit as exc:  # the demo's own report of a failed run
@@ -125,9 +131,12 @@ class _ScheduledRun:
         shutil.rmtree(self.postgres, ignore_errors=True)
 
 
-def _progress(runs: Path) -> dict:
-    """The training's progress.json, with the step of its newest checkpoint."""
+def _progress(runs: Path, earlier: set[str]) -> dict:
+    """The training's progress.json, with the step of its newest checkpoint (the run directories
+    in ``earlier`` are other tests' trainings on the same plane)."""
     for run in runs.glob("tf-*"):
+        if run.name in earlier:
+            continue
         try:
             progress = json.loads((run / "progress.json").read_text())
             newest = re.search(r'^model_checkpoint_path: "model\.ckpt-(\d+)"', (run / "checkpoint").read_text(), re.M)
@@ -138,24 +147,14 @@ def _progress(runs: Path) -> dict:
 
 
 @pytest.mark.timeout(1200)  # a real Airflow, two faults and their recoveries: about 8 minutes under load
-def test_a_killed_and_a_frozen_ps_are_replaced_and_the_dag_trains_to_its_final_step(tmp_path):
+def test_a_killed_and_a_frozen_ps_are_replaced_and_the_dag_trains_to_its_final_step(node_plane, tmp_path):
     """A ps SIGKILLed: the Job controller makes a new pod. The new ps frozen (SIGSTOP, its TCP
     port still accepting): its liveness probe (the health question) fails, the node stops it,
     and the Job makes another. Each time the workers restore from the newest checkpoint and the
     DAG trains on to its final step."""
-    directory = tmp_path / "plane"
-    with shared_storage() as storage:
-        up_with_node(directory, storage)
-        prefix = node_prefix(directory)
-        try:
-            _faults_on_the_plane(directory, tmp_path)
-        finally:
-            down(directory)
-    assert _leftovers(directory, prefix) == NOTHING
-
-
-def _faults_on_the_plane(directory: Path, tmp_path: Path) -> None:
     from kubernetes import client, config
+
+    directory = node_plane[0]
 
     # Enough that the training outlasts both faults, and no more (each step costs the other
     # tests CPU): the first comes at the first checkpoint past step 500 (about 2,000-3,000 steps in;
@@ -173,6 +172,9 @@ def _faults_on_the_plane(directory: Path, tmp_path: Path) -> None:
 
 
 def _faults_during(dag_run: _ScheduledRun, core, runs: Path, steps: int) -> None:
+    earlier = {run.name for run in runs.glob("tf-*")}
+    replaced = [pod.metadata.name for pod in  # another test's, were one still going
+                core.list_namespaced_pod(DEMO_NAMESPACE, label_selector="airflow-tf/role=ps").items]
     dag_run.trigger()
 
     def running_ps(other_than: set[str]):
@@ -184,14 +186,13 @@ def _faults_during(dag_run: _ScheduledRun, core, runs: Path, steps: int) -> None
         return None
 
     def step() -> int:
-        return int(_progress(runs).get("global_step") or 0)
+        return int(_progress(runs, earlier).get("global_step") or 0)
 
-    replaced: list[str] = []
     for fault in (signal.SIGKILL, signal.SIGSTOP):
         ps = wait_for(lambda: running_ps(set(replaced)), 240, "a running ps")
         # A checkpoint first, so the replacement has something to restore.
         checkpointed = wait_for(lambda: (lambda p: p if (p.get("checkpoint_step") or 0) > 500 else None)(
-            _progress(runs)), 240, "a checkpoint of the training")
+            _progress(runs, earlier)), 240, "a checkpoint of the training")
         pid = int(ps.status.container_statuses[0].container_id.rsplit("/", 1)[-1])
         at = step()
         assert at < steps - 1000, f"the training ran to step {at} of {steps} before the {fault.name}: raise steps"
@@ -207,7 +208,7 @@ def _faults_during(dag_run: _ScheduledRun, core, runs: Path, steps: int) -> None
     state = wait_for(dag_run.state, 600, "the DAG run's end", interval=2)
     logs = dag_run.task_logs()
     assert state == "success", logs[-4000:]
-    final = _progress(runs)
+    final = _progress(runs, earlier)
     # The final checkpoint is at or past the final step. Its name is the global step the chief read
     # just before saving: the other worker's last step may land after that read (async training),
     # so the final global step can be one past the name.
@@ -238,7 +239,7 @@ with DAG("parts_on_the_node", schedule=None, start_date=datetime(2024, 1, 1), ca
 '''
 
 
-def test_the_parts_of_a_partitioned_prepare_run_as_pods_on_the_node(tmp_path):
+def test_the_parts_of_a_partitioned_prepare_run_as_pods_on_the_node(node_plane, tmp_path):
     """``tf_prepare(kubernetes=...)``: each part a Job whose pod reads the input and writes its
     shards in the storage it shares with Airflow; the version equals a local prepare's."""
     from airflow_tf.data import prepare_dataset
@@ -246,31 +247,24 @@ def test_the_parts_of_a_partitioned_prepare_run_as_pods_on_the_node(tmp_path):
 
     from k8s.test_kubernetes_parts import _inputs, _records
 
-    directory = tmp_path / "plane"
-    with shared_storage() as storage:
-        up_with_node(directory, storage)
-        prefix = node_prefix(directory)
-        try:
-            settings, env = plane_env(directory), airflow_env(tmp_path / "demo", tmp_path / "dags")
-            env.update(kubernetes_env(directory))
-            source, output, result = _inputs(storage / "raw"), storage / "datasets", tmp_path / "xcom.json"
-            (tmp_path / "dags").mkdir()
-            (tmp_path / "dags" / "parts_on_the_node.py").write_text(PARTS_DAG.format(
-                source=str(source), output=str(output), result=str(result), kubernetes={
-                    "image": settings["AIRFLOW_TF_KUBE_IMAGE"], "namespace": DEMO_NAMESPACE,
-                    "kubernetes_conn_id": None, "config_file": settings["KUBECONFIG"], "poll_interval": 0.5,
-                    "volumes": [{"claim": settings["AIRFLOW_TF_KUBE_STORAGE_VOLUME"], "mount_path": str(storage)}]}))
-            init_airflow(env)
-            with ClusterRecorder(settings["KUBECONFIG"], DEMO_NAMESPACE) as seen:
-                run = dags_test(env, "parts_on_the_node")
-            assert "state=success" in run.stdout, run.stdout[-4000:]
-            parts = {name: pod for name, pod in seen.pods.items() if name.startswith("prep-clicks-")}
-            assert len(parts) == 2 and all(p["node"] == "airflow-tf-node" for p in parts.values()), seen.pods
-            summary = json.loads(result.read_text())
-            single = prepare_dataset(source, tmp_path / "single", "single", label="y", eval_fraction=0.25, seed=7)
-            assert summary["parts"] == 2 and summary["counts"] == single["counts"]
-            for split in ("train", "eval"):
-                assert _records(summary["dataset_uri"], split) == _records(single["dataset_uri"], split)
-        finally:
-            down(directory)
-    assert _leftovers(directory, prefix) == NOTHING
+    directory, storage = node_plane
+    settings, env = plane_env(directory), airflow_env(tmp_path / "demo", tmp_path / "dags")
+    env.update(kubernetes_env(directory))
+    source, output, result = _inputs(storage / "raw"), storage / "datasets", tmp_path / "xcom.json"
+    (tmp_path / "dags").mkdir()
+    (tmp_path / "dags" / "parts_on_the_node.py").write_text(PARTS_DAG.format(
+        source=str(source), output=str(output), result=str(result), kubernetes={
+            "image": settings["AIRFLOW_TF_KUBE_IMAGE"], "namespace": DEMO_NAMESPACE,
+            "kubernetes_conn_id": None, "config_file": settings["KUBECONFIG"], "poll_interval": 0.5,
+            "volumes": [{"claim": settings["AIRFLOW_TF_KUBE_STORAGE_VOLUME"], "mount_path": str(storage)}]}))
+    init_airflow(env)
+    with ClusterRecorder(settings["KUBECONFIG"], DEMO_NAMESPACE) as seen:
+        run = dags_test(env, "parts_on_the_node")
+    assert "state=success" in run.stdout, run.stdout[-4000:]
+    parts = {name: pod for name, pod in seen.pods.items() if name.startswith("prep-clicks-")}
+    assert len(parts) == 2 and all(p["node"] == "airflow-tf-node" for p in parts.values()), seen.pods
+    summary = json.loads(result.read_text())
+    single = prepare_dataset(source, tmp_path / "single", "single", label="y", eval_fraction=0.25, seed=7)
+    assert summary["parts"] == 2 and summary["counts"] == single["counts"]
+    for split in ("train", "eval"):
+        assert _records(summary["dataset_uri"], split) == _records(single["dataset_uri"], split)
