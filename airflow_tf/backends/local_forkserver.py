@@ -17,8 +17,10 @@ from airflow_tf.cluster import GroupSpec
 from airflow_tf.cluster.spec import FORK_SERVER_COMMAND, LAUNCH_FAILED
 
 READY_TIMEOUT = 180.0
-"""Seconds the fork server may take to answer a request: its first answer waits for TensorFlow
-to load, which takes tens of seconds on a busy machine. Past that the group stops using it."""
+"""Seconds the fork server may take to load TensorFlow, which takes tens of seconds on a busy
+machine. Past that the group stops using it."""
+ANSWER_TIMEOUT = 30.0
+"""Seconds a loaded fork server may take to answer a request (it forks at once)."""
 LOADED_AT_START = ("TF_", "KERAS_", "PYTHON", "LD_", "MALLOC_", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "XLA_")
 """Prefixes of the environment variables TensorFlow, Keras or Python read when they load: a role
 that sets one of its own starts by itself, so it loads with its own."""
@@ -79,9 +81,25 @@ class ForkServer:
             stdout=subprocess.PIPE, start_new_session=True, preexec_fn=preexec_fn,  # noqa: PLW1509
         )
         self.pending = b""
+        self.started = time.monotonic()
+        self.ready = False
+
+    def poll_ready(self) -> bool:
+        """Whether the server has loaded, without waiting for it; ForkServerError once it has
+        exited or took longer than :data:`READY_TIMEOUT`."""
+        if not self.ready:
+            line = self._line(0.0, missing_ok=True)
+            if line is not None:  # its first line
+                if json.loads(line) != {"ready": True}:
+                    raise ForkServerError(f"it said {line[:200]!r} instead of that it was ready")
+                self.ready = True
+            elif time.monotonic() - self.started > READY_TIMEOUT:
+                raise ForkServerError(f"it did not load within {READY_TIMEOUT:g} s")
+        return self.ready
 
     def fork(self, args: list[str], env: dict[str, str], log: Path, title: str) -> ForkedProcess:
-        """A task running ``python -m airflow_tf.runtime <args>`` with ``env``, writing to ``log``."""
+        """A task running ``python -m airflow_tf.runtime <args>`` with ``env``, writing to ``log``
+        (the server has said it is ready)."""
         request = {"args": args, "env": env, "log": str(log), "title": title}
         try:
             assert self.proc.stdin is not None
@@ -89,18 +107,22 @@ class ForkServer:
             self.proc.stdin.flush()
         except (BrokenPipeError, ValueError) as err:
             raise ForkServerError(f"it has exited ({err})") from None
-        answer = json.loads(self._line(READY_TIMEOUT))
+        answer = json.loads(self._line(ANSWER_TIMEOUT) or b"{}")
         if "pid" not in answer:
             raise ForkServerError(answer.get("error", repr(answer)))
         return ForkedProcess(int(answer["pid"]))
 
-    def _line(self, timeout: float) -> bytes:
+    def _line(self, timeout: float, missing_ok: bool = False) -> bytes | None:
+        """The server's next line, waiting at most ``timeout`` seconds for it: past that, None
+        if ``missing_ok``, else ForkServerError."""
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + timeout
         while b"\n" not in self.pending:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            left = max(0.0, deadline - time.monotonic())
+            if not select.select([fd], [], [], left)[0]:
+                if missing_ok:
+                    return None
                 raise ForkServerError(f"no answer within {timeout:g} s")
             chunk = os.read(fd, 65536)
             if not chunk:

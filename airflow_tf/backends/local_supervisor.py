@@ -11,7 +11,8 @@ threaded) process, so if the supervisor dies, even by SIGKILL, the kernel kills 
 
 The trainers are forked by the group's fork server (:mod:`.local_forkserver`), which loads
 TensorFlow once for all of them and their restarts; the supervisor is their subreaper, so they
-are its children as the tasks it starts itself are.
+are its children as the tasks it starts itself are. While the server loads, the supervisor's loop
+goes on (the ps run, teardowns are answered); the trainers start once it says it is ready.
 """
 
 from __future__ import annotations
@@ -144,6 +145,8 @@ class Supervisor(TaskWatch):
         self.asking = None
         self.next_question = 0.0
         self.forkserver: ForkServer | None = None
+        self.waiting: list[tuple[TaskProcess, dict[str, list[str]]]] = []
+        """Tasks to fork once the fork server has loaded (the loop goes on meanwhile)."""
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -167,6 +170,7 @@ class Supervisor(TaskWatch):
                 self.shutdown(f"the supervisor received {signal.Signals(signum.si_signo).name}")
                 break
             self.reap()
+            self.launch_waiting()
             self.serve_requests()
             self.check_deadline()
             self.check_owner()
@@ -193,8 +197,28 @@ class Supervisor(TaskWatch):
         # The steps a stopped chief logged last count as where the new tasks start from; read
         # later, they would look like steps of the new chief, taken as serving before it answers.
         self.read_progress()
-        for task in sorted(tasks, key=lambda t: forkable(self.spec, t.role)):  # the forked wait for the server
-            self.launch(task, cluster)
+        for task in tasks:
+            if self.forkserver is not None and forkable(self.spec, task.role) and not self.forkserver.ready:
+                self.waiting.append((task, cluster))
+            else:
+                self.launch(task, cluster)
+        self.launch_waiting()
+
+    def launch_waiting(self) -> None:
+        """Start the tasks that wait for the fork server once it has loaded, or by themselves
+        once it has failed."""
+        if not self.waiting:
+            return
+        if self.forkserver is not None:
+            try:
+                if not self.forkserver.poll_ready():
+                    return
+            except ForkServerError as err:
+                self.drop_forkserver(err)
+        waiting, self.waiting = self.waiting, []
+        for task, cluster in waiting:
+            if not task.deleted:
+                self.launch(task, cluster)
 
     def task(self, role: str, index: int) -> TaskProcess:
         return next(t for t in self.tasks if t.role == role and t.index == index)
@@ -245,10 +269,14 @@ class Supervisor(TaskWatch):
         try:
             return self.forkserver.fork(self.spec.training.to_args(), env, log_path, f"{task.role}-{task.index}")
         except ForkServerError as err:
-            print(f"the fork server failed ({err}): tasks start by themselves from now on", flush=True)
+            self.drop_forkserver(err)
+            return None
+
+    def drop_forkserver(self, err: ForkServerError) -> None:
+        print(f"the fork server failed ({err}): tasks start by themselves from now on", flush=True)
+        if self.forkserver is not None:
             self.forkserver.close()
             self.forkserver = None
-            return None
 
     def stop(self, tasks: list[TaskProcess], grace: float = STOP_GRACE) -> None:
         """SIGTERM, then SIGKILL after ``grace`` (at once for 0); returns when every one is reaped."""
@@ -353,6 +381,8 @@ class Supervisor(TaskWatch):
         done = self.succeeded()
         live = [t for t in self.tasks if t.proc is not None]
         self.stop(live)
+        live += [t for t, _ in self.waiting]  # never started: they end with the group
+        self.waiting = []
         for t in live:
             if t.role == "ps" and done:
                 t.phase, t.reason = Phase.SUCCEEDED, "stopped after training finished"

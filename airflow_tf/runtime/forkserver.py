@@ -5,8 +5,9 @@ machine), paid again by every worker of a group and by every restart of one. The
 supervisor starts this process once per group: it loads them once, then forks a task for each
 request. The task starts training at once and shares the loaded pages with its siblings.
 
-Requests and answers are JSON lines on stdin and stdout: ``{"args": [...], "env": {...},
-"log": path, "title": "worker-1"}`` is answered ``{"pid": n}`` (or ``{"error": why}``). Each task
+Requests and answers are JSON lines on stdin and stdout. Once loaded, the server says
+``{"ready": true}``; then ``{"args": [...], "env": {...}, "log": path, "title": "worker-1"}`` is
+answered ``{"pid": n}`` (or ``{"error": why}``). Each task
 is forked twice, so that its parent is the supervisor (a child subreaper), which reaps it and reads
 its exit status as it does for a task it starts itself, and the task dies with the supervisor.
 
@@ -30,6 +31,8 @@ from typing import Any, NoReturn
 
 from airflow_tf.cluster.spec import LAUNCH_FAILED
 
+READY = b'{"ready": true}\n'
+"""The server's first line, once TensorFlow and Keras are loaded."""
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 REPARENT_WAIT = 10.0
@@ -173,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     os.close(nothing)
     os.dup2(2, 1)
     preload()
+    answers.write(READY)  # the supervisor starts no trainer before this line: it stays free meanwhile
+    answers.flush()
     serve(parent, requests, answers)
     return 0
 

@@ -45,6 +45,19 @@ def _parent(pid: int) -> int:
     return int(_proc(pid, "stat").rsplit(")", 1)[1].split()[1])
 
 
+def _fork_server(pids: list[int], supervisor: int) -> int | None:
+    """The supervisor's fork server among ``pids`` (its forked tasks show its command line too,
+    under their role's name)."""
+    for pid in pids:
+        try:
+            if _parent(pid) == supervisor and _proc(pid, "comm") == "python" \
+                    and "airflow_tf.runtime.forkserver" in _proc(pid, "cmdline"):
+                return pid
+        except FileNotFoundError:  # gone while looked at
+            continue
+    return None
+
+
 @pytest.mark.slow
 def test_forked_trainers_restart_die_with_their_supervisor_and_a_lost_fork_server_is_replaced_by_plain_starts(
         local_state_dir, linear_dataset, tmp_path, group_processes, wait_until):
@@ -70,9 +83,8 @@ def test_forked_trainers_restart_die_with_their_supervisor_and_a_lost_fork_serve
         assert _proc(again, "comm") == "worker-1"
 
         # Without its fork server, the group starts a restarted task by itself and trains on.
-        (server,) = [pid for pid in group_processes(local_state_dir)
-                     if _parent(pid) == supervisor and _proc(pid, "comm") == "python"
-                     and "airflow_tf.runtime.forkserver" in _proc(pid, "cmdline")]
+        server = _fork_server(group_processes(local_state_dir), supervisor)
+        assert server is not None
         os.kill(server, signal.SIGKILL)
         os.kill(again, signal.SIGKILL)
         plain = wait_until(lambda: (p := backend.processes(ref).get("fs-worker-1")) not in (None, again) and p, 120,
@@ -116,3 +128,31 @@ def test_a_forked_task_exits_with_the_status_its_interpreter_would_have():
     assert _exit_status_of(_raise(SystemExit("no dataset"))) == 1
     assert _exit_status_of(_raise(RuntimeError("boom"))) == 1
     assert _exit_status_of(_raise(KeyboardInterrupt())) == 1
+
+
+@pytest.mark.slow
+def test_while_the_fork_server_loads_the_supervisor_runs_the_ps_and_answers_a_teardown(
+        local_state_dir, linear_dataset, tmp_path, group_processes, wait_until):
+    """The fork server frozen before it has loaded: the ps runs, the trainers wait for the server,
+    and the supervisor still answers a teardown itself, without being killed as unresponsive."""
+    from airflow_tf.backends.local_processes import is_running, process_start_time
+
+    backend = LocalBackend()
+    ref = backend.launch(GroupSpec.for_training("fs", _config(tmp_path, linear_dataset, 10_000_000), ps=1, workers=2))
+    try:
+        supervisor = backend.supervisor_pid(ref)
+        started = process_start_time(supervisor)
+        server = wait_until(lambda: _fork_server(group_processes(local_state_dir), supervisor), 30,
+                            what="the fork server", interval=0.01)
+        os.kill(server, signal.SIGSTOP)
+        wait_until(lambda: "fs-ps-0" in backend.processes(ref), 60, what="the ps to start")
+        assert set(backend.processes(ref)) == {"fs-ps-0"}, "no trainer starts before the fork server has loaded"
+        assert {t.name: t.phase.value for t in backend.status(ref).tasks if t.role == "worker"} == \
+            {"fs-worker-0": "Pending", "fs-worker-1": "Pending"}
+
+        assert sorted(backend.teardown(ref, roles=["worker"])) == ["fs-worker-0", "fs-worker-1"]
+        assert is_running(supervisor, started), "the supervisor answered the teardown itself"
+        os.kill(server, signal.SIGCONT)
+    finally:
+        backend.teardown(ref)
+    wait_until(lambda: not group_processes(local_state_dir), 30, what="the group's processes to end")
