@@ -134,7 +134,7 @@ def test_a_sigstopped_worker_is_restarted_and_training_completes(local_state_dir
     # The progress watchdog is under test, the net under the health question (test_self_healing.py):
     # the question is off, as for a task that answers it but makes no progress.
     backend = LocalBackend()
-    ref = backend.launch(linear_group("frozen", linear_dataset, tmp_path / "run", steps=1500, progress_timeout=30,
+    ref = backend.launch(linear_group("frozen", linear_dataset, tmp_path / "run", steps=1500, progress_timeout=15,
                                       health_timeout=None))
     try:
         wait_until(lambda: training(backend, ref, 1), 600, what="worker 1 to train")
@@ -142,7 +142,7 @@ def test_a_sigstopped_worker_is_restarted_and_training_completes(local_state_dir
         outcome, status = wait_for_group(backend, ref, timeout=900)
         assert outcome.succeeded, outcome.reason
         stopped = status.task("worker", 1)
-        assert stopped.restarts == 1 and "no progress for 30 s" in stopped.reason
+        assert stopped.restarts == 1 and "no progress for 15 s" in stopped.reason
         assert status.progress["global_step"] >= 1500
     finally:
         backend.teardown(ref)
