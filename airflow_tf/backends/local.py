@@ -444,9 +444,9 @@ def _temporary_parents(saved: dict[str, Any] | None) -> list[str]:
     parents = [tempfile.gettempdir()]
     if saved is not None:
         spec = GroupSpec.from_dict(saved["spec"])
-        parents.append(task_environment(spec.pass_env).get("TMPDIR") or tempfile.gettempdir())
+        parents += [task_environment(spec.pass_env).get("TMPDIR") or parents[0]]
         parents += [r.env["TMPDIR"] for r in spec.roles.values() if "TMPDIR" in r.env]
-    return parents
+    return list(dict.fromkeys(parents))
 
 
 def _check_inputs(spec: GroupSpec) -> None:

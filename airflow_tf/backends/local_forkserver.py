@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from airflow_tf.cluster import GroupSpec
-from airflow_tf.cluster.spec import FORK_SERVER_COMMAND, LAUNCH_FAILED
+from airflow_tf.cluster.spec import FORK_SERVER_COMMAND, FORK_SERVER_READY, LAUNCH_FAILED
 
 READY_TIMEOUT = 180.0
 """Seconds the fork server may take to load TensorFlow, which takes tens of seconds on a busy
@@ -88,9 +88,9 @@ class ForkServer:
         """Whether the server has loaded, without waiting for it; ForkServerError once it has
         exited or took longer than :data:`READY_TIMEOUT`."""
         if not self.ready:
-            line = self._line(0.0, missing_ok=True)
+            line = self._line(0.0)
             if line is not None:  # its first line
-                if json.loads(line) != {"ready": True}:
+                if json.loads(line) != FORK_SERVER_READY:
                     raise ForkServerError(f"it said {line[:200]!r} instead of that it was ready")
                 self.ready = True
             elif time.monotonic() - self.started > READY_TIMEOUT:
@@ -107,23 +107,24 @@ class ForkServer:
             self.proc.stdin.flush()
         except (BrokenPipeError, ValueError) as err:
             raise ForkServerError(f"it has exited ({err})") from None
-        answer = json.loads(self._line(ANSWER_TIMEOUT) or b"{}")
+        line = self._line(ANSWER_TIMEOUT)
+        if line is None:
+            raise ForkServerError(f"no answer within {ANSWER_TIMEOUT:g} s")
+        answer = json.loads(line)
         if "pid" not in answer:
             raise ForkServerError(answer.get("error", repr(answer)))
         return ForkedProcess(int(answer["pid"]))
 
-    def _line(self, timeout: float, missing_ok: bool = False) -> bytes | None:
-        """The server's next line, waiting at most ``timeout`` seconds for it: past that, None
-        if ``missing_ok``, else ForkServerError."""
+    def _line(self, timeout: float) -> bytes | None:
+        """The server's next line, waiting at most ``timeout`` seconds for it: past that, None.
+        ForkServerError once the server has exited."""
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + timeout
         while b"\n" not in self.pending:
             left = max(0.0, deadline - time.monotonic())
             if not select.select([fd], [], [], left)[0]:
-                if missing_ok:
-                    return None
-                raise ForkServerError(f"no answer within {timeout:g} s")
+                return None
             chunk = os.read(fd, 65536)
             if not chunk:
                 raise ForkServerError(f"it has exited (exit code {self.proc.wait()})")

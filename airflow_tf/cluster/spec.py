@@ -25,6 +25,8 @@ SUCCESS_POLICIES = ("AllWorkers", "ChiefOrWorker0")
 DEFAULT_PORT = 2222
 RUNTIME_COMMAND = ("python", "-m", "airflow_tf.runtime")
 FORK_SERVER_COMMAND = ("python", "-m", "airflow_tf.runtime.forkserver")
+FORK_SERVER_READY = {"ready": True}
+"""The fork server's first line (JSON), once it has loaded TensorFlow and Keras."""
 TASK_TEMPORARY_DIRECTORY = "AIRFLOW_TF_TASK_TMPDIR"
 """Set by a backend that made a task's temporary directory and removes it when the task ends,
 even killed (the local backend): the task keeps its temporary files there."""

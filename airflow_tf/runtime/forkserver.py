@@ -29,10 +29,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from airflow_tf.cluster.spec import LAUNCH_FAILED
+from airflow_tf.cluster.spec import FORK_SERVER_READY, LAUNCH_FAILED
 
-READY = b'{"ready": true}\n'
-"""The server's first line, once TensorFlow and Keras are loaded."""
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 REPARENT_WAIT = 10.0
@@ -89,6 +87,9 @@ def fork_task(request: dict[str, Any], parent: int, own: tuple[int, ...] = ()) -
     if middle == 0:
         os.close(read_end)
         try:
+            # Named before the fork, the task is born with its role's name: once the supervisor
+            # has its pid, ps and top already show it as its role.
+            _libc.prctl(PR_SET_NAME, title.encode()[:15], 0, 0, 0)
             task = os.fork()
             if task == 0:
                 for fd in (write_end, *own):
@@ -148,7 +149,6 @@ def become_task(args: list[str], env: dict[str, str], log: str, title: str, pare
         os.close(nothing)
         os.environ.clear()
         os.environ.update(env)
-        _libc.prctl(PR_SET_NAME, title.encode()[:15], 0, 0, 0)  # what ps -o comm and top show
         sys.argv = [sys.argv[0], *args]
         if "numpy" in sys.modules:  # the fork copied the server's random state to every task
             sys.modules["numpy"].random.seed()
@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     os.close(nothing)
     os.dup2(2, 1)
     preload()
-    answers.write(READY)  # the supervisor starts no trainer before this line: it stays free meanwhile
+    # The supervisor starts no trainer before this line: it stays free meanwhile.
+    answers.write((json.dumps(FORK_SERVER_READY) + "\n").encode())
     answers.flush()
     serve(parent, requests, answers)
     return 0

@@ -19,7 +19,7 @@ from processes import can_connect, environ_of, external_address
 
 from airflow_tf.backends.local import LocalBackend
 from airflow_tf.backends.local_memory import mem_available_mb
-from airflow_tf.backends.local_processes import task_environment
+from airflow_tf.backends.local_processes import remove_temporary_directory, task_environment, temporary_directory
 from airflow_tf.backends.wait import completion_event, wait_for_group
 from airflow_tf.cluster import GroupSpec, Phase, RoleSpec
 from airflow_tf.backends import BackendError
@@ -429,7 +429,6 @@ def test_more_training_tasks_than_cores_is_a_warning(local_state_dir, caplog):
 
 def test_a_teardown_removes_only_task_directories_in_a_temporary_directory(tmp_path):
     """A state file names the directories to remove; one elsewhere, or not named as a task's, stays."""
-    from airflow_tf.backends.local_processes import remove_temporary_directory, temporary_directory
     temporary, elsewhere = tmp_path / "tmp", tmp_path / "models"
     temporary.mkdir()
     elsewhere.mkdir()
