@@ -43,7 +43,8 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
     from kubernetes import client, config
 
     marker = f"aftf-node-test-{uuid.uuid4().hex[:8]}"
-    before = {"data": Path("/data").exists(), "runs": Path("/runs").exists()}
+    # Mount points missing on the host, of this test's own (another plane's pods may run beside it).
+    data, runs = Path(f"/{marker}-data"), Path(f"/{marker}-runs")
     directory = tmp_path / "plane"
     up_with_node(directory)
     prefix = node_prefix(directory)
@@ -67,17 +68,17 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
         # non-root user the manifests run as too.
         batch.create_namespaced_job(ns, _job("ok", image, [
             "python", "-c", "import os, sys; print('prefix', sys.prefix, 'uid', os.getuid()); "
-            "print(open('/data/hello.txt').read())", marker],
+            f"print(open('{data}/hello.txt').read())", marker],
             securityContext={"runAsNonRoot": True, "runAsUser": 1000},
             volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
-            container={"volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}]}))
+            container={"volumeMounts": [{"name": "data", "mountPath": str(data), "readOnly": True}]}))
         # A non-root user, its env from the downward API, a termination message, exit code 3.
         batch.create_namespaced_job(ns, _job("fails", image, [
             "/bin/sh", "-c", 'echo "uid $(id -u) pod $POD $INDEX_OF"; echo why > /dev/termination-log; '
-                          'echo written > /runs/by-1000; exit 3', marker],
+                          f'echo written > {runs}/by-1000; exit 3', marker],
             securityContext={"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000},
             volumes=[{"name": "runs", "hostPath": {"path": str(storage / "runs")}}],
-            container={"volumeMounts": [{"name": "runs", "mountPath": "/runs"}],
+            container={"volumeMounts": [{"name": "runs", "mountPath": str(runs)}],
                        "env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                                {"name": "INDEX_OF", "value": "of $(POD)"}],
                        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}))
@@ -143,8 +144,8 @@ def test_node_runs_pods_as_processes_and_leaves_nothing_after_down(tmp_path):
     assert not processes(str(directory))
     assert namespaces(prefix) == []
     assert mounts(prefix, str(directory)) == []
-    # The mount points the node made on the host for /data and /runs are gone.
-    assert (Path("/data").exists(), Path("/runs").exists()) == (before["data"], before["runs"])
+    # The mount points the node made on the host for the volumes are gone.
+    assert (data.exists(), runs.exists()) == (False, False)
 
 
 # Fetches from the server by IP, resolves its DNS name (waiting for the EndpointSlice), fetches by name.
@@ -179,7 +180,7 @@ def test_node_probes_restarts_and_grace_periods(tmp_path):
     from kubernetes import client, config
 
     marker = f"aftf-node-test-{uuid.uuid4().hex[:8]}"
-    runs_before = Path("/runs").exists()
+    scratch = Path(f"/{marker}-scratch")  # a mount point missing on the host, of this test's own
     directory = tmp_path / "plane"
     up_with_node(directory)
     prefix = node_prefix(directory)
@@ -231,13 +232,13 @@ def test_node_probes_restarts_and_grace_periods(tmp_path):
         orphan = f"{marker}-orphan"
         core.create_namespaced_pod(ns, _pod("orphan", image, [*sleeper[:-1], orphan], securityContext={"runAsUser": 1000},
                                             volumes=[{"name": "v", "emptyDir": {}}],
-                                            container={"volumeMounts": [{"name": "v", "mountPath": "/runs"}]}))
+                                            container={"volumeMounts": [{"name": "v", "mountPath": str(scratch)}]}))
         wait_for(lambda: processes(orphan), 30, "pod orphan's process")
         os.kill(int((directory / "run" / "airflow-tf-node.pid").read_text()), signal.SIGKILL)
         time.sleep(1)
         # Its pods' processes die with it (the parent-death signal); its namespaces and mount points stay.
-        assert Path("/runs").exists() and namespaces(prefix)
+        assert scratch.exists() and namespaces(prefix)
     finally:
         down(directory)
     assert not processes(marker)
-    assert (namespaces(prefix), mounts(prefix, str(directory)), Path("/runs").exists()) == ([], [], runs_before)
+    assert (namespaces(prefix), mounts(prefix, str(directory)), scratch.exists()) == ([], [], False)
