@@ -4,6 +4,7 @@ One short run (1 ps + 1 worker through the local backend) is trained per module;
 works on its own copy of the run directory and its own serving base."""
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -228,8 +229,11 @@ def test_an_export_killed_midway_is_invisible_and_the_next_one_is_version_1(run,
         export.export_saved_model(*json.loads(sys.argv[1]), force=True)
     """)
     args = [str(run_dir), linear_dataset, config.to_dict(), str(serving_base), "linear"]
+    # A killed process leaves TensorFlow's temporary files (autograph's) where they are: in this test's own.
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
     proc = subprocess.run([sys.executable, "-c", script, json.dumps(args)], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env={**os.environ, "TMPDIR": str(temporary)})
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
 
     left = _visible(serving_base)
