@@ -88,10 +88,10 @@ class ForkServer:
         """Whether the server has loaded, without waiting for it; ForkServerError once it has
         exited or took longer than :data:`READY_TIMEOUT`."""
         if not self.ready:
-            line = self._line(0.0)
-            if line is not None:  # its first line
-                if json.loads(line) != FORK_SERVER_READY:
-                    raise ForkServerError(f"it said {line[:200]!r} instead of that it was ready")
+            message = self._message(0.0)
+            if message is not None:  # its first line
+                if message != FORK_SERVER_READY:
+                    raise ForkServerError(f"it said {message!r:.200} instead of that it was ready")
                 self.ready = True
             elif time.monotonic() - self.started > READY_TIMEOUT:
                 raise ForkServerError(f"it did not load within {READY_TIMEOUT:g} s")
@@ -107,13 +107,26 @@ class ForkServer:
             self.proc.stdin.flush()
         except (BrokenPipeError, ValueError) as err:
             raise ForkServerError(f"it has exited ({err})") from None
-        line = self._line(ANSWER_TIMEOUT)
-        if line is None:
+        answer = self._message(ANSWER_TIMEOUT)
+        if answer is None:
             raise ForkServerError(f"no answer within {ANSWER_TIMEOUT:g} s")
-        answer = json.loads(line)
-        if "pid" not in answer:
-            raise ForkServerError(answer.get("error", repr(answer)))
-        return ForkedProcess(int(answer["pid"]))
+        if not isinstance(answer.get("pid"), int):
+            raise ForkServerError(str(answer.get("error", repr(answer))))
+        return ForkedProcess(answer["pid"])
+
+    def _message(self, timeout: float) -> dict | None:
+        """The server's next line as the JSON object it must be (None past ``timeout``); anything
+        else is ForkServerError, on which the supervisor starts its tasks by itself."""
+        line = self._line(timeout)
+        if line is None:
+            return None
+        try:
+            message = json.loads(line)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            raise ForkServerError(f"it said {line[:200]!r}, not a JSON object")
+        return message
 
     def _line(self, timeout: float) -> bytes | None:
         """The server's next line, waiting at most ``timeout`` seconds for it: past that, None.

@@ -7,13 +7,14 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 import warnings
 from pathlib import Path
 
 import pytest
 
 from airflow_tf.backends.local import LocalBackend
-from airflow_tf.backends.local_forkserver import forkable
+from airflow_tf.backends.local_forkserver import ForkServer, ForkServerError, forkable
 from airflow_tf.cluster import GroupSpec, TrainingConfig
 
 SESSION_READY = re.compile(r"airflow-tf session ready global_step=(\d+)")
@@ -128,6 +129,47 @@ def test_a_forked_task_exits_with_the_status_its_interpreter_would_have():
     assert _exit_status_of(_raise(SystemExit("no dataset"))) == 1
     assert _exit_status_of(_raise(RuntimeError("boom"))) == 1
     assert _exit_status_of(_raise(KeyboardInterrupt())) == 1
+
+
+def _server_saying(tmp_path: Path, script: str) -> ForkServer:
+    """A fork server whose interpreter is a shell script: what it prints is the server's output."""
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\n{script}\nexec cat >/dev/null\n")
+    python.chmod(0o755)
+    return ForkServer(str(python), os.getpid(), {"PATH": os.environ["PATH"]}, preexec_fn=lambda: None)
+
+
+def _poll_until_refused(server: ForkServer) -> ForkServerError:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            server.poll_ready()
+        except ForkServerError as err:
+            return err
+        time.sleep(0.05)
+    raise AssertionError("the server's line was neither taken nor refused")
+
+
+def test_a_fork_server_that_prints_what_is_not_its_protocol_is_dropped_not_crashing_the_supervisor(tmp_path):
+    """Output that is not a JSON object (a stray print, a traceback) is ForkServerError, on which
+    the supervisor starts its tasks by itself, never an exception out of its loop."""
+    for first_line in ("Traceback (most recent call last):", "[1, 2]"):
+        server = _server_saying(tmp_path, f"echo '{first_line}'")
+        try:
+            assert "not a JSON object" in str(_poll_until_refused(server)), first_line
+        finally:
+            server.close()
+    # Ready, then an answer to a fork that is not one.
+    server = _server_saying(tmp_path, "echo '{\"ready\": true}'; read request; echo '{\"pid\": \"1; rm\"}'")
+    try:
+        deadline = time.monotonic() + 30
+        while not server.poll_ready():
+            assert time.monotonic() < deadline, "the ready line was not taken"
+            time.sleep(0.05)
+        with pytest.raises(ForkServerError, match="pid"):
+            server.fork(["--steps", "1"], {}, tmp_path / "task.log", "worker-0")
+    finally:
+        server.close()
 
 
 @pytest.mark.slow
