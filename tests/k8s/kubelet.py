@@ -33,7 +33,7 @@ INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 TERMINATION_MESSAGE_MAX_BYTES = 4096  # the kubelet's MaxContainerTerminationMessageLength
 FALLBACK_LOG_LINES, FALLBACK_LOG_BYTES = 80, 2048  # the kubelet's FallbackToLogsOnError tail
 LEASE_SECONDS = 40
-SWEEP_SECONDS = 0.2
+RETRY_SECONDS = 0.2
 
 
 def _now() -> str:
@@ -107,36 +107,53 @@ class Kubelet:
             coordination.create_namespaced_lease("kube-node-lease", lease)
 
     def _keep_node(self) -> None:
-        """Renew the node's lease, and remove pods marked for deletion, as the kubelet does."""
-        renewed = time.monotonic()
-        while not self._stop.wait(SWEEP_SECONDS):
+        """Renew the node's lease, and remove pods marked for deletion, as the kubelet does: it
+        watches its pods. Each watch lasts until the next renewal is due; a watch that fails or
+        expires (410 Gone) starts again from a fresh listing."""
+        from kubernetes import watch
+
+        renewed, resource_version = time.monotonic(), None
+        while not self._stop.is_set():
             try:
                 if time.monotonic() - renewed > LEASE_SECONDS / 4:
                     self._renew_lease()
                     renewed = time.monotonic()
-                self._remove_deleted_pods()
-            except Exception:  # noqa: BLE001 - an API server restarting; the next sweep retries
-                continue
+                if resource_version is None:
+                    resource_version = self._remove_deleted_pods()
+                for event in watch.Watch().stream(
+                        self.plane.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={NODE}",
+                        resource_version=resource_version, timeout_seconds=int(LEASE_SECONDS / 4)):
+                    pod = event["raw_object"]
+                    resource_version = pod["metadata"]["resourceVersion"]
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self._remove_if_deleted(pod)
+                    if self._stop.is_set() or time.monotonic() - renewed > LEASE_SECONDS / 4:
+                        break
+            except Exception:  # noqa: BLE001 - an API server restarting, an expired watch: list again
+                resource_version = None
+                self._stop.wait(RETRY_SECONDS)
 
-    def _remove_deleted_pods(self) -> None:
+    def _remove_deleted_pods(self) -> str:
+        """Remove this node's pods marked for deletion; the listing's resource version, to watch from."""
+        listing = json.loads(self.plane.core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={NODE}", _preload_content=False).data)
+        for pod in listing["items"]:
+            self._remove_if_deleted(pod)
+        return listing["metadata"]["resourceVersion"]
+
+    def _remove_if_deleted(self, pod: dict) -> None:
         from kubernetes import client
 
-        # Five sweeps a second for the whole k8s folder: read from the API server's watch cache
-        # (resourceVersion 0, not a quorum read of etcd) as plain JSON (no client models), which
-        # kept this process and the API server busy through every wait of the folder's tests.
-        listing = self.plane.core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={NODE}", resource_version="0", _preload_content=False)
-        for pod in json.loads(listing.data)["items"]:
-            meta = pod["metadata"]
-            namespace, name = meta["namespace"], meta["name"]
-            if not meta.get("deletionTimestamp") or (namespace, name) in self._lingering:
-                continue
-            if pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
-                # The containers get SIGTERM and exit; the kubelet reports that, then removes the pod.
-                self._terminate(namespace, name, "Failed", 143, "Error", None)
-            self._ignore_missing(lambda: self.plane.core.delete_namespaced_pod(
-                name, namespace, body=client.V1DeleteOptions(grace_period_seconds=0,
-                                                             preconditions={"uid": meta["uid"]})))
+        meta = pod["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        if not meta.get("deletionTimestamp") or (namespace, name) in self._lingering:
+            return
+        if pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+            # The containers get SIGTERM and exit; the kubelet reports that, then removes the pod.
+            self._terminate(namespace, name, "Failed", 143, "Error", None)
+        self._ignore_missing(lambda: self.plane.core.delete_namespaced_pod(
+            name, namespace, body=client.V1DeleteOptions(grace_period_seconds=0,
+                                                         preconditions={"uid": meta["uid"]})))
 
     @staticmethod
     def _ignore_missing(call) -> None:
@@ -257,6 +274,7 @@ class Kubelet:
     def release(self, namespace: str) -> None:
         """Remove, as any other, the pods of ``namespace`` a test kept Terminating."""
         self._lingering = {(ns, name) for ns, name in self._lingering if ns != namespace}
+        self._remove_deleted_pods()  # no event will tell the watch that they may go now
 
     def waiting(self, namespace: str, name: str, reason: str, message: str) -> None:
         def change(status: dict, pod: dict) -> None:
