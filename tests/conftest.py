@@ -1,9 +1,12 @@
 """Shared fixtures: a private state directory for local groups that checks no process of
-them outlives the test, and a small committed linear-regression dataset."""
+them outlives the test, a small committed linear-regression dataset, and Airflow's metadata
+database migrated once per run."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -101,3 +104,32 @@ def linear_dataset(tmp_path_factory) -> str:
     csv = write_linear_regression_csv(root / "linear.csv", rows=2000, seed=1)
     summary = prepare_dataset(csv, root / "datasets", name="linear", label="y", shards=4)
     return summary["dataset_uri"]
+
+
+@pytest.fixture(scope="session")
+def migrated_airflow_db(tmp_path_factory, worker_id):
+    """``install(env)``: puts a migrated SQLite metadata database where ``env`` (from
+    ``airflow_tf.demo.airflow_env``) has Airflow look for it, as ``init_airflow`` would. The
+    database is migrated once per run, by the first worker that needs it, and copied from then on:
+    each ``airflow db migrate`` of a fresh database costs seconds of CPU."""
+    from airflow_tf.demo import airflow_env, init_airflow
+
+    # The workers of one run share the parent of their base directories; one process has its own.
+    shared = tmp_path_factory.getbasetemp()
+    shared = shared if worker_id == "master" else shared.parent
+    template = shared / "migrated-airflow" / "airflow.db"
+    with open(shared / "migrated-airflow.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not template.exists():
+            env = airflow_env(template.parent / "work")
+            init_airflow(env)
+            shutil.copy(Path(env["AIRFLOW_HOME"]) / "airflow.db", template.with_suffix(".tmp"))
+            template.with_suffix(".tmp").rename(template)
+
+    def install(env: dict[str, str]) -> None:
+        home = Path(env["AIRFLOW_HOME"])
+        assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == f"sqlite:///{home / 'airflow.db'}", env
+        home.mkdir(parents=True, exist_ok=True)
+        shutil.copy(template, home / "airflow.db")
+
+    return install

@@ -9,20 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from airflow_tf.demo import REPO_DAGS, airflow_env, dags_test, init_airflow, reserialize
+from airflow_tf.demo import REPO_DAGS, airflow_env, dags_test, reserialize
 
 TEST_DAGS = Path(__file__).parent / "dags"
 
 
 class AirflowHome:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, install_db):
         self.root = root
         self.dags = root / "dags"
         self.dags.mkdir(parents=True)
         for source in (*REPO_DAGS.glob("*.py"), *TEST_DAGS.glob("*.py")):
             shutil.copy(source, self.dags / source.name)
         self.env = airflow_env(root, self.dags)
-        init_airflow(self.env)
+        install_db(self.env)
         reserialize(self.env)
         errors = subprocess.run([str(Path(sys.executable).with_name("airflow")), "dags", "list-import-errors"],
                                 env=self.env, text=True, capture_output=True).stdout
@@ -39,5 +39,5 @@ class AirflowHome:
 
 
 @pytest.fixture(scope="session")
-def airflow_home(tmp_path_factory) -> AirflowHome:
-    return AirflowHome(tmp_path_factory.mktemp("airflow"))
+def airflow_home(tmp_path_factory, migrated_airflow_db) -> AirflowHome:
+    return AirflowHome(tmp_path_factory.mktemp("airflow"), migrated_airflow_db)

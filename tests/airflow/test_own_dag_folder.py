@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from airflow_tf.demo import airflow_env, dag_run_state, dags_test, init_airflow, predict
+from airflow_tf.demo import airflow_env, dag_run_state, dags_test, predict
 
 pytestmark = pytest.mark.slow
 
@@ -47,14 +47,14 @@ with DAG("my_own_model", schedule=None, start_date=pendulum.datetime(2026, 1, 1,
 '''
 
 
-def test_a_model_module_next_to_the_dag_trains_without_pythonpath(tmp_path, group_processes):
+def test_a_model_module_next_to_the_dag_trains_without_pythonpath(tmp_path, group_processes, migrated_airflow_db):
     dags = tmp_path / "my_dags"
     dags.mkdir()
     (dags / "my_linear_model.py").write_text(textwrap.dedent(MODEL))
     (dags / "my_dag.py").write_text(textwrap.dedent(DAG_FILE))
     env = airflow_env(tmp_path, dags)
     env.pop("PYTHONPATH", None)
-    init_airflow(env)
+    migrated_airflow_db(env)
     result = dags_test(env, "my_own_model")
     (tmp_path / "dag.log").write_text(result.stdout)
     assert dag_run_state(result.stdout) == "success", result.stdout[-5000:]

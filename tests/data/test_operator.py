@@ -16,7 +16,7 @@ import pytest
 from airflow_tf.data import DataError, count_examples, load_schema, prepare_dataset
 from airflow_tf.data.options import DEFAULTS, PrepareOptions
 from airflow_tf.data.samples import write_linear_regression_csv
-from airflow_tf.demo import airflow_env, dags_test, init_airflow
+from airflow_tf.demo import airflow_env, dags_test
 
 DAG_FILE = '''
 import json
@@ -48,7 +48,7 @@ with DAG("prepare_dags", schedule=None, start_date=datetime(2024, 1, 1), catchup
 
 
 @pytest.mark.slow
-def test_operator_runs_in_airflow_with_templates_progress_and_xcom(tmp_path):
+def test_operator_runs_in_airflow_with_templates_progress_and_xcom(tmp_path, migrated_airflow_db):
     good = write_linear_regression_csv(tmp_path / "raw" / "lr.csv", rows=20000, seed=3)
     bad = tmp_path / "raw" / "ragged.csv"
     bad.write_text("x,y\n1,2\n3\n")
@@ -61,7 +61,7 @@ def test_operator_runs_in_airflow_with_templates_progress_and_xcom(tmp_path):
     (dags / "prepare_dags.py").write_text(textwrap.dedent(DAG_FILE.format(
         good=str(good), bad=str(bad), mixed=str(mixed), output=str(output), results=str(results))))
     env = airflow_env(tmp_path, dags)
-    init_airflow(env)
+    migrated_airflow_db(env)
 
     run = dags_test(env, "prepare_dags")
     assert "state=failed" in run.stdout, "the ragged input fails its task, and so the run"

@@ -130,8 +130,8 @@ for dag_id, source in (("parted_ok", {good!r}), ("parted_bad", {bad!r})):
 
 
 @pytest.mark.slow
-def test_partitioned_prepare_runs_as_mapped_airflow_tasks(tmp_path, read_split):
-    from airflow_tf.demo import airflow_env, dags_test, init_airflow
+def test_partitioned_prepare_runs_as_mapped_airflow_tasks(tmp_path, read_split, migrated_airflow_db):
+    from airflow_tf.demo import airflow_env, dags_test
 
     folder = _inputs(tmp_path)
     bad = tmp_path / "bad"
@@ -146,7 +146,7 @@ def test_partitioned_prepare_runs_as_mapped_airflow_tasks(tmp_path, read_split):
     (dags / "parted_dags.py").write_text(textwrap.dedent(DAG_FILE.format(
         good=str(folder), bad=str(bad), output=str(output), result=str(result))))
     env = airflow_env(tmp_path, dags)
-    init_airflow(env)
+    migrated_airflow_db(env)
 
     run = dags_test(env, "parted_ok")
     assert "state=success" in run.stdout, run.stdout[-4000:]

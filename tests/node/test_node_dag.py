@@ -239,11 +239,11 @@ with DAG("parts_on_the_node", schedule=None, start_date=datetime(2024, 1, 1), ca
 '''
 
 
-def test_the_parts_of_a_partitioned_prepare_run_as_pods_on_the_node(node_plane, tmp_path):
+def test_the_parts_of_a_partitioned_prepare_run_as_pods_on_the_node(node_plane, tmp_path, migrated_airflow_db):
     """``tf_prepare(kubernetes=...)``: each part a Job whose pod reads the input and writes its
     shards in the storage it shares with Airflow; the version equals a local prepare's."""
     from airflow_tf.data import prepare_dataset
-    from airflow_tf.demo import airflow_env, dags_test, init_airflow
+    from airflow_tf.demo import airflow_env, dags_test
 
     from k8s.test_kubernetes_parts import _inputs, _records
 
@@ -257,7 +257,7 @@ def test_the_parts_of_a_partitioned_prepare_run_as_pods_on_the_node(node_plane, 
             "image": settings["AIRFLOW_TF_KUBE_IMAGE"], "namespace": DEMO_NAMESPACE,
             "kubernetes_conn_id": None, "config_file": settings["KUBECONFIG"], "poll_interval": 0.5,
             "volumes": [{"claim": settings["AIRFLOW_TF_KUBE_STORAGE_VOLUME"], "mount_path": str(storage)}]}))
-    init_airflow(env)
+    migrated_airflow_db(env)
     with ClusterRecorder(settings["KUBECONFIG"], DEMO_NAMESPACE) as seen:
         run = dags_test(env, "parts_on_the_node")
     assert "state=success" in run.stdout, run.stdout[-4000:]

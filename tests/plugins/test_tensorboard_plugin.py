@@ -55,15 +55,14 @@ def test_run_names_and_scalars_urls(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def airflow_home(tmp_path_factory):
+def airflow_home(tmp_path_factory, migrated_airflow_db):
     """An Airflow home with its metadata database (token checks consult revoked tokens there)."""
     root = tmp_path_factory.mktemp("airflow")
     (root / "dags").mkdir()
     env = airflow_env(root, root / "dags")
     env["AIRFLOW__API_AUTH__JWT_SECRET"] = "tensorboard-plugin-test-secret-" + "x" * 40
     env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = "False"
-    Path(env["AIRFLOW_HOME"]).mkdir(parents=True)
-    subprocess.run([AIRFLOW, "db", "migrate"], env=env, check=True, capture_output=True, timeout=600)
+    migrated_airflow_db(env)
     return env
 
 
