@@ -132,6 +132,10 @@ class AirflowStack:
                 "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
                 # New and changed DAG files show up within seconds, not minutes.
                 "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+                # A changed file is parsed again at the next refresh whatever this says (its mtime
+                # is newer than its last parse); an unchanged one need not be every 30 s, each
+                # parse a process of its own.
+                "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "300",
                 "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
                 "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
             }
