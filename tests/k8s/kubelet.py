@@ -46,6 +46,7 @@ class Kubelet:
         self._logs: dict[tuple[str, str, str], str] = {}  # (namespace, pod, container): its output
         self._lingering: set[tuple[str, str]] = set()  # pods a test keeps Terminating
         self._stop = threading.Event()
+        self._watch: Any = None  # the pods' current watch (kubernetes.watch.Watch)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -82,6 +83,8 @@ class Kubelet:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._watch is not None:  # the API server would wait for an open watch when it stops
+            self._watch.stop()
         self._server.shutdown()
         self._server.server_close()
 
@@ -120,7 +123,8 @@ class Kubelet:
                     renewed = time.monotonic()
                 if resource_version is None:
                     resource_version = self._remove_deleted_pods()
-                for event in watch.Watch().stream(
+                self._watch = watch.Watch()
+                for event in self._watch.stream(
                         self.plane.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={NODE}",
                         resource_version=resource_version, timeout_seconds=int(LEASE_SECONDS / 4)):
                     pod = event["raw_object"]
@@ -150,7 +154,7 @@ class Kubelet:
             return
         if pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
             # The containers get SIGTERM and exit; the kubelet reports that, then removes the pod.
-            self._terminate(namespace, name, "Failed", 143, "Error", None)
+            self._ignore_missing(lambda: self._terminate(namespace, name, "Failed", 143, "Error", None))
         self._ignore_missing(lambda: self.plane.core.delete_namespaced_pod(
             name, namespace, body=client.V1DeleteOptions(grace_period_seconds=0,
                                                          preconditions={"uid": meta["uid"]})))
@@ -273,8 +277,10 @@ class Kubelet:
 
     def release(self, namespace: str) -> None:
         """Remove, as any other, the pods of ``namespace`` a test kept Terminating."""
-        self._lingering = {(ns, name) for ns, name in self._lingering if ns != namespace}
-        self._remove_deleted_pods()  # no event will tell the watch that they may go now
+        kept = {(ns, name) for ns, name in self._lingering if ns == namespace}
+        self._lingering -= kept
+        if kept:
+            self._remove_deleted_pods()  # no event will tell the watch that they may go now
 
     def waiting(self, namespace: str, name: str, reason: str, message: str) -> None:
         def change(status: dict, pod: dict) -> None:
