@@ -11,7 +11,6 @@ up for most of a suite run, so its idle CPU is CPU the tests' own processes cann
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -20,19 +19,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from history import REPO, checkout  # noqa: E402
-
-TICKS = os.sysconf("SC_CLK_TCK")
+from suite_cpu import TICKS, cpu_ticks  # noqa: E402
 
 
 def _cpu_seconds(run_dir: Path) -> dict[str, float]:
     """Component -> CPU seconds so far, for each process the plane recorded in ``run/*.pid``."""
     used = {}
     for pid_file in sorted(run_dir.glob("*.pid")):
-        try:
-            fields = Path("/proc", pid_file.read_text().strip(), "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        used[pid_file.stem] = (int(fields[11]) + int(fields[12])) / TICKS
+        ticks = cpu_ticks(pid_file.read_text().strip())
+        if ticks is not None:
+            used[pid_file.stem] = ticks / TICKS
     return used
 
 

@@ -59,7 +59,7 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
-def _cpu_ticks(pid: str) -> int | None:
+def cpu_ticks(pid: str) -> int | None:
     stat = _read(Path("/proc", pid, "stat"))
     if stat is None:
         return None
@@ -137,7 +137,7 @@ def measure(command: list[str], interval: float = 1.0, **popen) -> Usage:
         for pid in os.listdir("/proc"):
             if not pid.isdigit() or pid == me:
                 continue
-            ticks = _cpu_ticks(pid)
+            ticks = cpu_ticks(pid)
             if ticks is None:
                 continue
             # Read each time: a forked process (a pod's sandbox, a task runner) becomes what it

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -44,15 +43,15 @@ def _run_dir(output: str, storage: Path) -> Path:
 
 
 def test_four_dag_runs_at_once_all_finish_without_collisions_each_serving_its_model(airflow_home, tmp_path,
-                                                                                     group_processes):
+                                                                                     group_processes,
+                                                                                     migrated_airflow_db):
     shared = tmp_path / "shared"
     homes = []
     for i in range(len(RUNS)):
         env = airflow_env(tmp_path / f"home-{i}", airflow_home.dags)
         env.update(AIRFLOW_TF_STORAGE=str(shared / "storage"), AIRFLOW_TF_STATE_DIR=str(shared / "groups"))
-        Path(env["AIRFLOW_HOME"]).mkdir(parents=True)
-        # A copy of the migrated database; each `dags test` writes the DAGs it parses into its own.
-        shutil.copy(Path(airflow_home.env["AIRFLOW_HOME"]) / "airflow.db", Path(env["AIRFLOW_HOME"]))
+        # Each `dags test` writes the DAGs it parses into its own database.
+        migrated_airflow_db(env)
         homes.append(env)
 
     with ThreadPoolExecutor(len(RUNS)) as pool:

@@ -131,7 +131,7 @@ class Kubelet:
                     resource_version = pod["metadata"]["resourceVersion"]
                     if event["type"] in ("ADDED", "MODIFIED"):
                         self._remove_if_deleted(pod)
-                    if self._stop.is_set() or time.monotonic() - renewed > LEASE_SECONDS / 4:
+                    if self._stop.is_set():
                         break
             except Exception:  # noqa: BLE001 - an API server restarting, an expired watch: list again
                 resource_version = None
