@@ -43,12 +43,13 @@ def preload() -> None:
     """Load what a trainer loads, as a task would (its environment first): TensorFlow, Keras,
     the training loop and the models."""
     from .main import set_tensorflow_environment
-    from .startup import import_tensorflow
+    from .startup import collector_paused, import_tensorflow
 
     set_tensorflow_environment("worker")
-    import_tensorflow(keras=True)
-    import airflow_tf.data  # noqa: F401  # the dataset's schema and reader
-    from . import coordinator, training  # noqa: F401
+    with collector_paused():
+        import_tensorflow(keras=True)
+        import airflow_tf.data  # noqa: F401  # the dataset's schema and reader
+        from . import coordinator, training  # noqa: F401
 
     # The loaded objects live as long as every task: the tasks' collections need not walk them,
     # which would also copy every page they sit on into each task.

@@ -7,11 +7,14 @@ stay off in such a process (an evaluation on the local backend runs in the Airfl
 
 A task that only serves (a ps, a coordinator's worker) needs less still: TensorFlow's runtime
 and its gRPC server, not the ``tf.*`` Python API that ``import tensorflow`` builds
-(:func:`import_tensorflow_server`)."""
+(:func:`import_tensorflow_server`).
+
+Either loads with Python's cyclic garbage collector paused (:func:`collector_paused`)."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import os
 import sys
@@ -36,11 +39,26 @@ def _hidden(packages: tuple[str, ...]) -> Iterator[None]:
                 del sys.modules[name]
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off inside the block, as it was after. Loading TensorFlow makes
+    a few hundred thousand objects that all stay; each threshold they cross sets off a collection,
+    and the oldest generation's walks everything loaded so far: a sixth of the import's CPU, for
+    garbage that is not there."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def import_tensorflow(keras: bool = True):
     """The ``tensorflow`` module, loaded lean if this is its first import in the process. Without
     ``keras``, no Keras at all: for a process that only runs graphs built elsewhere (a ps, a
     coordinator's worker, a check that loads an export as TensorFlow Serving does, with no Keras)."""
-    with _hidden(KERAS_OPTIONAL_PACKAGES + (() if keras else ("keras",))):
+    with collector_paused(), _hidden(KERAS_OPTIONAL_PACKAGES + (() if keras else ("keras",))):
         import tensorflow as tf
 
         if isinstance(tf, _DeferredPackage):  # a lean server start before: the API loads now, lean too
@@ -62,7 +80,8 @@ class _DeferredPackage(types.ModuleType):
         assert spec is not None and spec.loader is not None
         # Once: an attribute the __init__ does not define is then an AttributeError.
         self.__class__ = types.ModuleType  # type: ignore[assignment]
-        exec(spec.loader.get_code(spec.name), self.__dict__)  # type: ignore[attr-defined]
+        with collector_paused():
+            exec(spec.loader.get_code(spec.name), self.__dict__)  # type: ignore[attr-defined]
 
 
 def _has_plugins() -> bool:
@@ -76,6 +95,11 @@ def import_tensorflow_server():
     and the gRPC server, without the ``tf.*`` Python API, about a fifth of the CPU of ``import
     tensorflow``. For a process that only serves graphs built elsewhere (a ps, a coordinator's
     worker); if that process later imports ``tensorflow``, the rest loads then."""
+    with collector_paused():
+        return _import_server_lib()
+
+
+def _import_server_lib():
     if "tensorflow" not in sys.modules:
         spec = importlib.util.find_spec("tensorflow")
         if spec is None or spec.submodule_search_locations is None or _has_plugins():

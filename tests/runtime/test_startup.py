@@ -46,6 +46,24 @@ def test_a_task_that_only_serves_starts_tensorflows_server_without_its_python_ap
     assert result.stdout.split("\n")[:3] == ["[]", "True", "3 True"]
 
 
+def test_tensorflow_loads_with_no_garbage_collection_and_the_collector_is_left_as_it_was():
+    # What loading makes all stays: collections while it loads (left alone, hundreds, a few of them
+    # full) walk it for nothing, a sixth of the import's CPU in every task, evaluation and export.
+    code = ("import gc; from airflow_tf.runtime import startup; runs = []; "
+            "gc.callbacks.append(lambda phase, info: phase == 'start' and runs.append(info['generation'])); "
+            "startup.import_tensorflow_server(); print(runs, gc.isenabled()); runs.clear(); "
+            "startup.import_tensorflow(); print(runs, gc.isenabled()); "
+            "gc.disable(); startup.import_tensorflow(); print(gc.isenabled())")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    server, whole, still_off = result.stdout.split("\n")[:3]
+    # At most one collection of the youngest generation: the one the collector, on again, starts at once.
+    for line in (server, whole):
+        runs, enabled = line.rsplit(" ", 1)
+        assert json.loads(runs) in ([], [0]) and enabled == "True", line
+    assert still_off == "False", "a process that turned the collector off keeps it off"
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only /tmp in a mount namespace needs root")
 def test_a_ps_starts_and_stops_where_no_temporary_directory_is_writable(tmp_path):
     # A task keeps its temporary files in a directory of its own; on a read-only root filesystem
