@@ -29,8 +29,8 @@ LOADS = {
            "from airflow_tf.runtime.startup import import_tensorflow_server; import_tensorflow_server()"),
     "load check": "from airflow_tf.runtime.startup import import_tensorflow; import_tensorflow(keras=False)",
 }
-REPORT = ("; import json, time, sys; print(json.dumps({'cpu': time.process_time(), "
-          "'from': __import__('os').path.dirname(sys.modules['airflow_tf'].__file__)}))")
+REPORT = ("; import json, os, sys, time; print(json.dumps({'cpu': time.process_time(), "
+          "'from': os.path.dirname(sys.modules['airflow_tf'].__file__)}))")
 
 
 def _load(code: str, tree: Path | None) -> float:

@@ -43,8 +43,8 @@ def _hidden(packages: tuple[str, ...]) -> Iterator[None]:
 def collector_paused() -> Iterator[None]:
     """The cyclic garbage collector off inside the block, as it was after. Loading TensorFlow makes
     a few hundred thousand objects that all stay; each threshold they cross sets off a collection,
-    and the oldest generation's walks everything loaded so far: a sixth of the import's CPU, for
-    garbage that is not there."""
+    and the oldest generation's walks everything loaded so far: an eighth of a fork server's start
+    (``bench/bench_tf_load.py``), for garbage that is not there."""
     enabled = gc.isenabled()
     gc.disable()
     try:

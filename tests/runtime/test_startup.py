@@ -26,9 +26,7 @@ def test_a_task_starts_tensorflow_without_kerass_optional_packages_and_a_model_c
     code = (f"import sys; from airflow_tf.runtime.startup import import_tensorflow; import_tensorflow(keras={keras}); "
             "print(sorted(m for m in ('keras', 'sklearn', 'matplotlib', 'pandas') if sys.modules.get(m))); "
             "import matplotlib.pyplot; print('importable')")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split("\n")[:2] == [str(loaded), "importable"]
+    assert _fresh_python(code)[:2] == [str(loaded), "importable"]
 
 
 def test_a_task_that_only_serves_starts_tensorflows_server_without_its_python_api_which_still_loads_when_used():
@@ -41,22 +39,18 @@ def test_a_task_that_only_serves_starts_tensorflows_server_without_its_python_ap
             "server = server_lib.Server(server_lib.ClusterSpec({'ps': ['127.0.0.1:0']}), job_name='ps', "
             "task_index=0, start=True); print(server.target.startswith('grpc://127.0.0.1:')); "
             "import tensorflow as tf; print(int(tf.constant(2) + 1), tf.distribute.Server is server_lib.Server)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split("\n")[:3] == ["[]", "True", "3 True"]
+    assert _fresh_python(code)[:3] == ["[]", "True", "3 True"]
 
 
 def test_tensorflow_loads_with_no_garbage_collection_and_the_collector_is_left_as_it_was():
     # What loading makes all stays: collections while it loads (left alone, hundreds, a few of them
-    # full) walk it for nothing, a sixth of the import's CPU in every task, evaluation and export.
+    # full) walk it for nothing, an eighth of a fork server's start.
     code = ("import gc; from airflow_tf.runtime import startup; runs = []; "
             "gc.callbacks.append(lambda phase, info: phase == 'start' and runs.append(info['generation'])); "
             "startup.import_tensorflow_server(); print(runs, gc.isenabled()); runs.clear(); "
             "startup.import_tensorflow(); print(runs, gc.isenabled()); "
             "gc.disable(); startup.import_tensorflow(); print(gc.isenabled())")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    server, whole, still_off = result.stdout.split("\n")[:3]
+    server, whole, still_off = _fresh_python(code)[:3]
     # At most one collection of the youngest generation: the one the collector, on again, starts at once.
     for line in (server, whole):
         runs, enabled = line.rsplit(" ", 1)
@@ -88,6 +82,13 @@ def test_a_ps_starts_and_stops_where_no_temporary_directory_is_writable(tmp_path
         output = ps.communicate(timeout=60)[0]
     assert ps.returncode == -signal.SIGTERM, output[-3000:]
     assert "airflow-tf task exit role=ps index=0 status=stopped signal=SIGTERM" in output, output[-3000:]
+
+
+def _fresh_python(code: str) -> list[str]:
+    """The lines ``python -c code`` printed in a new interpreter of this environment, which must succeed."""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("\n")
 
 
 def _listening(port: int) -> bool:
