@@ -1,0 +1,62 @@
+"""Containers for the tests: the images scripts/images builds here, run by Podman from the same
+store (no Docker engine on this machine). Every container a test starts carries a label of its
+own, so that a test removes and checks only what it started."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGES_SCRIPT = ROOT / "scripts" / "images"
+TEST_LABEL = "org.airflow-tf.test"
+
+
+def store_env() -> dict[str, str]:
+    """The environment under which podman sees the images (``scripts/images env``)."""
+    out = subprocess.run([str(IMAGES_SCRIPT), "env"], check=True, capture_output=True, text=True).stdout
+    return {name: shlex.split(value)[0] for name, value in
+            (line.removeprefix("export ").split("=", 1) for line in out.splitlines())}
+
+
+def built(*names: str) -> dict[str, str]:
+    """The full names of the images ``names``, built first where the store has no current build
+    (./scripts/test builds them all before the suite, so this is a check of seconds)."""
+    result = subprocess.run([str(IMAGES_SCRIPT), "build", *names], capture_output=True, text=True)
+    assert result.returncode == 0, f"scripts/images build {' '.join(names)} failed:\n{result.stderr[-3000:]}"
+    refs = {}
+    for name in names:
+        refs[name] = subprocess.run([str(IMAGES_SCRIPT), "ref", name], check=True, capture_output=True,
+                                    text=True).stdout.strip()
+    return refs
+
+
+def podman(*args: str, check: bool = True, timeout: float = 300, env: dict[str, str] | None = None
+           ) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(["podman", *args], env={**os.environ, **store_env(), **(env or {})},
+                            capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"podman {' '.join(args)} exited {result.returncode}:\n{result.stderr[-3000:]}")
+    return result
+
+
+def new_label() -> str:
+    """A value of TEST_LABEL that no other test uses."""
+    return uuid.uuid4().hex[:12]
+
+
+def remove_labelled(label: str) -> None:
+    """Remove every container the test labelled ``label`` started, running or not."""
+    # Newest first: a container that shares another's network goes before that one.
+    for container in podman("ps", "--all", "--quiet", "--filter", f"label={TEST_LABEL}={label}").stdout.split():
+        podman("rm", "--force", "--time", "0", container)
+
+
+def mounts_under(path: Path) -> list[str]:
+    """Mount points below ``path`` (a container's root file system while it exists)."""
+    prefix = f"{path}/"
+    return [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+            if line.split()[1].startswith(prefix)]
