@@ -50,43 +50,7 @@ def new_label() -> str:
 
 def remove_labelled(label: str) -> None:
     """Remove every container the test labelled ``label`` started, running or not."""
-    # Newest first: a container that shares another's network goes before that one.
+    # --depend: a container that shares another's network goes with that one.
     for container in podman("ps", "--all", "--quiet", "--filter", f"label={TEST_LABEL}={label}").stdout.split():
-        podman("rm", "--force", "--time", "0", container)
+        podman("rm", "--force", "--depend", "--ignore", "--time", "0", container)
 
-
-def mounts_under(path: Path) -> list[str]:
-    """Mount points below ``path`` (a container's root file system while it exists)."""
-    prefix = f"{path}/"
-    return [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
-            if line.split()[1].startswith(prefix)]
-
-
-IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
-IPTABLES_TABLES = ("filter", "nat")
-
-
-class HostNetwork:
-    """What Podman's network stack (netavark) changes on the host and does not put back when the
-    last of its networks goes: IPv4 forwarding turned on, and its chains (NETAVARK_*) with the
-    jumps to them. Taken before a compose project starts; ``restore`` after it is down."""
-
-    def __init__(self) -> None:
-        self.forwarding = IP_FORWARD.read_text()
-        self.rules = {table: self._rules(table) for table in IPTABLES_TABLES}
-
-    @staticmethod
-    def _rules(table: str) -> list[str]:
-        return subprocess.run(["iptables", "-t", table, "-S"], check=True, capture_output=True,
-                              text=True).stdout.splitlines()
-
-    def restore(self) -> None:
-        for table in IPTABLES_TABLES:
-            added = [r for r in self._rules(table) if r not in self.rules[table]]
-            for rule in added:  # jumps and rules first, then the chains they were in
-                if rule.startswith("-A "):
-                    subprocess.run(["iptables", "-t", table, "-D", *shlex.split(rule)[1:]], check=True)
-            for rule in added:
-                if rule.startswith("-N "):
-                    subprocess.run(["iptables", "-t", table, "-X", rule.split()[1]], check=True)
-        IP_FORWARD.write_text(self.forwarding)
