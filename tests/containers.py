@@ -4,9 +4,13 @@ own, so that a test removes and checks only what it started."""
 
 from __future__ import annotations
 
+import functools
+import importlib.machinery
+import importlib.util
 import os
 import shlex
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -15,6 +19,20 @@ IMAGES_SCRIPT = ROOT / "scripts" / "images"
 TEST_LABEL = "org.airflow-tf.test"
 
 
+def _load_images_script():
+    """scripts/images as a module: its Dockerfile reading (instructions, from_image, copied) and
+    the lock's pins are the tests' too."""
+    loader = importlib.machinery.SourceFileLoader("images_script", str(IMAGES_SCRIPT))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    sys.modules[loader.name] = module  # its dataclasses look their module up there
+    loader.exec_module(module)
+    return module
+
+
+images_script = _load_images_script()
+
+
+@functools.cache
 def store_env() -> dict[str, str]:
     """The environment under which podman sees the images (``scripts/images env``)."""
     out = subprocess.run([str(IMAGES_SCRIPT), "env"], check=True, capture_output=True, text=True).stdout

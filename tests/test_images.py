@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -29,47 +28,11 @@ IMAGES = {name: ROOT / "images" / name / "Dockerfile" for name in ("training", "
 TRAINING_IMAGES = ("training", "training-gpu")
 
 
-def instructions(dockerfile: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, with continuation lines joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", dockerfile.read_text())
-    result = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            keyword, _, rest = line.partition(" ")
-            result.append((keyword.upper(), rest.strip()))
-    return result
-
-
-def copy_sources(dockerfile: Path) -> list[str]:
-    """Paths in the build context (the repository root) that COPY/ADD read."""
-    sources = []
-    for keyword, args in instructions(dockerfile):
-        if keyword not in ("COPY", "ADD"):
-            continue
-        words = json.loads(args) if args.startswith("[") else shlex.split(args)
-        words = [w for w in words if not w.startswith("--")]
-        sources += words[:-1]
-    return sources
-
-
-def base_image(dockerfile: Path) -> str:
-    """The FROM image with ARG defaults substituted."""
-    args = {}
-    for keyword, rest in instructions(dockerfile):
-        if keyword == "ARG" and "=" in rest:
-            name, value = rest.split("=", 1)
-            args[name] = value
-        if keyword == "FROM":
-            return re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], rest.split()[0])
-    raise AssertionError(f"{dockerfile}: no FROM")
-
-
-def pinned(name: str) -> str:
-    for line in (ROOT / "constraints.txt").read_text().splitlines():
-        if line.lower().startswith(f"{name}=="):
-            return line.split("==", 1)[1]
-    raise AssertionError(f"constraints.txt pins no {name}")
+# How scripts/images reads a Dockerfile (its build hashes what COPY reads, and finds each base).
+instructions = containers.images_script.instructions
+copy_sources = containers.images_script.copied
+base_image = containers.images_script.from_image
+pinned = containers.images_script.pinned
 
 
 @pytest.mark.parametrize("image", sorted(IMAGES))
