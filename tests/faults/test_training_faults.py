@@ -128,7 +128,9 @@ def test_a_step_stuck_on_a_stopped_ps_times_out_and_the_session_recovers(linear_
         except (OSError, ValueError):
             return
         with lock:
-            if stopped or step < 200:
+            # As soon as the chief reports: at full speed the run has only seconds left after this,
+            # and a busy machine may see its progress late.
+            if stopped or step < 50:
                 return
             ps = task_pid(state_dir, "fault-stuck-ps-0")
             os.kill(ps, signal.SIGSTOP)
@@ -136,7 +138,7 @@ def test_a_step_stuck_on_a_stopped_ps_times_out_and_the_session_recovers(linear_
             threading.Timer(12.0, os.kill, (ps, signal.SIGCONT)).start()
 
     try:
-        run = train_group("fault-stuck", linear_dataset, run_dir, state_dir, workers=2, steps=2000,
+        run = train_group("fault-stuck", linear_dataset, run_dir, state_dir, workers=2, steps=3000,
                           operation_timeout_secs=3.0, checkpoint_every_secs=0.5, on_status=stop_ps_once,
                           group_options=NOT_ASKED)
     finally:
@@ -149,7 +151,7 @@ def test_a_step_stuck_on_a_stopped_ps_times_out_and_the_session_recovers(linear_
     assert run.succeeded, run.report
     assert run.lines("worker-0", "(recreated: a step timed out or a ps was lost)"), \
         "the chief's stuck step neither timed out nor recovered"
-    assert step_of(models.latest_checkpoint(run_dir)) >= 2000
+    assert step_of(models.latest_checkpoint(run_dir)) >= 3000
 
 
 def test_a_stuck_step_is_cut_at_the_bound_from_the_runs_own_step_times_and_the_recovery_shows(linear_dataset,
