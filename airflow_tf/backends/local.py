@@ -42,6 +42,7 @@ from airflow_tf.cluster.names import task_name
 from airflow_tf.files import is_local, read_json, strip_file_scheme
 
 from .base import BackendError, GroupRef, poll_watch
+from .options import BackendOption, check_options, optional, path_option
 from .local_files import STATE_DIR_ENV, GroupDir, archive_logs, default_state_dir, tail_text, write_group_file
 from .local_memory import check_capacity, expected_memory_mb, resident_mb
 from .local_processes import (
@@ -63,6 +64,10 @@ def _local_path(uri: str) -> Path | None:
     return Path(strip_file_scheme(uri)) if is_local(uri) else None
 
 
+OPTIONS = {"state_dir": BackendOption("where groups keep their state and logs", optional(path_option))}
+"""Every option of the local backend (the parameters of :class:`LocalBackend`)."""
+
+
 # -- the backend ----------------------------------------------------------------------------
 class LocalBackend:
     """Runs a group as local processes under a detached per-group supervisor.
@@ -73,7 +78,10 @@ class LocalBackend:
 
     name = "local"
 
+    OPTIONS = OPTIONS
+
     def __init__(self, state_dir: str | os.PathLike | None = None) -> None:
+        state_dir = check_options(self.name, OPTIONS, {"state_dir": state_dir}, "LocalBackend")["state_dir"]
         self.state_dir = Path(state_dir).expanduser().resolve() if state_dir else default_state_dir().resolve()
 
     # -- references -------------------------------------------------------------------------

@@ -66,15 +66,20 @@ def resolved_backend(backend: str | None, options: dict[str, Any] | None) -> tup
     ``backend=None`` means the deployment's: ``[airflow_tf] backend`` (``$AIRFLOW_TF_BACKEND``),
     else ``local``; options not given (None) for the deployment's backend are
     ``[airflow_tf] backend_options`` (``$AIRFLOW_TF_BACKEND_OPTIONS``, a JSON object). The local
-    backend's state directory defaults to ``[airflow_tf] state_dir`` / ``$AIRFLOW_TF_STATE_DIR``."""
-    from airflow_tf.backends import BACKENDS
+    backend's state directory defaults to ``[airflow_tf] state_dir`` / ``$AIRFLOW_TF_STATE_DIR``.
+    Every option is checked (key, type, range) before any backend is made: a wrong one raises a
+    ValueError naming the setting or the argument, the key and what it expects."""
+    from airflow_tf.backends import BACKENDS, check_backend_options
 
     configured = configured_backend()
     if configured not in BACKENDS:
         raise ValueError(f"[airflow_tf] backend / $AIRFLOW_TF_BACKEND: {configured!r} is not one of "
                          f"{', '.join(BACKENDS)}")
     name = backend or configured
-    resolved = configured_backend_options() if options is None and name == configured else dict(options or {})
+    if options is None and name == configured:
+        resolved = configured_backend_options()
+    else:
+        resolved = check_backend_options(name, dict(options or {}), "backend_options (the task's argument)")
     if name == "local" and not resolved.get("state_dir"):
         directory = state_dir()
         if directory:

@@ -19,7 +19,7 @@ from airflow_tf.cluster.results import LaunchResult
 from airflow_tf.cluster.model_code import snapshot_model_code
 from airflow_tf.cluster.training import dataset_uri_of, is_unset, parse_bool
 from airflow_tf.plugins.links import TensorBoardLink
-from airflow_tf.storage import runs_dir
+from airflow_tf.storage import check_in_team_root, runs_dir
 
 from .common import deprecated, launch_labels, no_retry_for, resolved_backend
 
@@ -212,6 +212,7 @@ class LaunchTFClusterOperator(BaseOperator):
         map_index = _map_index(ti)
         name = self.group_name or group_name(ti.dag_id, ti.task_id, ti.run_id, map_index)
         run_dir = self.run_dir or os.path.join(runs_dir(), name)
+        check_in_team_root(run_dir, "run_dir")
         config = TrainingConfig(dataset=dataset_uri_of(self.dataset), run_dir=run_dir,
                                 sync=parse_bool(self.sync, "sync"), **self.training_options())
         # Before the model's code is written there: the run directory's record of its launch is
@@ -244,8 +245,8 @@ class LaunchTFClusterOperator(BaseOperator):
         # A bad option or spec, or a model that cannot be found, fails at once: retrying cannot fix it.
         with no_retry_for(ValueError, SpecError, RunDirTakenError, what="launch refused"):
             spec, code_hash = self._plan(context)
-        backend_name, options = resolved_backend(self.backend, self.backend_options)
-        backend = get_backend(backend_name, **options)
+            backend_name, options = resolved_backend(self.backend, self.backend_options)
+            backend = get_backend(backend_name, **options)
         existing = backend.find(spec.name)
         store = task_state_store(context)  # Airflow 3.3+: kept across the retries of this task
         if store is None:

@@ -45,15 +45,15 @@ def test_a_bad_setting_fails_naming_it(monkeypatch, variable, value, words):
         resolved_backend(None, None)
 
 
-def test_a_misspelt_option_fails_naming_the_key_and_the_backends_options(monkeypatch):
+def test_a_misspelt_option_fails_naming_the_setting_the_key_and_the_backends_options(monkeypatch):
     from airflow_tf.backends import BackendError, get_backend
 
     monkeypatch.setenv("AIRFLOW_TF_BACKEND", "kubernetes")
     monkeypatch.setenv("AIRFLOW_TF_BACKEND_OPTIONS", '{"namespace": "ml", "worklaod": "jobset"}')
-    name, options = resolved_backend(None, None)
-    with pytest.raises(BackendError, match=r"^the kubernetes backend has no option 'worklaod' \(backend_options, "
-                                           r"\[airflow_tf\] backend_options\); its options are: kubernetes_conn_id, "
-                                           r"namespace, .*workload"):
-        get_backend(name, **options)
-    with pytest.raises(BackendError, match=r"the local backend has no option 'namespace'.*its options are: state_dir$"):
+    with pytest.raises(ValueError, match=r"^\[airflow_tf\] backend_options / \$AIRFLOW_TF_BACKEND_OPTIONS: 'worklaod': "
+                                         r"the kubernetes backend has no such option; its options are: "
+                                         r"kubernetes_conn_id \(.*\); namespace \(.*workload"):
+        resolved_backend(None, None)
+    with pytest.raises(BackendError, match=r"^backend_options: 'namespace': the local backend has no such option; "
+                                           r"its options are: state_dir \(where groups keep their state and logs\)$"):
         get_backend("local", namespace="ml")

@@ -350,8 +350,9 @@ def test_a_queue_or_a_kueue_priority_with_the_jobs_form_is_refused_at_dag_parse_
 
 # -- the option ----------------------------------------------------------------------------------------------------
 def test_the_workload_option_is_validated_naming_the_argument_and_the_forms(capsys):
-    with pytest.raises(BackendError, match=r"^workload: 'JobSet' is not a workload form; the forms are: 'jobs' \(one "
-                                           r"Indexed Job per role \(default\)\); 'jobset' \(the group as one JobSet"):
+    with pytest.raises(BackendError, match=r"^backend_options: workload: got 'JobSet'; expected a workload form, one of "
+                                           r"'jobs' \(one Indexed Job per role \(default\)\); 'jobset' \(the group as "
+                                           r"one JobSet"):
         get_backend("kubernetes", kubernetes_conn_id=None, namespace="ml", workload="JobSet")
     with pytest.raises(SpecError, match=r"^backend_options.workload: None is not a workload form"):
         check_launch_options({"workload": None})

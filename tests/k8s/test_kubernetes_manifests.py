@@ -386,5 +386,5 @@ def test_the_backend_image_is_the_training_image_of_groups_that_name_none():
     images = {c["image"] for o in backend.render(spec()) if o["kind"] == "Job"
               for c in o["spec"]["template"]["spec"]["containers"]}
     assert images == {"registry.example/tf:2.21"}
-    with pytest.raises(BackendError, match="backend option image: 'not an image!' is not a container image"):
+    with pytest.raises(BackendError, match="^KubernetesBackend: image: got 'not an image!'; expected a container image"):
         KubernetesBackend(kubernetes_conn_id=None, namespace="ml", image="not an image!")

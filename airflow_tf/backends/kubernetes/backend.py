@@ -32,9 +32,10 @@ from airflow_tf.cluster import GroupSpec, GroupStatus, SpecError
 from airflow_tf.cluster.progress import parse_progress
 
 from ..base import BackendError, GroupRef
+from ..options import BackendOption, boolean, check_options, mapping, optional, path_option, seconds, text, whole_seconds
 from .labels import COMPONENT_LABEL, ROLE_LABEL, ROOT_ANNOTATION, SUCCESS_POLICY
 from .manifests import DEFAULT_PS_MAX_LIFETIME_SECONDS, DEFAULT_TTL_SECONDS_AFTER_FINISHED, group_selector, owned_by
-from .pod_options import check_cluster_domain, check_image
+from .pod_options import check_cluster_domain, check_image, check_namespace, pod_options
 from .status import (
     INDEX_LABEL,
     assess,
@@ -52,7 +53,7 @@ from .one_off import (
 )
 from .one_off import name_of as _name
 from .one_off import now as _now
-from .workloads import DEFAULT_WORKLOAD, check_workload, render_workload
+from .workloads import DEFAULT_WORKLOAD, WORKLOADS, check_workload, render_workload
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,67 @@ _KIND_OF = {"jobs": "Job", "services": "Service", "networkpolicies": "NetworkPol
 # Deleting a Job through the API orphans its pods unless told otherwise (kubectl defaults
 # to background); Background deletes the Job at once and its dependents right after.
 _PROPAGATION = "Background"
+
+
+def _check_namespace(value: Any) -> str:
+    try:
+        return check_namespace(value)
+    except SpecError:
+        raise ValueError("a Kubernetes namespace name (a DNS-1123 label: at most 63 lowercase letters, "
+                         "digits and '-', starting and ending with a letter or digit)") from None
+
+
+def _check_cluster_domain(value: Any) -> str | None:
+    try:
+        return check_cluster_domain(value)
+    except SpecError:
+        raise ValueError("a DNS domain such as cluster.local (no trailing dot)") from None
+
+
+def _check_image(value: Any) -> str:
+    try:
+        return check_image(value, "image")
+    except SpecError:
+        raise ValueError("a container image reference ([registry[:port]/]repository[:tag][@sha256:digest], "
+                         "e.g. registry.example/tf:2.21)") from None
+
+
+def _check_workload(value: Any) -> str:
+    try:
+        return check_workload(value)
+    except SpecError:
+        raise ValueError("a workload form, one of " + "; ".join(f"{name!r} ({doc})" for name, doc in WORKLOADS.items())) from None
+
+
+def _check_pod_defaults(value: Any) -> dict[str, Any]:
+    """Every role's pod settings, checked as a role's are (each problem named under pod_defaults)."""
+    pod_options("pod_defaults", mapping(value), where="pod_defaults")
+    return value
+
+
+OPTIONS: dict[str, BackendOption] = {
+    "kubernetes_conn_id": BackendOption("the provider's Kubernetes connection; null: none", optional(text)),
+    "namespace": BackendOption("where the groups run; default: the connection's, else default",
+                               optional(_check_namespace)),
+    "in_cluster": BackendOption("true/false: use the pod's service account (as KubernetesHook)", optional(boolean)),
+    "config_file": BackendOption("path of a kubeconfig", optional(path_option)),
+    "cluster_context": BackendOption("the kubeconfig's context", optional(text)),
+    "cluster_domain": BackendOption("appended to the tasks' DNS names, e.g. cluster.local", _check_cluster_domain),
+    "network_policy": BackendOption("true (default): each group's pods accept connections only from the group",
+                                    boolean),
+    "workload": BackendOption("'jobs' (default) or 'jobset'", _check_workload),
+    "pod_defaults": BackendOption("pod settings of every role (as RoleSpec.kubernetes)", optional(_check_pod_defaults)),
+    "image": BackendOption("training image of groups that name none", optional(_check_image)),
+    "ttl_seconds_after_finished": BackendOption(
+        "whole seconds >= 0 the group is kept after its root Job finished; null: until deleted",
+        optional(whole_seconds(0))),
+    "ps_max_lifetime_seconds": BackendOption("whole seconds > 0: the parameter servers' deadline when the group "
+                                             "has none", whole_seconds(1)),
+    "progress_interval": BackendOption("seconds > 0 between progress reads while watching", seconds),
+    "poll_interval": BackendOption("seconds > 0 between lists while the watch API is unavailable", seconds),
+    "task_template": BackendOption("recorded at launch: the lead trainer's pod template", optional(mapping)),
+}
+"""Every option of the Kubernetes backend (the parameters of :class:`KubernetesBackend`)."""
 
 
 def _role(obj: dict) -> str | None:
@@ -76,7 +138,10 @@ class KubernetesBackend(OneOffJobs):
     :param in_cluster, config_file, cluster_context: as for the provider's ``KubernetesHook``.
     :param cluster_domain: appended to the tasks' DNS names (``cluster.local``); by default
         the names end in ``.svc`` and the pods' DNS search path completes them.
-    :param network_policy: also create a NetworkPolicy admitting gRPC only from the group's pods.
+    :param network_policy: create, with each group, a NetworkPolicy through which its pods accept
+        connections only from the group's own pods (default True). False logs a warning at each
+        launch: the group's gRPC servers, which have no authentication, are then open to any pod
+        that can reach them.
     :param workload: the group's form: ``"jobs"`` (default), one Indexed Job per role, or
         ``"jobset"``, the whole group as one JobSet (needs the JobSet controller; the form a Kueue
         ``queue_name`` requires, as Kueue admits a JobSet whole). See :mod:`.workloads`.
@@ -99,37 +164,34 @@ class KubernetesBackend(OneOffJobs):
     """
 
     name = "kubernetes"
+    OPTIONS = OPTIONS
 
     def __init__(self, kubernetes_conn_id: str | None = "kubernetes_default", namespace: str | None = None, *,
                  in_cluster: bool | None = None, config_file: str | None = None, cluster_context: str | None = None,
-                 cluster_domain: str | None = None, network_policy: bool = False,
+                 cluster_domain: str | None = None, network_policy: bool = True,
                  workload: str = DEFAULT_WORKLOAD, pod_defaults: dict[str, Any] | None = None,
                  image: str | None = None,
                  ttl_seconds_after_finished: int | None = DEFAULT_TTL_SECONDS_AFTER_FINISHED,
                  ps_max_lifetime_seconds: int = DEFAULT_PS_MAX_LIFETIME_SECONDS,
                  progress_interval: float = 60.0, poll_interval: float = 30.0,
                  task_template: dict[str, Any] | None = None) -> None:
-        self.kubernetes_conn_id = kubernetes_conn_id
-        self._namespace = namespace
-        self.in_cluster = in_cluster
-        self.config_file = config_file
-        self.cluster_context = cluster_context
-        try:
-            self.cluster_domain = check_cluster_domain(cluster_domain)
-            self.workload = check_workload(workload)
-        except SpecError as e:
-            raise BackendError(str(e)) from None
-        self.network_policy = network_policy
-        self.pod_defaults = pod_defaults or {}
-        try:
-            self.image = None if image is None else check_image(image, "backend option image")
-        except SpecError as e:
-            raise BackendError(str(e)) from None
-        self.ttl_seconds_after_finished = ttl_seconds_after_finished
-        self.ps_max_lifetime_seconds = ps_max_lifetime_seconds
-        self.progress_interval = float(progress_interval)
-        self.poll_interval = float(poll_interval)
-        self.task_template = task_template
+        given = {key: value for key, value in locals().items() if key in OPTIONS}
+        options = check_options(self.name, OPTIONS, given, "KubernetesBackend")
+        self.kubernetes_conn_id: str | None = options["kubernetes_conn_id"]
+        self._namespace: str | None = options["namespace"]
+        self.in_cluster: bool | None = options["in_cluster"]
+        self.config_file: str | None = options["config_file"]
+        self.cluster_context: str | None = options["cluster_context"]
+        self.cluster_domain: str | None = options["cluster_domain"]
+        self.workload: str = options["workload"]
+        self.network_policy: bool = options["network_policy"]
+        self.pod_defaults: dict[str, Any] = options["pod_defaults"] or {}
+        self.image: str | None = options["image"]
+        self.ttl_seconds_after_finished: int | None = options["ttl_seconds_after_finished"]
+        self.ps_max_lifetime_seconds: int = options["ps_max_lifetime_seconds"]
+        self.progress_interval: float = options["progress_interval"]
+        self.poll_interval: float = options["poll_interval"]
+        self.task_template: dict[str, Any] | None = options["task_template"]
 
     # -- connection ----------------------------------------------------------------------
     def _hook_args(self) -> dict[str, Any]:
@@ -282,6 +344,10 @@ class KubernetesBackend(OneOffJobs):
             objects = self.render(spec)
         except SpecError as e:
             raise BackendError(str(e)) from e
+        if not self.network_policy:
+            log.warning("network_policy=False: group %s gets no NetworkPolicy, so any pod that can reach its pods "
+                        "can drive its TensorFlow gRPC servers, which have no authentication; leave network_policy "
+                        "on unless the cluster isolates them otherwise", spec.name)
         if self.workload == "jobset":
             jobset, made = JobSetGroup(self).launch(spec, objects)
             self._log_launch(spec.name, made)
