@@ -26,7 +26,7 @@ from starlette.requests import Request
 from airflow_tf.backends.ownership import RunLaunch, run_launch
 from airflow_tf.cluster.results import LaunchResult
 
-from .links import run_name
+from .links import run_name, run_roots, split_run_name
 
 log = logging.getLogger(__name__)
 
@@ -94,19 +94,61 @@ def _launched_it(launch: Launch) -> bool:
     recorded = run_launch(launch.result.run_dir)
     if recorded == claimant:
         return True
+    _log_ignored(launch, f"its run directory {launch.result.run_dir} records {recorded or 'no launch'} as its "
+                         f"launch")
+    return False
+
+
+def _log_ignored(launch: Launch, why: str) -> None:
+    """Logs once (of the last IGNORED_REMEMBERED) that a launch result is not shown as its DAG's run."""
     key = (launch.dag_id, launch.run_id, launch.task_id, launch.map_index, launch.result.run_dir)
     if key not in _IGNORED:
         _IGNORED[key] = None
         if len(_IGNORED) > IGNORED_REMEMBERED:
             _IGNORED.popitem(last=False)
-        log.warning("ignoring the launch result returned by %s: its run directory %s records %s as its launch, so "
-                    "the run is not shown as %s's", claimant, launch.result.run_dir,
-                    recorded or "no launch", launch.dag_id)
-    return False
+        claimant = RunLaunch(launch.dag_id, launch.run_id, launch.task_id, launch.map_index)
+        log.warning("ignoring the launch result returned by %s: %s, so the run is not shown as %s's", claimant, why,
+                    launch.dag_id)
+
+
+def _dag_teams() -> dict[str, str]:
+    """Each DAG's team (through its bundle), for DAGs whose bundle has one."""
+    from airflow.models.dag import DagModel
+    from airflow.models.dagbundle import DagBundleModel
+    from airflow.models.team import Team
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(
+            select(DagModel.dag_id, Team.name)
+            .join(DagBundleModel, DagModel.bundle_name == DagBundleModel.name)
+            .join(DagBundleModel.teams)
+        ).all()
+    return {dag_id: team for dag_id, team in rows}
+
+
+def _in_own_team(launches: list[Launch], roots: dict[str, str]) -> list[Launch]:
+    """With teams, the launches whose run lies in their own DAG's team's root: a DAG of one team
+    cannot claim a run found in another team's root, whatever either root holds."""
+    if "" in roots:
+        return launches
+    dag_teams = _dag_teams()
+    kept = []
+    for launch in launches:
+        name = run_name(launch.result.run_dir, roots)
+        team = name.partition("/")[0] if name else None
+        if team is not None and team == dag_teams.get(launch.dag_id):
+            kept.append(launch)
+        else:
+            _log_ignored(launch, f"its run directory {launch.result.run_dir} is not in the storage root of "
+                                 f"{launch.dag_id}'s team ({dag_teams.get(launch.dag_id) or 'none'})")
+    return kept
 
 
 class _Records:
-    """The launches recorded in XCom, read at most every RECORDS_TTL_SECS seconds."""
+    """The launches recorded in XCom (with teams, each in its own team's root), read at most every
+    RECORDS_TTL_SECS seconds."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -116,7 +158,7 @@ class _Records:
     def launches(self) -> list[Launch]:
         with self._lock:
             if time.monotonic() - self._read_at > RECORDS_TTL_SECS:
-                self._launches = _read_launches()
+                self._launches = _in_own_team(_read_launches(), run_roots())
                 self._read_at = time.monotonic()
             return self._launches
 
@@ -146,22 +188,26 @@ class Access:
     every_dag: bool
     """True when those are all the DAGs Airflow knows (the user may read unrecorded runs too)."""
     owners: dict[str, set[str]]
-    runs: str
-    """The directory TensorBoard's run names are relative to (``<storage>/runs``)."""
+    roots: dict[str, str]
+    """The directories TensorBoard's run names are relative to, by their prefix (:func:`.links.run_roots`)."""
 
     def may_read_dag(self, dag_id: str) -> bool:
         return dag_id in self.dag_ids
 
     def may_read_run(self, name: str) -> bool:
-        """Whether TensorBoard run ``name`` (a run directory below ``runs/``, or a directory inside
-        one, e.g. ``<group>/eval``) may be shown."""
-        parts = name.strip("/").split("/")
+        """Whether TensorBoard run ``name`` (a run directory below a root, or a directory inside
+        one, e.g. ``<group>/eval``; with teams, after its team's prefix) may be shown."""
+        found = split_run_name(name, self.roots)
+        if found is None:
+            return False
+        prefix, relative = found
+        runs, parts = self.roots[prefix], relative.strip("/").split("/")
         for end in range(len(parts), 0, -1):
             owner = "/".join(parts[:end])
-            owners = self.owners.get(owner)
+            owners = self.owners.get(f"{prefix}/{owner}" if prefix else owner)
             if owners is not None:
-                return owners <= self.dag_ids and stays_inside(self.runs, name, owner)
-        return self.every_dag and stays_inside(self.runs, name, None)
+                return owners <= self.dag_ids and stays_inside(runs, relative, owner)
+        return self.every_dag and stays_inside(runs, relative, None)
 
 
 def _within(path: str, directory: str) -> bool:
@@ -202,10 +248,8 @@ def access_of(user: Any) -> Access:
     """The user's :class:`Access`, from the auth manager's own answer (blocking: database reads)."""
     from airflow.api_fastapi.app import get_auth_manager
 
-    from airflow_tf.storage import runs_dir
-
     dag_ids = frozenset(get_auth_manager().get_authorized_dag_ids(user=user, method="GET"))
-    return Access(dag_ids, _all_dag_ids() <= dag_ids, run_owners(recorded_launches()), runs_dir())
+    return Access(dag_ids, _all_dag_ids() <= dag_ids, run_owners(recorded_launches()), run_roots())
 
 
 async def signed_in_user(request: Request) -> Any:

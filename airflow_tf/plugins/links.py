@@ -14,20 +14,44 @@ from airflow.sdk import BaseOperatorLink
 
 from airflow_tf.cluster.results import LaunchResult
 from airflow_tf.files import strip_file_scheme
-from airflow_tf.storage import runs_dir
+from airflow_tf.storage import runs_dir, teams
 
 URL_PREFIX = "/tensorboard"
 """Where the plugin mounts TensorBoard in the API server (below ``[api] base_url``'s path)."""
 
 
-def run_name(run_dir: str, runs: str | None = None) -> str | None:
-    """TensorBoard's name of the run in ``run_dir`` (its path below ``runs/``), or None when the
-    run directory lies outside the storage's ``runs/`` (TensorBoard does not see it)."""
-    runs = os.path.normpath(runs or runs_dir())
+def run_roots() -> dict[str, str]:
+    """The directories TensorBoard serves, by the prefix of their runs' names: ``{"": <storage>/runs}``,
+    or with ``[airflow_tf] teams`` each team's ``<root>/runs`` under the team's name (a run of
+    team_a is ``team_a/<group>``)."""
+    roots = teams()
+    if not roots:
+        return {"": os.path.normpath(runs_dir())}
+    return {team: os.path.join(root, "runs") for team, root in roots.items()}
+
+
+def run_name(run_dir: str, roots: dict[str, str] | str | None = None) -> str | None:
+    """TensorBoard's name of the run in ``run_dir`` (its path below a root of :func:`run_roots`,
+    or of ``roots``: those, or one runs directory, after that root's prefix), or None when it lies
+    outside them (TensorBoard does not see it)."""
     path = os.path.normpath(strip_file_scheme(run_dir))
-    if os.path.commonpath([runs, path]) != runs or path == runs:
+    if roots is None:
+        roots = run_roots()
+    for prefix, root in ({"": roots} if isinstance(roots, str) else roots).items():
+        runs = os.path.normpath(root)
+        if os.path.commonpath([runs, path]) == runs and path != runs:
+            relative = os.path.relpath(path, runs).replace(os.sep, "/")
+            return f"{prefix}/{relative}" if prefix else relative
+    return None
+
+
+def split_run_name(name: str, roots: dict[str, str]) -> tuple[str, str] | None:
+    """The prefix of ``roots`` a TensorBoard run name lies under, and its name below that root;
+    None for a name no root serves."""
+    prefix, _, rest = ("", "", name) if "" in roots else name.partition("/")
+    if prefix not in roots or not rest.strip("/"):
         return None
-    return os.path.relpath(path, runs).replace(os.sep, "/")
+    return prefix, rest
 
 
 def scalars_url(names: list[str], base: str = URL_PREFIX) -> str:

@@ -28,10 +28,8 @@ from airflow.plugins_manager import AirflowPlugin
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse
 
-from airflow_tf.storage import runs_dir
-
 from .access import Access, access_of, recorded_launches, signed_in_http_request
-from .links import URL_PREFIX, TensorBoardLink, scalars_url
+from .links import URL_PREFIX, TensorBoardLink, run_roots, scalars_url
 from .training_view import URL_PREFIX as TRAINING_PREFIX
 from .training_view import TrainingViewApp
 
@@ -180,9 +178,10 @@ def readable_runs_provider(inner: Any) -> Any:
     return ReadableRunsProvider(inner)
 
 
-def build_tensorboard(logdir: str) -> Callable:
-    """TensorBoard's WSGI app over ``logdir``, each request seeing only its readable runs
-    (imports TensorBoard: call it when first needed)."""
+def build_tensorboard(roots: dict[str, str]) -> Callable:
+    """TensorBoard's WSGI app over ``roots`` (:func:`.links.run_roots`: one runs directory, or
+    each team's under its name), each request seeing only its readable runs (imports
+    TensorBoard: call it when first needed)."""
     from tensorboard import default, program
     from tensorboard.backend import application
     from tensorboard.backend.event_processing import data_ingester
@@ -195,7 +194,9 @@ def build_tensorboard(logdir: str) -> Callable:
     board = program.TensorBoard(plugins=plugins)
     # path_prefix "": the mount's prefix reaches TensorBoard as SCRIPT_NAME. load_fast false:
     # read event files in this process instead of starting TensorBoard's data-server binary.
-    board.configure(logdir=logdir, path_prefix="", load_fast="false", reload_interval=RELOAD_INTERVAL_SECS)
+    logdir = ({"logdir": roots[""]} if "" in roots
+              else {"logdir_spec": ",".join(f"{prefix}:{runs}" for prefix, runs in sorted(roots.items()))})
+    board.configure(**logdir, path_prefix="", load_fast="false", reload_interval=RELOAD_INTERVAL_SECS)
     ingester = data_ingester.LocalDataIngester(board.flags)
     ingester.start()
     # No multiplexer for the plugins: what reads it directly would bypass the filter.
@@ -225,7 +226,7 @@ class TensorBoardApp:
     DAG-run view, then TensorBoard (a2wsgi's WSGIMiddleware around TensorBoard's WSGI app, built
     on first use)."""
 
-    def __init__(self, factory: Callable[[str], Callable] = build_tensorboard) -> None:
+    def __init__(self, factory: Callable[[dict[str, str]], Callable] = build_tensorboard) -> None:
         self._factory = factory
         self._app: Any = None
         self._lock = threading.Lock()
@@ -235,9 +236,10 @@ class TensorBoardApp:
             if self._app is None:
                 from a2wsgi import WSGIMiddleware
 
-                runs = runs_dir()  # the storage as configured when TensorBoard is first asked for
+                roots = run_roots()  # the storage as configured when TensorBoard is first asked for
+                runs = ", ".join(roots.values())
                 try:
-                    self._app = WSGIMiddleware(self._factory(runs))
+                    self._app = WSGIMiddleware(self._factory(roots))
                     log.info("TensorBoard serves %s", runs)
                 except ImportError as exc:
                     log.warning("TensorBoard is not installed (%s): pip install \"airflow-tf[tensorboard]\"", exc)

@@ -36,14 +36,14 @@ def test_a_run_is_readable_only_with_every_dag_that_recorded_it(tmp_path, monkey
         launch("team_a", str(tmp_path / "elsewhere" / "tf-out")),  # outside runs/: not a TensorBoard run
     ])
     assert owners == {"tf-a-1": {"team_a"}, "tf-b-1": {"team_b", "team_c"}}
-    alice = Access(frozenset({"team_a"}), every_dag=False, owners=owners, runs=str(runs))
+    alice = Access(frozenset({"team_a"}), every_dag=False, owners=owners, roots={"": str(runs)})
     assert alice.may_read_run("tf-a-1") and alice.may_read_run("tf-a-1/eval")  # a directory inside the run
     assert not alice.may_read_run("tf-b-1") and not alice.may_read_run("tf-b-1/eval")
     assert not alice.may_read_run("tf-from-the-cli")  # recorded by no launch
     assert not alice.may_read_run("tf-a-10")  # a name that only starts like hers
-    bob = Access(frozenset({"team_b"}), every_dag=False, owners=owners, runs=str(runs))
+    bob = Access(frozenset({"team_b"}), every_dag=False, owners=owners, roots={"": str(runs)})
     assert not bob.may_read_run("tf-b-1") and not bob.may_read_run("tf-a-1")
-    admin = Access(frozenset({"team_a", "team_b", "team_c"}), every_dag=True, owners=owners, runs=str(runs))
+    admin = Access(frozenset({"team_a", "team_b", "team_c"}), every_dag=True, owners=owners, roots={"": str(runs)})
     assert all(admin.may_read_run(name) for name in ("tf-a-1", "tf-b-1", "tf-from-the-cli"))
 
 
@@ -101,10 +101,10 @@ def test_a_link_out_of_a_run_is_not_readable_under_its_name(tmp_path):
     (runs / "tf-a-1" / "inner").mkdir()
     (runs / "tf-a-1" / "inner" / "events.out.tfevents.3").symlink_to(runs / "tf-a-1" / "events.out.tfevents.1")
     owners = {"tf-a-1": {"team_a"}, "tf-b-1": {"team_b"}}
-    alice = Access(frozenset({"team_a"}), every_dag=False, owners=owners, runs=str(runs))
+    alice = Access(frozenset({"team_a"}), every_dag=False, owners=owners, roots={"": str(runs)})
     assert alice.may_read_run("tf-a-1") and alice.may_read_run("tf-a-1/inner")  # a link inside her run is fine
     assert not alice.may_read_run("tf-a-1/link") and not alice.may_read_run("tf-a-1/copied")
-    admin = Access(frozenset({"team_a", "team_b"}), every_dag=True, owners={}, runs=str(runs))
+    admin = Access(frozenset({"team_a", "team_b"}), every_dag=True, owners={}, roots={"": str(runs)})
     (runs / "tf-out").symlink_to(tmp_path)
     assert admin.may_read_run("tf-a-1/link") and not admin.may_read_run("tf-out")  # nothing outside runs/
 
