@@ -54,6 +54,18 @@ def get_provider_info() -> dict:
                         '"airflow-tf-storage", "mount_path": "/shared/airflow-tf"}]}}',
                         "default": "",
                     },
+                    "teams": {
+                        "description": "Airflow's multi-team mode: each team's storage root, a JSON object "
+                        "of team name to {\"storage\": root}. A task of a team's DAG run uses its team's root "
+                        "(and <root>/groups for its local groups' state); a task of no team, or of a team left "
+                        "out, is refused. Give each team's workers and pods write access to their own root "
+                        "only (docs: explanation/security). Empty: $AIRFLOW_TF_TEAMS, else one shared storage.",
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": '{"team_a": {"storage": "/shared/team_a"}, "team_b": {"storage": '
+                        '"/shared/team_b"}}',
+                        "default": "",
+                    },
                     "state_dir": {
                         "description": "Where the local backend keeps the state and logs of its groups. "
                         "Empty: $AIRFLOW_TF_STATE_DIR, else ~/.cache/airflow-tf/groups.",
