@@ -463,19 +463,30 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
         "Kubernetes backend creates them, the root Job first; the backend also sets ownerReferences "
         "from every other object to the root Job, which need its uid: "
         "airflow-tf render --name demo --ps 1 --workers 2 --image IMAGE | kubectl apply -f -. "
-        "With --workload jobset: one JobSet (and the NetworkPolicy), the form a --queue-name needs.",
+        "With --workload jobset: one JobSet (and the NetworkPolicy), the form a --queue-name needs. "
+        "With --rbac --namespace N: instead, a team's namespace N (labelled for Pod Security Admission "
+        "'restricted'), its service account airflow-tf, the backend's Role (airflow_tf/rbac/role.yaml) and "
+        "their RoleBinding: airflow-tf render --rbac --namespace team-a | kubectl apply -f -.",
     )
-    p.add_argument("--name", required=True, help="group name (made a valid DNS-1123 label if it is not one)")
+    p.add_argument("--rbac", action="store_true",
+                   help="print a team's namespace, service account, Role and RoleBinding (needs --namespace) "
+                   "instead of a group")
+    p.add_argument("--bind", action="append", default=[], metavar="NAMESPACE:SERVICEACCOUNT",
+                   help="with --rbac: also bind the Role to this service account, e.g. the team's Airflow "
+                   "workers' (repeatable)")
+    p.add_argument("--name", help="group name (made a valid DNS-1123 label if it is not one); required without --rbac")
     p.add_argument("--ps", type=int, default=1, help="parameter-server tasks (default 1)")
     p.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
-    p.add_argument("--image", required=True, help="training image (TensorFlow + the airflow_tf package)")
-    p.add_argument("--namespace", default="default", help="namespace of every object (default: default)")
+    p.add_argument("--image", help="training image (TensorFlow + the airflow_tf package); required without --rbac")
+    p.add_argument("--namespace", default=None, help="namespace of every object (default: default; required "
+                   "with --rbac)")
     add_training_arguments(p, dataset="/data", run_dir=None, steps=1000)
     p.add_argument("--port", type=int, default=2222, help="gRPC port of every task (default 2222)")
     p.add_argument("--workload", choices=list(WORKLOADS), default=DEFAULT_WORKLOAD,
                    help="the group's form: " + "; ".join(f"{k}: {v}" for k, v in WORKLOADS.items()))
-    p.add_argument("--network-policy", action="store_true",
-                   help="add a NetworkPolicy admitting gRPC only from the group's own pods")
+    p.add_argument("--network-policy", action=argparse.BooleanOptionalAction, default=True,
+                   help="a NetworkPolicy through which the group's pods accept connections only from the group's "
+                   "own pods (default: on; --no-network-policy leaves their gRPC servers open to any pod)")
     p.add_argument("--cluster-domain", default=None, help="append this cluster domain to the tasks' DNS names")
     p.add_argument("--data-claim", default=None, metavar="PVC",
                    help="PersistentVolumeClaim holding the datasets, mounted read-only at --data-mount")
@@ -502,6 +513,12 @@ def _cmd_render(args: argparse.Namespace, out: TextIO) -> int:
     from airflow_tf.backends.kubernetes.workloads import render_workload
     from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, dns1123_label
 
+    if args.rbac:
+        return _render_rbac(args, out)
+    missing = [f"--{key}" for key in ("name", "image") if getattr(args, key) is None]
+    if missing:
+        sys.stderr.write(f"airflow-tf render: {' and '.join(missing)} required (a group's manifests), or --rbac\n")
+        return 2
     name = dns1123_label(args.name, max_length=46)
     pod_defaults: dict[str, Any] = {}
     volumes = [{"claim": args.data_claim, "mount_path": args.data_mount, "read_only": True}] if args.data_claim else []
@@ -522,9 +539,26 @@ def _cmd_render(args: argparse.Namespace, out: TextIO) -> int:
         training = TrainingConfig.from_namespace(args, run_dir=args.run_dir or f"{args.runs_mount}/{name}", steps=steps)
         spec = GroupSpec.for_training(name, training, ps=args.ps, workers=args.workers, image=args.image,
                                       port=args.port, role_options={"worker": worker} if worker else None)
-        objects = render_workload(args.workload, spec, args.namespace, cluster_domain=args.cluster_domain,
+        objects = render_workload(args.workload, spec, args.namespace or "default", cluster_domain=args.cluster_domain,
                                   network_policy=args.network_policy, pod_defaults=pod_defaults)
     except (SpecError, ValueError) as e:
+        sys.stderr.write(f"airflow-tf render: {e}\n")
+        return 2
+    out.write(to_yaml(objects))
+    return 0
+
+
+def _render_rbac(args: argparse.Namespace, out: TextIO) -> int:
+    from airflow_tf.backends.kubernetes.access import parse_subject, team_namespace
+    from airflow_tf.backends.kubernetes.manifests import to_yaml
+    from airflow_tf.cluster import SpecError
+
+    if args.namespace is None:
+        sys.stderr.write("airflow-tf render: --rbac needs --namespace (the team's namespace)\n")
+        return 2
+    try:
+        objects = team_namespace(args.namespace, [parse_subject(text) for text in args.bind])
+    except SpecError as e:
         sys.stderr.write(f"airflow-tf render: {e}\n")
         return 2
     out.write(to_yaml(objects))

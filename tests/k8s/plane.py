@@ -28,13 +28,14 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
-import airflow_tf
+from airflow_tf.backends.kubernetes import access
+from airflow_tf.backends.kubernetes.access import team_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE_SCRIPT = ROOT / "scripts" / "kube"
-ROLE_FILE = Path(airflow_tf.__file__).parent / "rbac" / "role.yaml"
+ROLE_FILE = access.ROLE_FILE
 CLUSTER_ENV = "AIRFLOW_TF_TEST_KUBECONFIG"
-BACKEND_ACCOUNT = "airflow-tf"
+BACKEND_ACCOUNT = access.ACCOUNT
 TOKEN_SECONDS = 3600
 VOLUME_CLASS = "airflow-tf-test"
 VOLUME_NAMESPACE_LABEL = "airflow-tf-test/namespace"  # on the volumes a test's claims are bound to
@@ -162,29 +163,31 @@ class Plane:
 
     # -- namespaces ---------------------------------------------------------------------------
     def new_namespace(self, prefix: str, directory: Path) -> TestNamespace:
-        """A fresh namespace with the backend's service account, bound only to role.yaml, and
-        a kubeconfig for that account written into ``directory``."""
-        from kubernetes import client
-
+        """A fresh team namespace as ``airflow-tf render --rbac`` makes it (Pod Security Admission
+        ``restricted`` enforced, the backend's service account bound only to role.yaml), and a
+        kubeconfig for that account written into ``directory``."""
         name = f"{prefix[:40].rstrip('-')}-{uuid.uuid4().hex[:6]}"
-        self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        self.apply(team_namespace(name))
         # Pods can only be made once the namespace's default service account exists.
         wait_for(lambda: _exists(lambda: self.core.read_namespaced_service_account("default", name)), 30,
                  f"the default service account of namespace {name}")
-        self.core.create_namespaced_service_account(name, client.V1ServiceAccount(
-            metadata=client.V1ObjectMeta(name=BACKEND_ACCOUNT)))
-        role = yaml.safe_load(ROLE_FILE.read_text())
-        role["metadata"]["namespace"] = name
-        self.rbac.create_namespaced_role(name, role)
-        self.rbac.create_namespaced_role_binding(name, {
-            "metadata": {"name": BACKEND_ACCOUNT},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]},
-            "subjects": [{"kind": "ServiceAccount", "name": BACKEND_ACCOUNT, "namespace": name}]})
-        token = self.core.create_namespaced_service_account_token(BACKEND_ACCOUNT, name, {
-            "spec": {"expirationSeconds": TOKEN_SECONDS}}).status.token
         kubeconfig = directory / "kubeconfig"
-        _write_kubeconfig(kubeconfig, self.api.configuration, token, name)
+        _write_kubeconfig(kubeconfig, self.api.configuration, self.token(name, BACKEND_ACCOUNT), name)
         return TestNamespace(self, name, kubeconfig)
+
+    def apply(self, objects: list[dict]) -> None:
+        """Create what ``airflow-tf render --rbac`` prints, as ``kubectl apply -f -`` would."""
+        create = {"Namespace": lambda o: self.core.create_namespace(o),
+                  "ServiceAccount": lambda o: self.core.create_namespaced_service_account(o["metadata"]["namespace"], o),
+                  "Role": lambda o: self.rbac.create_namespaced_role(o["metadata"]["namespace"], o),
+                  "RoleBinding": lambda o: self.rbac.create_namespaced_role_binding(o["metadata"]["namespace"], o)}
+        for obj in objects:
+            create[obj["kind"]](obj)
+
+    def token(self, namespace: str, account: str) -> str:
+        """A token of service account ``account`` of ``namespace``."""
+        return self.core.create_namespaced_service_account_token(account, namespace, {
+            "spec": {"expirationSeconds": TOKEN_SECONDS}}).status.token
 
     def delete_namespace(self, name: str) -> None:
         """Delete a test's namespace; the namespace controller removes what is left in it."""

@@ -40,6 +40,7 @@ from .labels import (
     SCHEDULE_TIMEOUT,
     SUCCESS_POLICY,
 )
+from .restricted import restricted_pod
 from .pod_options import (
     LABEL_KEY,
     PodOptions,
@@ -409,8 +410,10 @@ def role_job(group: Group, role: Role, *, standalone: bool = True) -> dict:
         **_job_metadata(group, role), **_lifecycle(group, role, standalone=standalone),
         **pod_settings(role.options, role.resources),
     )[0]
+    template = job["spec"]["template"]
     if role.options.pod_template:
-        job["spec"]["template"] = merge_pod_template(role.options.pod_template, job["spec"]["template"])
+        template = merge_pod_template(role.options.pod_template, template)
+    job["spec"]["template"] = restricted_pod(template, role.name, role.options, f"roles.{role.name}")
     return job
 
 
@@ -448,7 +451,9 @@ def one_off_pod_template(*, container: str, image: str, command: list[str], env:
     )[0]
     template = job["spec"]["template"]
     template["spec"].pop("subdomain", None)
-    return merge_pod_template(options.pod_template, template) if options.pod_template else template
+    if options.pod_template:
+        template = merge_pod_template(options.pod_template, template)
+    return restricted_pod(template, container, options, container)
 
 
 def owned_by(obj: dict, root: dict) -> dict:
