@@ -60,7 +60,14 @@ def flag(value: Any, name: str) -> Any:
     return value if value is None or is_template(value) else parse_bool(value, name)
 
 
-def resolved_backend(backend: str | None, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+def task_team(context: Any) -> str | None:
+    """The team of the task's DAG in Airflow's multi-team mode (Airflow 3.3: the DAG run's
+    ``team_name``, from the API server), else None."""
+    return getattr(context.get("dag_run"), "team_name", None) or None
+
+
+def resolved_backend(backend: str | None, options: dict[str, Any] | None,
+                     team: str | None = None) -> tuple[str, dict[str, Any]]:
     """The backend a task uses and its options, read when the task runs.
 
     ``backend=None`` means the deployment's: ``[airflow_tf] backend`` (``$AIRFLOW_TF_BACKEND``),
@@ -68,7 +75,8 @@ def resolved_backend(backend: str | None, options: dict[str, Any] | None) -> tup
     ``[airflow_tf] backend_options`` (``$AIRFLOW_TF_BACKEND_OPTIONS``, a JSON object). The local
     backend's state directory defaults to ``[airflow_tf] state_dir`` / ``$AIRFLOW_TF_STATE_DIR``.
     Every option is checked (key, type, range) before any backend is made: a wrong one raises a
-    ValueError naming the setting or the argument, the key and what it expects."""
+    ValueError naming the setting or the argument, the key and what it expects. A Kubernetes
+    ``namespace`` holding ``{team}`` gets ``team`` (:func:`task_team`) there: a namespace per team."""
     from airflow_tf.backends import BACKENDS, check_backend_options
 
     configured = configured_backend()
@@ -78,13 +86,33 @@ def resolved_backend(backend: str | None, options: dict[str, Any] | None) -> tup
     name = backend or configured
     if options is None and name == configured:
         resolved = configured_backend_options()
+        where = "[airflow_tf] backend_options / $AIRFLOW_TF_BACKEND_OPTIONS"
     else:
-        resolved = check_backend_options(name, dict(options or {}), "backend_options (the task's argument)")
+        where = "backend_options (the task's argument)"
+        resolved = check_backend_options(name, dict(options or {}), where)
+    if name == "kubernetes" and "{team}" in (resolved.get("namespace") or ""):
+        resolved["namespace"] = _team_namespace(resolved["namespace"], team, where)
     if name == "local" and not resolved.get("state_dir"):
         directory = state_dir()
         if directory:
             resolved["state_dir"] = directory
     return name, resolved
+
+
+def _team_namespace(namespace: str, team: str | None, where: str) -> str:
+    from airflow_tf.backends.kubernetes.pod_options import check_namespace
+    from airflow_tf.cluster import SpecError
+
+    if not team:
+        raise ValueError(f"{where}: namespace: {namespace!r} holds {{team}}, but this task's DAG belongs to no team "
+                         "(Airflow's multi-team mode); give a namespace without {team} to DAGs of no team")
+    filled = namespace.replace("{team}", team)
+    try:
+        return check_namespace(filled)
+    except SpecError:
+        raise ValueError(f"{where}: namespace: {namespace!r} with the task's team {team!r} is {filled!r}, not a "
+                         "Kubernetes namespace name (a DNS-1123 label); map this team's namespace another way, e.g. "
+                         "its workers' own [airflow_tf] backend_options") from None
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from airflow_tf.cluster.training import dataset_uri_of, is_unset, parse_bool
 from airflow_tf.plugins.links import TensorBoardLink
 from airflow_tf.storage import check_in_team_root, runs_dir
 
-from .common import deprecated, launch_labels, no_retry_for, resolved_backend
+from .common import deprecated, launch_labels, no_retry_for, resolved_backend, task_team
 
 # Every TrainingConfig option a DAG author sets is an explicit parameter of the operator, so
 # Airflow's .partial()/.expand() validation sees it; dataset, run_dir and sync are group-level
@@ -245,7 +245,7 @@ class LaunchTFClusterOperator(BaseOperator):
         # A bad option or spec, or a model that cannot be found, fails at once: retrying cannot fix it.
         with no_retry_for(ValueError, SpecError, RunDirTakenError, what="launch refused"):
             spec, code_hash = self._plan(context)
-            backend_name, options = resolved_backend(self.backend, self.backend_options)
+            backend_name, options = resolved_backend(self.backend, self.backend_options, task_team(context))
             backend = get_backend(backend_name, **options)
         existing = backend.find(spec.name)
         store = task_state_store(context)  # Airflow 3.3+: kept across the retries of this task

@@ -127,3 +127,37 @@ def test_a_dags_own_options_are_refused_naming_the_argument(deployment):
         resolved_backend("local", {"namespace": "ml"})
     # Refused before anything is made, and never worth a retry: a ValueError as well as a BackendError.
     assert issubclass(BackendOptionError, ValueError) and issubclass(BackendOptionError, BackendError)
+
+
+def test_a_namespace_per_team_from_one_setting(deployment):
+    """Airflow's multi-team mode: ``{team}`` in the namespace is the team of the task's DAG."""
+    deployment("kubernetes", {"namespace": "ml-{team}", "kubernetes_conn_id": "kubernetes_default"})
+    assert resolved_backend(None, None, "vision") == ("kubernetes", {"namespace": "ml-vision",
+                                                                     "kubernetes_conn_id": "kubernetes_default"})
+    assert resolved_backend(None, {"namespace": "{team}"}, "nlp")[1] == {"namespace": "nlp"}
+    with pytest.raises(ValueError, match=re.escape(f"{CONFIG}: namespace: 'ml-{{team}}' holds {{team}}, but this "
+                                                   "task's DAG belongs to no team")):
+        resolved_backend(None, None, None)
+    with pytest.raises(ValueError, match=re.escape(f"{CONFIG}: namespace: 'ml-{{team}}' with the task's team "
+                                                   "'Vision_Team' is 'ml-Vision_Team', not a Kubernetes namespace")):
+        resolved_backend(None, None, "Vision_Team")
+    # The backend itself takes only a namespace: the placeholder is the operators' to fill in.
+    with pytest.raises(BackendOptionError, match=r"still holds \{team\}"):
+        KubernetesBackend(kubernetes_conn_id=None, namespace="ml-{team}")
+
+
+def test_the_task_learns_its_team_from_its_dag_run():
+    """What the API server hands a running task (Airflow 3.3): its DAG run, with the DAG's team."""
+    import datetime as dt
+
+    from airflow.sdk.api.datamodels._generated import DagRun
+
+    from airflow_tf.operators.common import task_team
+
+    now = dt.datetime.now(dt.UTC)
+    run = {"dag_id": "train", "run_id": "manual_1", "logical_date": now, "data_interval_start": now,
+           "data_interval_end": now, "run_after": now, "start_date": now, "end_date": None, "run_type": "manual",
+           "state": "running", "consumed_asset_events": [], "partition_key": None}
+    assert task_team({"dag_run": DagRun(**run, team_name="vision")}) == "vision"
+    assert task_team({"dag_run": DagRun(**run)}) is None
+    assert task_team({}) is None

@@ -32,7 +32,7 @@ from airflow_tf.cluster import GroupSpec, GroupStatus, SpecError
 from airflow_tf.cluster.progress import parse_progress
 
 from ..base import BackendError, GroupRef
-from ..options import BackendOption, boolean, check_options, mapping, optional, path_option, seconds, text, whole_seconds
+from ..options import BackendOption, BackendOptionError, boolean, check_options, mapping, optional, path_option, seconds, text, whole_seconds
 from .labels import COMPONENT_LABEL, ROLE_LABEL, ROOT_ANNOTATION, SUCCESS_POLICY
 from .manifests import DEFAULT_PS_MAX_LIFETIME_SECONDS, DEFAULT_TTL_SECONDS_AFTER_FINISHED, group_selector, owned_by
 from .pod_options import check_cluster_domain, check_image, check_namespace, pod_options
@@ -64,12 +64,19 @@ _KIND_OF = {"jobs": "Job", "services": "Service", "networkpolicies": "NetworkPol
 _PROPAGATION = "Background"
 
 
+TEAM_PLACEHOLDER = "{team}"
+"""In the ``namespace`` option: the team of the task's DAG (Airflow's multi-team mode), filled in
+when the task runs (:func:`airflow_tf.operators.common.resolved_backend`)."""
+
+
 def _check_namespace(value: Any) -> str:
     try:
-        return check_namespace(value)
+        check_namespace(value.replace(TEAM_PLACEHOLDER, "team") if isinstance(value, str) else value)
     except SpecError:
         raise ValueError("a Kubernetes namespace name (a DNS-1123 label: at most 63 lowercase letters, "
-                         "digits and '-', starting and ending with a letter or digit)") from None
+                         "digits and '-', starting and ending with a letter or digit), which may hold "
+                         f"{TEAM_PLACEHOLDER}, the task's team") from None
+    return value
 
 
 def _check_cluster_domain(value: Any) -> str | None:
@@ -102,7 +109,8 @@ def _check_pod_defaults(value: Any) -> dict[str, Any]:
 
 OPTIONS: dict[str, BackendOption] = {
     "kubernetes_conn_id": BackendOption("the provider's Kubernetes connection; null: none", optional(text)),
-    "namespace": BackendOption("where the groups run; default: the connection's, else default",
+    "namespace": BackendOption("where the groups run, {team}: the task's team; default: the connection's, "
+                               "else default",
                                optional(_check_namespace)),
     "in_cluster": BackendOption("true/false: use the pod's service account (as KubernetesHook)", optional(boolean)),
     "config_file": BackendOption("path of a kubeconfig", optional(path_option)),
@@ -135,6 +143,9 @@ class KubernetesBackend(OneOffJobs):
     :param kubernetes_conn_id: the provider's Kubernetes connection (None: no connection,
         use ``config_file`` / ``in_cluster`` / the default kubeconfig).
     :param namespace: where the group runs; default: the connection's namespace, else ``default``.
+        In the operators' ``backend_options`` (and ``[airflow_tf] backend_options``) it may hold
+        ``{team}``, filled in with the team of the task's DAG (Airflow's multi-team mode), e.g.
+        ``"ml-{team}"``: one setting, a namespace per team.
     :param in_cluster, config_file, cluster_context: as for the provider's ``KubernetesHook``.
     :param cluster_domain: appended to the tasks' DNS names (``cluster.local``); by default
         the names end in ``.svc`` and the pods' DNS search path completes them.
@@ -177,6 +188,10 @@ class KubernetesBackend(OneOffJobs):
                  task_template: dict[str, Any] | None = None) -> None:
         given = {key: value for key, value in locals().items() if key in OPTIONS}
         options = check_options(self.name, OPTIONS, given, "KubernetesBackend")
+        if TEAM_PLACEHOLDER in (options["namespace"] or ""):
+            raise BackendOptionError(f"KubernetesBackend: namespace: {options['namespace']!r} still holds "
+                                     f"{TEAM_PLACEHOLDER}, which the operators fill in with the task's team; "
+                                     "give the namespace itself")
         self.kubernetes_conn_id: str | None = options["kubernetes_conn_id"]
         self._namespace: str | None = options["namespace"]
         self.in_cluster: bool | None = options["in_cluster"]
