@@ -458,8 +458,8 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "render", help="print the Kubernetes manifests of a group (for kubectl apply -f -)",
-        description="Print the Indexed Jobs (one per role), the headless Service (and optionally the "
-        "NetworkPolicy) of a parameter-server/worker group as multi-document YAML, exactly as the "
+        description="Print the Indexed Jobs (one per role), the headless Service and the NetworkPolicy "
+        "(unless --no-network-policy) of a parameter-server/worker group as multi-document YAML, exactly as the "
         "Kubernetes backend creates them, the root Job first; the backend also sets ownerReferences "
         "from every other object to the root Job, which need its uid: "
         "airflow-tf render --name demo --ps 1 --workers 2 --image IMAGE | kubectl apply -f -. "

@@ -50,7 +50,7 @@ def test_render_prints_only_the_manifests(tmp_path):
     done = airflow_tf(tmp_path, "render", "--name", "demo", "--ps", "1", "--workers", "2", "--image", "tf:2.21",
                       "--dataset", "/data/linear/1")
     assert done.returncode == 0, done.stderr
-    assert [d["kind"] for d in yaml.safe_load_all(done.stdout)] == ["Job", "Service", "Job"]
+    assert [d["kind"] for d in yaml.safe_load_all(done.stdout)] == ["Job", "Service", "NetworkPolicy", "Job"]
 
 
 @pytest.fixture

@@ -181,3 +181,49 @@ def test_a_job_with_a_root_sidecar_gets_no_pod_from_the_admission(kube):
         "the Job controller's FailedCreate event")
     assert 'violates PodSecurity "restricted:latest"' in failed[0] and "runAsUser=0" in failed[0], failed
     assert kube.objects("pods") == []
+
+
+def test_render_rbac_prints_a_teams_namespace_with_the_shipped_role(capsys):
+    from airflow_tf.backends.kubernetes.access import ROLE_FILE
+
+    assert main(["render", "--rbac", "--namespace", "team-a", "--bind", "airflow:airflow-worker"]) == 0
+    namespace, account, role, binding = yaml.safe_load_all(capsys.readouterr().out)
+    assert [o["kind"] for o in (namespace, account, role, binding)] == ["Namespace", "ServiceAccount", "Role",
+                                                                       "RoleBinding"]
+    assert {k: v for k, v in namespace["metadata"]["labels"].items() if k.startswith("pod-security")} == {
+        f"pod-security.kubernetes.io/{mode}{suffix}": value for mode in ("enforce", "warn", "audit")
+        for suffix, value in (("", "restricted"), ("-version", "latest"))}
+    assert role["rules"] == yaml.safe_load(ROLE_FILE.read_text())["rules"], "role.yaml is the one source of the rules"
+    assert {"networking.k8s.io"} in [set(rule["apiGroups"]) for rule in role["rules"]], "NetworkPolicy by default"
+    assert {o["metadata"]["namespace"] for o in (account, role, binding)} == {"team-a"}
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "airflow-tf", "namespace": "team-a"},
+                                   {"kind": "ServiceAccount", "name": "airflow-worker", "namespace": "airflow"}]
+    assert main(["render", "--rbac"]) == 2
+    assert "--rbac needs --namespace" in capsys.readouterr().err
+    assert main(["render", "--rbac", "--namespace", "team-a", "--bind", "airflow-worker"]) == 2
+    assert "--bind: 'airflow-worker' is not NAMESPACE:SERVICEACCOUNT" in capsys.readouterr().err
+    assert main(["render", "--rbac", "--namespace", "Team_A"]) == 2
+    assert "'Team_A' is not a Kubernetes namespace name" in capsys.readouterr().err
+
+
+def test_render_makes_the_network_policy_unless_told_not_to(capsys):
+    group = ["render", "--name", "demo", "--image", "registry.example/tf:2.21", "--namespace", "ml"]
+    assert main(group) == 0
+    assert [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)] == ["Job", "Service", "NetworkPolicy",
+                                                                                "Job"]
+    assert main([*group, "--no-network-policy"]) == 0
+    assert "NetworkPolicy" not in [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
+    assert main(["render", "--name", "demo"]) == 2
+    assert "--image required" in capsys.readouterr().err
+
+
+def test_turning_the_network_policy_off_is_explicit_and_warned(kube, caplog):
+    backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=str(kube.kubeconfig), namespace=kube.ns,
+                          network_policy=False)
+    with caplog.at_level("WARNING", logger="airflow_tf.backends.kubernetes.backend"):
+        ref = backend.launch(make_spec())
+    assert any("network_policy=False: group tf-team gets no NetworkPolicy, so any pod that can reach its pods can "
+               "drive its TensorFlow gRPC servers" in r.getMessage() for r in caplog.records), caplog.text
+    assert kube.objects("networkpolicies") == [] and len(kube.objects("jobs")) == 2
+    backend.teardown(ref)
