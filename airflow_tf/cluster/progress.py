@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
 from typing import Any
+
+from airflow_tf.files import plain_absolute_path, read_json_beneath
 
 PREFIX = "airflow-tf progress"
 _FIELDS = ("global_step", "target_step", "percent", "examples_per_sec", "loss", "eta_seconds", "stalls")
@@ -80,13 +80,42 @@ PROGRESS_FILE = "progress.json"
 """The chief's latest report in the run directory (rewritten whole at every report)."""
 
 
+_REPORT_NUMBERS = {"global_step": int, "target_step": int, "percent": float, "examples_per_sec": float,
+                   "loss": float, "eta_seconds": float, "time": float}
+
+
 def read_progress_file(run_dir: str) -> dict[str, Any] | None:
     """The chief's latest report in ``run_dir`` (a local path): global_step, target_step, percent,
     examples_per_sec, loss, eta_seconds, done, time (seconds since the epoch) as written, or None
-    when there is none yet or it cannot be read (a report being replaced, a run on object storage)."""
+    when there is none yet or it cannot be read or trusted (see :func:`check_progress_file`)."""
     try:
-        with open(os.path.join(run_dir, PROGRESS_FILE), encoding="utf-8") as f:
-            report = json.load(f)
-    except (OSError, ValueError):
+        return check_progress_file(run_dir)
+    except ValueError:
         return None
-    return report if isinstance(report, dict) and "global_step" in report else None
+
+
+def check_progress_file(run_dir: str) -> dict[str, Any] | None:
+    """:func:`read_progress_file`, raising a ValueError that says why a file there is not read:
+    ``run_dir`` not a plain absolute path, the report a symbolic link (or reached through one),
+    hard-linked, not JSON, or not a report (``global_step`` missing; a number of the wrong type,
+    NaN or infinite). None when there is no report yet."""
+    where = f"{plain_absolute_path(run_dir)}/{PROGRESS_FILE}"
+    try:
+        report = read_json_beneath("/", where)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ValueError(f"{where}: cannot be read ({exc})") from None
+    if not isinstance(report, dict) or "global_step" not in report:
+        raise ValueError(f"{where}: not a progress report (a JSON object with global_step)")
+    for key, kind in _REPORT_NUMBERS.items():
+        value: Any = report.get(key)
+        if value is None and key != "global_step":
+            continue
+        ok = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
+        if not ok or not math.isfinite(value):
+            raise ValueError(f"{where}: {key} must be a{'n integer' if kind is int else ' finite number'}, "
+                             f"got {value!r:.100}")
+    if not isinstance(report.get("done", False), bool):
+        raise ValueError(f"{where}: done must be true or false, got {report['done']!r:.100}")
+    return report

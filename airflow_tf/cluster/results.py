@@ -7,6 +7,8 @@ naming what is missing. A DAG author reads fields (``result.blessed``), not keys
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -38,10 +40,46 @@ class _Result:
             raise ValueError(f"{what}: missing {', '.join(missing)} in {sorted(data)}; pass the output of the "
                              "task that makes it (e.g. launch.output, evaluate.output)")
         known = {k: v for k, v in data.items() if k in fields}
+        hints = typing.get_type_hints(cls)
+        for name, value in known.items():
+            if not _has_type(value, hints[name]):
+                raise ValueError(f"{what}: {name} must be {_type_name(hints[name])}, got {type(value).__name__} "
+                                 f"{value!r:.200}; pass the output of the task that makes it")
         extra = {k: v for k, v in data.items() if k not in fields}
         if "extra" in fields and extra:
             known["extra"] = extra
-        return cls(**known)
+        result = cls(**known)
+        result._check()
+        return result
+
+    def _check(self) -> None:
+        """What a result must hold beyond its fields' types (raises ValueError)."""
+
+
+def _has_type(value: Any, hint: Any) -> bool:
+    """Whether ``value`` (from JSON) is of a field's declared type: the outer type only (``dict``,
+    ``list``, ``str``, ...), ``X | None``; a bool is not a number here."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_has_type(value, arm) for arm in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is Any:
+        return True
+    kind = origin or hint
+    if kind in (int, float) and isinstance(value, bool):
+        return False
+    if kind is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, kind)
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arm) for arm in typing.get_args(hint))
+    if hint is type(None):
+        return "null"
+    return getattr(typing.get_origin(hint) or hint, "__name__", str(hint))
 
 
 @dataclass
@@ -64,6 +102,11 @@ class LaunchResult(_Result):
     @property
     def name(self) -> str:
         return str(self.group["name"])
+
+    def _check(self) -> None:
+        if not isinstance(self.group.get("name"), str) or not self.group["name"]:
+            raise ValueError(f"LaunchResult: group must name its group (a non-empty string under 'name'), got "
+                             f"{self.group!r:.200}; pass the output of the launch task")
 
     def training_config(self) -> TrainingConfig:
         return TrainingConfig.from_dict(self.training)

@@ -25,6 +25,7 @@ from starlette.requests import Request
 
 from airflow_tf.backends.ownership import RunLaunch, run_launch
 from airflow_tf.cluster.results import LaunchResult
+from airflow_tf.files import UnsafePathError, open_beneath
 
 from .links import run_name, run_roots, split_run_name
 
@@ -68,21 +69,30 @@ def _read_launches() -> list[Launch]:
                    XComModel.timestamp, XComModel.value).where(XComModel.key == "return_value")
         ).all()
         for row in rows:
-            value = XComModel.deserialize_value(row)
-            if not _is_launch_result(value):
-                continue
+            # Any task can return anything: one malformed result is logged and skipped, and
+            # never keeps the others from being shown.
             try:
-                result = LaunchResult.from_dict(value)
-            except (TypeError, ValueError):
+                launch = _launch_of(row, XComModel.deserialize_value(row))
+            except Exception as exc:  # whatever a stored value makes its reading raise
+                log_once(("unreadable", row.dag_id, row.run_id, row.task_id, row.map_index),
+                          "ignoring the result returned by %s/%s/%s[%s]: %s", row.dag_id, row.run_id, row.task_id,
+                          row.map_index, exc)
                 continue
-            launch = Launch(row.dag_id, row.run_id, row.task_id, int(row.map_index), result,
-                            row.timestamp.timestamp() if row.timestamp else 0.0)
-            if _launched_it(launch):
+            if launch is not None and _launched_it(launch):
                 launches.append(launch)
     return launches
 
 
-_IGNORED: OrderedDict[tuple[str, str, str, int, str], None] = OrderedDict()
+def _launch_of(row: Any, value: Any) -> Launch | None:
+    """The launch an XCom row holds; None for a value not shaped like a launch's result; a
+    ValueError naming the field for one shaped like it with a field of the wrong type."""
+    if not _is_launch_result(value):
+        return None
+    return Launch(row.dag_id, row.run_id, row.task_id, int(row.map_index), LaunchResult.from_dict(value),
+                  row.timestamp.timestamp() if row.timestamp else 0.0)
+
+
+_IGNORED: OrderedDict[tuple, None] = OrderedDict()
 """The claims already logged as ignored (the launches are read again every few seconds), the
 newest ``IGNORED_REMEMBERED``: a flood of forged results cannot grow the API server's memory."""
 IGNORED_REMEMBERED = 10_000
@@ -91,7 +101,11 @@ IGNORED_REMEMBERED = 10_000
 def _launched_it(launch: Launch) -> bool:
     """Whether the run directory's own record names this task instance as its launch."""
     claimant = RunLaunch(launch.dag_id, launch.run_id, launch.task_id, launch.map_index)
-    recorded = run_launch(launch.result.run_dir)
+    try:
+        recorded: RunLaunch | None = run_launch(launch.result.run_dir)
+    except ValueError as exc:  # a path or record that cannot be trusted: no launch shown from it
+        _log_ignored(launch, str(exc))
+        return False
     if recorded == claimant:
         return True
     _log_ignored(launch, f"its run directory {launch.result.run_dir} records {recorded or 'no launch'} as its "
@@ -101,14 +115,20 @@ def _launched_it(launch: Launch) -> bool:
 
 def _log_ignored(launch: Launch, why: str) -> None:
     """Logs once (of the last IGNORED_REMEMBERED) that a launch result is not shown as its DAG's run."""
-    key = (launch.dag_id, launch.run_id, launch.task_id, launch.map_index, launch.result.run_dir)
+    claimant = RunLaunch(launch.dag_id, launch.run_id, launch.task_id, launch.map_index)
+    log_once((launch.dag_id, launch.run_id, launch.task_id, launch.map_index, repr(launch.result.run_dir)),
+              "ignoring the launch result returned by %s: %s, so the run is not shown as %s's", claimant, why,
+              launch.dag_id)
+
+
+def log_once(key: tuple, message: str, *args: Any) -> None:
+    """Logs a warning the first time ``key`` is seen (of the last IGNORED_REMEMBERED): the
+    records are read again every few seconds."""
     if key not in _IGNORED:
         _IGNORED[key] = None
         if len(_IGNORED) > IGNORED_REMEMBERED:
             _IGNORED.popitem(last=False)
-        claimant = RunLaunch(launch.dag_id, launch.run_id, launch.task_id, launch.map_index)
-        log.warning("ignoring the launch result returned by %s: %s, so the run is not shown as %s's", claimant, why,
-                    launch.dag_id)
+        log.warning(message, *args)
 
 
 def _dag_teams() -> dict[str, str]:
@@ -210,26 +230,20 @@ class Access:
         return self.every_dag and stays_inside(runs, relative, None)
 
 
-def _within(path: str, directory: str) -> bool:
-    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
-
-
 def stays_inside(runs: str, name: str, owner: str | None) -> bool:
-    """Whether run ``name``'s directory, and each file directly in it (the event files
-    TensorBoard reads for this run; a directory is a run of its own, checked under its name),
-    resolve inside the directory of the run that owns it (``owner``, a prefix of ``name``; None:
-    inside ``runs``). A symbolic link out of a run would otherwise serve another run's files
-    under this run's name."""
-    boundary = os.path.realpath(os.path.join(runs, owner) if owner else runs)
-    directory = os.path.join(runs, name)
-    if not _within(os.path.realpath(directory), boundary):
-        return False
+    """Whether run ``name``'s directory is reached from ``runs`` without a symbolic link or
+    ``..``, so inside the run that owns it (``owner``, a prefix of ``name``; None: inside
+    ``runs``). The event files themselves are checked when TensorBoard opens them (the same
+    :func:`airflow_tf.files.open_beneath`): a link out of a run never serves another run's
+    files under this run's name; this only keeps such a name out of the listings."""
+    relative = "" if name.strip("/") == "." else name  # TensorBoard's name for runs/ itself
     try:
-        with os.scandir(directory) as entries:
-            return all(_within(os.path.realpath(entry.path), boundary) for entry in entries
-                       if entry.is_symlink() and not entry.is_dir())
+        os.close(open_beneath(runs, relative, directory=True))
+    except UnsafePathError:
+        return False
     except OSError:  # gone or unreadable: nothing of it can be served either
         return True
+    return True
 
 
 def _all_dag_ids() -> set[str]:

@@ -13,7 +13,7 @@ from urllib.parse import quote
 from airflow.sdk import BaseOperatorLink
 
 from airflow_tf.cluster.results import LaunchResult
-from airflow_tf.files import strip_file_scheme
+from airflow_tf.files import UnsafePathError, plain_absolute_path
 from airflow_tf.storage import runs_dir, teams
 
 URL_PREFIX = "/tensorboard"
@@ -33,13 +33,18 @@ def run_roots() -> dict[str, str]:
 def run_name(run_dir: str, roots: dict[str, str] | str | None = None) -> str | None:
     """TensorBoard's name of the run in ``run_dir`` (its path below a root of :func:`run_roots`,
     or of ``roots``: those, or one runs directory, after that root's prefix), or None when it lies
-    outside them (TensorBoard does not see it)."""
-    path = os.path.normpath(strip_file_scheme(run_dir))
+    outside them (TensorBoard does not see it). A ``run_dir`` that is not a plain absolute path
+    (not a string, relative, or with ``.``/``..``, which the kernel would resolve after a link
+    and not as it reads) has no name either."""
+    try:
+        path = plain_absolute_path(run_dir)
+    except UnsafePathError:
+        return None
     if roots is None:
         roots = run_roots()
     for prefix, root in ({"": roots} if isinstance(roots, str) else roots).items():
         runs = os.path.normpath(root)
-        if os.path.commonpath([runs, path]) == runs and path != runs:
+        if os.path.isabs(runs) and os.path.commonpath([runs, path]) == runs and path != runs:
             relative = os.path.relpath(path, runs).replace(os.sep, "/")
             return f"{prefix}/{relative}" if prefix else relative
     return None
@@ -91,5 +96,8 @@ class TensorBoardLink(BaseOperatorLink):
         value = XCom.get_value(ti_key=ti_key, key="return_value")
         if not value:  # the launch did not get as far as a group
             return ""
-        name = run_name(LaunchResult.from_dict(value).run_dir)
+        try:
+            name = run_name(LaunchResult.from_dict(value).run_dir)
+        except ValueError:  # not a launch's result: the link shows every run the user may read
+            name = None
         return scalars_url([name] if name else [], _base_url())

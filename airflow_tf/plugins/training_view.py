@@ -19,10 +19,9 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import HTMLResponse, JSONResponse
 
-from airflow_tf.cluster.progress import read_progress_file
-from airflow_tf.files import strip_file_scheme
+from airflow_tf.cluster.progress import check_progress_file
 
-from .access import Launch, access_of, recorded_launches, signed_in_http_request
+from .access import Launch, access_of, log_once, recorded_launches, signed_in_http_request
 from .links import URL_PREFIX as TENSORBOARD_PREFIX
 from .links import airflow_url, scalars_url, task_url
 
@@ -54,8 +53,19 @@ def _group_of(task_id: str) -> str:
     return task_id.rpartition(".")[0]
 
 
+def read_progress(run_dir: str) -> dict[str, Any] | None:
+    """The chief's report in ``run_dir`` as the view shows it: read without following a link,
+    through :func:`~airflow_tf.cluster.progress.check_progress_file`; one that is not read is
+    logged once and the row shows no progress."""
+    try:
+        return check_progress_file(run_dir)
+    except ValueError as exc:
+        log_once(("progress", run_dir, str(exc)), "the Training view shows no progress for %s: %s", run_dir, exc)
+        return None
+
+
 def training_rows(launches: Iterable[Launch], waits: dict[tuple[str, str, int], list[Wait]],
-                  progress_of: Any = read_progress_file, now: float | None = None) -> list[dict[str, Any]]:
+                  progress_of: Any = read_progress, now: float | None = None) -> list[dict[str, Any]]:
     """One row per launch, running groups first, then the most recently updated; ``waits`` holds
     the wait tasks of each (dag_id, run_id, map_index)."""
     now = time.time() if now is None else now
@@ -63,7 +73,7 @@ def training_rows(launches: Iterable[Launch], waits: dict[tuple[str, str, int], 
     for launch in launches:
         candidates = waits.get((launch.dag_id, launch.run_id, launch.map_index), [])
         wait = next((w for w in candidates if _group_of(w.task_id) == _group_of(launch.task_id)), None)
-        progress = progress_of(strip_file_scheme(launch.result.run_dir)) or {}
+        progress = progress_of(launch.result.run_dir) or {}
         state = _state(wait, progress)
         updated = progress.get("time") or launch.recorded_at
         if state != "running" and now - launch.recorded_at > RECENT_SECS:
@@ -128,7 +138,12 @@ def _waits(launches: list[Launch]) -> dict[tuple[str, str, int], list[Wait]]:
             .where(XComModel.key.in_((FAILURE_XCOM_KEY, REPLACEMENTS_XCOM_KEY)),
                    tuple_(XComModel.dag_id, XComModel.run_id).in_(runs))
         ).all():
-            value, where = XComModel.deserialize_value(row), (row.dag_id, row.run_id, row.task_id, row.map_index)
+            where = (row.dag_id, row.run_id, row.task_id, row.map_index)
+            try:
+                value = XComModel.deserialize_value(row)
+            except Exception as exc:  # whatever a stored value makes its reading raise: that one is left out
+                log_once(("wait", *where, row.key), "the Training view leaves out %s of %s: %s", row.key, where, exc)
+                continue
             if row.key == FAILURE_XCOM_KEY:
                 reasons[where] = value if isinstance(value, str) else None
             elif isinstance(value, list):

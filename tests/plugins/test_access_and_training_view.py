@@ -14,6 +14,7 @@ from airflow_tf.cluster.results import LaunchResult
 import pytest
 
 from airflow_tf.backends.ownership import RunDirTakenError, RunLaunch, claim_run_dir, run_launch
+from airflow_tf.files import UnsafePathError, read_beneath
 from airflow_tf.plugins.access import Access, Launch, _launched_it, run_owners
 from airflow_tf.plugins.training_view import Wait, training_rows
 
@@ -90,7 +91,7 @@ def test_a_launch_cannot_take_another_dags_run_directory_or_one_inside_a_run(tmp
     assert run_launch(runs / "tf-b-1") == later
 
 
-def test_a_link_out_of_a_run_is_not_readable_under_its_name(tmp_path):
+def test_a_run_reached_through_a_link_is_not_readable_and_a_linked_file_is_never_read(tmp_path):
     runs = tmp_path / "runs"
     for name in ("tf-a-1", "tf-b-1"):
         (runs / name).mkdir(parents=True)
@@ -102,11 +103,17 @@ def test_a_link_out_of_a_run_is_not_readable_under_its_name(tmp_path):
     (runs / "tf-a-1" / "inner" / "events.out.tfevents.3").symlink_to(runs / "tf-a-1" / "events.out.tfevents.1")
     owners = {"tf-a-1": {"team_a"}, "tf-b-1": {"team_b"}}
     alice = Access(frozenset({"team_a"}), every_dag=False, owners=owners, roots={"": str(runs)})
-    assert alice.may_read_run("tf-a-1") and alice.may_read_run("tf-a-1/inner")  # a link inside her run is fine
-    assert not alice.may_read_run("tf-a-1/link") and not alice.may_read_run("tf-a-1/copied")
+    assert alice.may_read_run("tf-a-1") and alice.may_read_run("tf-a-1/inner") and alice.may_read_run("tf-a-1/copied")
+    assert not alice.may_read_run("tf-a-1/link")
+    # The directories she may read hold linked event files: TensorBoard opens every event file
+    # as this does (airflow_tf.plugins.run_files), so it reads none of them, wherever they point.
+    for linked in ("tf-a-1/copied/events.out.tfevents.2", "tf-a-1/inner/events.out.tfevents.3"):
+        with pytest.raises(UnsafePathError, match="symbolic link"):
+            read_beneath(str(runs), linked)
     admin = Access(frozenset({"team_a", "team_b"}), every_dag=True, owners={}, roots={"": str(runs)})
     (runs / "tf-out").symlink_to(tmp_path)
-    assert admin.may_read_run("tf-a-1/link") and not admin.may_read_run("tf-out")  # nothing outside runs/
+    assert admin.may_read_run("tf-b-1") and not admin.may_read_run("tf-out")  # nothing outside runs/
+    assert not admin.may_read_run("tf-a-1/link")  # nor tf-b-1 a second time, under another name
 
 
 def write_progress(run_dir, **report) -> None:
