@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from airflow.sdk import BaseOperator
 
 from airflow_tf.compat import task_state_store
-from airflow_tf.backends import BackendError, GroupRef, backend_for, get_backend
+from airflow_tf.backends import BACKENDS, BackendError, GroupRef, backend_for, check_backend_options, get_backend
 from airflow_tf.backends.ownership import (NotOurGroupError, RunDirTakenError, RunLaunch, check_ours, claim_run_dir,
                                            intent, record_of)
 from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name
@@ -21,13 +21,22 @@ from airflow_tf.cluster.training import dataset_uri_of, is_unset, parse_bool
 from airflow_tf.plugins.links import TensorBoardLink
 from airflow_tf.storage import check_in_team_root, runs_dir
 
-from .common import deprecated, launch_labels, no_retry_for, resolved_backend, task_team
+from .common import deprecated, is_template, launch_labels, no_retry_for, resolved_backend, task_team
 
 # Every TrainingConfig option a DAG author sets is an explicit parameter of the operator, so
 # Airflow's .partial()/.expand() validation sees it; dataset, run_dir and sync are group-level
 # parameters, and code_dir is written by the launch itself.
 TRAINING_OPTIONS = tuple(f.name for f in dataclasses.fields(TrainingConfig)
                          if f.name not in ("dataset", "run_dir", "sync", "code_dir"))
+
+
+def _holds_template(value: Any) -> bool:
+    """Whether any value inside ``value`` is only known when the task runs (Jinja text, an XComArg)."""
+    if isinstance(value, dict):
+        return any(_holds_template(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_holds_template(v) for v in value)
+    return is_template(value)
 
 
 def _whole(value: Any, name: str, low: int) -> int:
@@ -172,6 +181,9 @@ class LaunchTFClusterOperator(BaseOperator):
             from airflow_tf.backends.kubernetes.workloads import check_launch_options
 
             check_launch_options(self.backend_options, self.role_options)
+        if backend in BACKENDS and isinstance(backend_options, dict) and not _holds_template(backend_options):
+            # Refused while the DAG is parsed rather than at launch: a wrong key, type or range.
+            check_backend_options(backend, backend_options, "backend_options")
 
     def _set_deprecated_training(self, training: Any) -> None:
         """The first release's ``training={...}``: each key becomes its own (templated) parameter."""

@@ -161,3 +161,16 @@ def test_the_task_learns_its_team_from_its_dag_run():
     assert task_team({"dag_run": DagRun(**run, team_name="vision")}) == "vision"
     assert task_team({"dag_run": DagRun(**run)}) is None
     assert task_team({}) is None
+
+
+def test_a_dag_naming_its_backend_is_refused_while_it_is_parsed():
+    from airflow_tf.operators import LaunchTFClusterOperator
+
+    with pytest.raises(BackendOptionError, match=re.escape("backend_options: network_policy: got 'false'; expected")):
+        LaunchTFClusterOperator(task_id="launch", dataset="/data/d/1", backend="kubernetes",
+                                backend_options={"namespace": "ml", "network_policy": "false"})
+    with pytest.raises(BackendOptionError, match=re.escape("backend_options: 'namespace': the local backend has no")):
+        LaunchTFClusterOperator(task_id="launch", dataset="/data/d/1", backend="local", backend_options={"namespace": "ml"})
+    # Known only when the task runs: checked then, by resolved_backend.
+    LaunchTFClusterOperator(task_id="launch", dataset="/data/d/1", backend="kubernetes",
+                            backend_options={"namespace": "ml", "poll_interval": "{{ params.poll }}"})
