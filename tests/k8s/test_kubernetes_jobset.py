@@ -365,9 +365,12 @@ def test_the_workload_option_is_validated_naming_the_argument_and_the_forms(caps
 
 def test_the_backend_renders_its_workload_and_its_reference_keeps_it():
     jobset = get_backend("kubernetes", kubernetes_conn_id=None, namespace="ml", workload="jobset")
-    assert [o["kind"] for o in jobset.render(spec())] == ["JobSet"]
+    assert [o["kind"] for o in jobset.render(spec())] == ["JobSet", "NetworkPolicy"], "a NetworkPolicy by default"
     jobs = get_backend("kubernetes", kubernetes_conn_id=None, namespace="ml")
-    assert jobs.workload == "jobs" and [o["kind"] for o in jobs.render(spec())] == ["Job", "Service", "Job"]
+    assert jobs.workload == "jobs" and [o["kind"] for o in jobs.render(spec())] == ["Job", "Service", "NetworkPolicy",
+                                                                                     "Job"]
+    open_group = get_backend("kubernetes", kubernetes_conn_id=None, namespace="ml", network_policy=False)
+    assert [o["kind"] for o in open_group.render(spec())] == ["Job", "Service", "Job"]
     ref = jobset._ref("tf-demo", "AllWorkers")
     assert ref.options["workload"] == "jobset" and backend_for(ref).workload == "jobset"
 
