@@ -7,7 +7,8 @@ may read (:mod:`.access`): TensorBoard's plugins read their data through a data 
 the one given to them (:class:`ReadableRunsProvider`) answers for the request's readable runs
 only, so the runs list, every data endpoint and every page see the same filtered logdir. A run
 the user may not read is not found, exactly like a run that does not exist; so is a run reached
-through a symbolic link out of its owner's directory. Neither ``/data/logdir`` nor
+through a symbolic link, and TensorBoard reads each event file as it opened it, below its run
+with no link followed and no hard link (:mod:`.run_files`). Neither ``/data/logdir`` nor
 ``/data/environment`` tells where the storage is. TensorBoard itself
 is built on the first authorised request (the API server starts fast, and works without
 ``tensorboard`` installed: then the mount answers how to enable it)."""
@@ -184,9 +185,10 @@ def build_tensorboard(roots: dict[str, str]) -> Callable:
     TensorBoard: call it when first needed)."""
     from tensorboard import default, program
     from tensorboard.backend import application
-    from tensorboard.backend.event_processing import data_ingester
 
     from tensorboard.plugins.core import core_plugin
+
+    from .run_files import checked_data_provider
 
     # The core plugin without its debug information: that lists the flags, logdir included.
     plugins = [core_plugin.CorePluginLoader(include_debug_info=False) if _plugin_name(p) == "core" else p
@@ -197,12 +199,11 @@ def build_tensorboard(roots: dict[str, str]) -> Callable:
     logdir = ({"logdir": roots[""]} if "" in roots
               else {"logdir_spec": ",".join(f"{prefix}:{runs}" for prefix, runs in sorted(roots.items()))})
     board.configure(**logdir, path_prefix="", load_fast="false", reload_interval=RELOAD_INTERVAL_SECS)
-    ingester = data_ingester.LocalDataIngester(board.flags)
-    ingester.start()
+    # TensorBoard's ingester, but each event file opened without following a link (.run_files).
+    provider = checked_data_provider(board.flags, roots, RELOAD_INTERVAL_SECS)
     # No multiplexer for the plugins: what reads it directly would bypass the filter.
     return application.TensorBoardWSGIApp(
-        board.flags, board.plugin_loaders, readable_runs_provider(ingester.data_provider), board.assets_zip_provider,
-        None,
+        board.flags, board.plugin_loaders, readable_runs_provider(provider), board.assets_zip_provider, None,
     )
 
 

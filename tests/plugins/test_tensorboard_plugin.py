@@ -140,3 +140,64 @@ def test_the_plugin_mounts_one_lazy_app_and_builds_tensorboard_only_when_asked()
            "print(sorted(m for m in ('tensorboard', 'tensorflow') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], text=True, capture_output=True, timeout=300, check=True)
     assert out.stdout.strip() == "[]"
+
+
+SEED_LAUNCHES = """
+import json, sys
+from datetime import datetime, timezone
+from airflow.models.dag import DagModel
+from airflow.models.dagbundle import DagBundleModel
+from airflow.models.xcom import XComModel
+from airflow.utils.session import create_session
+
+from sqlalchemy import text
+
+rows = json.loads(sys.argv[1])
+with create_session() as session:
+    session.execute(text("PRAGMA foreign_keys=OFF"))  # results of DAG runs that exist in XCom only
+    session.add(DagBundleModel(name="tests"))
+    for dag_id in sorted({row["dag_id"] for row in rows}):
+        session.add(DagModel(dag_id=dag_id, bundle_name="tests"))
+    session.flush()
+    for number, row in enumerate(rows, 1):
+        session.add(XComModel(dag_run_id=number, key="return_value", map_index=-1, timestamp=datetime.now(timezone.utc),
+                              value=json.dumps(row.pop("value")), **row))
+"""
+
+
+@pytest.mark.slow
+def test_a_malformed_launch_result_fails_no_view(tmp_path, migrated_airflow_db):
+    """Results any task can return, shaped like a launch's but malformed, are skipped: the
+    Training view, TensorBoard and the DAG-run view answer as before for everyone."""
+    from airflow_tf.backends.ownership import RunLaunch, claim_run_dir
+
+    root = tmp_path / "airflow"
+    (root / "dags").mkdir(parents=True)
+    env = airflow_env(root, root / "dags")
+    env["AIRFLOW__API_AUTH__JWT_SECRET"] = "tensorboard-plugin-test-secret-" + "x" * 40
+    env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] = "False"
+    migrated_airflow_db(env)
+    storage = tmp_path / "storage"
+    good = storage / "runs" / "tf-good"
+    claim_run_dir(good, RunLaunch("tf_good", "manual__1", "training.launch", -1))
+    (good / "progress.json").write_text(json.dumps({"global_step": 7, "target_step": 10}))
+    shaped = {"group": {"backend": "local", "name": "tf-good"}, "run_dir": str(good), "dataset": "/d", "training": {}}
+    malformed = [{"run_dir": 123}, {"run_dir": "relative/tf-x"}, {"group": "tf-x"}, {"group": {}},
+                 {"run_dir": f"{good}/../tf-good"}, {"map_index": "first"}, {"training": None}]
+    rows = [{"dag_id": "tf_good", "run_id": "manual__1", "task_id": "training.launch", "value": shaped}]
+    rows += [{"dag_id": "tf_bad", "run_id": f"manual__{n}", "task_id": "launch", "value": {**shaped, **change}}
+             for n, change in enumerate(malformed)]
+    seeded = subprocess.run([sys.executable, "-c", SEED_LAUNCHES, json.dumps(rows)], env=env, text=True,
+                            capture_output=True, timeout=300)
+    assert seeded.returncode == 0, seeded.stderr[-3000:]
+
+    [groups] = ask(env, [{"path": "/api/groups", "auth": "admin"}], storage, "--mount=/training")
+    assert groups["status"] == 200, groups
+    assert [(g["dag_id"], g["group"], g["global_step"]) for g in groups["body"]["groups"]] == [
+        ("tf_good", "tf-good", 7)]
+    dag_run, runs = ask(env, [
+        {"path": "/airflow/dag-run", "params": {"dag_id": "tf_good", "run_id": "manual__1"}, "auth": "admin"},
+        {"path": "/data/runs", "auth": "viewer"},
+    ], storage)
+    assert dag_run["status"] == 307 and "tf%5C-good" in dag_run["location"], dag_run
+    assert runs["status"] == 200, runs
