@@ -96,13 +96,16 @@ def test_a_run_record_reached_through_a_link_or_hard_link_is_not_trusted(tmp_pat
     elsewhere = tmp_path / "elsewhere"
     claim_run_dir(elsewhere, A_LAUNCH)
     runs = tmp_path / "runs"
-    for name in ("tf-link", "tf-hard", "tf-through"):
+    for name in ("tf-link", "tf-hard", "tf-through", "tf-loop", "tf-dir"):
         (runs / name).mkdir(parents=True)
     (runs / "tf-link" / RUN_RECORD).symlink_to(elsewhere / RUN_RECORD)
     os.link(elsewhere / RUN_RECORD, runs / "tf-hard" / RUN_RECORD)
     (runs / "tf-through" / "run").symlink_to(elsewhere)
+    (runs / "tf-loop" / RUN_RECORD).symlink_to(runs / "tf-loop" / RUN_RECORD)  # a link loop
+    (runs / "tf-dir" / RUN_RECORD).mkdir()
     for run_dir, why in [(runs / "tf-link", "symbolic link"), (runs / "tf-hard", "2 hard links"),
-                         (runs / "tf-through" / "run", "symbolic link")]:
+                         (runs / "tf-through" / "run", "symbolic link"), (runs / "tf-loop", "symbolic link"),
+                         (runs / "tf-dir", "not a regular file")]:
         with pytest.raises(UnsafePathError, match=why):
             run_launch(run_dir)
         assert not _launched_it(launch_of(A_LAUNCH, str(run_dir)))
