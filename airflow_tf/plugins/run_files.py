@@ -192,7 +192,11 @@ def checked_data_provider(flags: Any, roots: dict[str, str], reload_interval: fl
     reloaded every ``reload_interval`` seconds in a daemon thread (which ends once the provider
     is gone). Replaces TensorBoard's ``LocalDataIngester`` for the mount."""
     from tensorboard.backend.event_processing import data_ingester, data_provider
+    from tensorboard.compat import tf
 
+    # TensorFlow (or TensorBoard's stand-in for it) resolved here, as TensorBoard's own ingester
+    # does when built: the first reload lists the runs at once instead of importing it first.
+    getattr(tf, "__version__", None)
     roots = {prefix: os.path.normpath(os.path.expanduser(root)) for prefix, root in roots.items()}
     multiplexer = _checked_multiplexer_class()(
         roots, size_guidance=data_ingester.DEFAULT_SIZE_GUIDANCE,
