@@ -83,8 +83,14 @@ def _task_team() -> tuple[bool, str | None]:
         context = get_current_context()
     except (ImportError, RuntimeError):  # no Airflow (a training image) or not inside a task
         return False, None
+    return True, team_of(context)
+
+
+def team_of(context: Any) -> str | None:
+    """The team of a task's DAG run in Airflow's multi-team mode (Airflow 3.3: the DAG run's
+    ``team_name``, from the API server), else None."""
     team = getattr(context.get("dag_run"), "team_name", None)
-    return True, team if isinstance(team, str) and team else None
+    return team if isinstance(team, str) and team else None
 
 
 def team_root() -> str | None:

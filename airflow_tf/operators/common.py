@@ -60,12 +60,6 @@ def flag(value: Any, name: str) -> Any:
     return value if value is None or is_template(value) else parse_bool(value, name)
 
 
-def task_team(context: Any) -> str | None:
-    """The team of the task's DAG in Airflow's multi-team mode (Airflow 3.3: the DAG run's
-    ``team_name``, from the API server), else None."""
-    return getattr(context.get("dag_run"), "team_name", None) or None
-
-
 def resolved_backend(backend: str | None, options: dict[str, Any] | None,
                      team: str | None = None) -> tuple[str, dict[str, Any]]:
     """The backend a task uses and its options, read when the task runs.
@@ -76,7 +70,7 @@ def resolved_backend(backend: str | None, options: dict[str, Any] | None,
     backend's state directory defaults to ``[airflow_tf] state_dir`` / ``$AIRFLOW_TF_STATE_DIR``.
     Every option is checked (key, type, range) before any backend is made: a wrong one raises a
     ValueError naming the setting or the argument, the key and what it expects. A Kubernetes
-    ``namespace`` holding ``{team}`` gets ``team`` (:func:`task_team`) there: a namespace per team."""
+    ``namespace`` holding ``{team}`` gets ``team`` (:func:`airflow_tf.storage.team_of`) there: a namespace per team."""
     from airflow_tf.backends import BACKENDS, check_backend_options
 
     configured = configured_backend()

@@ -19,9 +19,9 @@ from airflow_tf.cluster.results import LaunchResult
 from airflow_tf.cluster.model_code import snapshot_model_code
 from airflow_tf.cluster.training import dataset_uri_of, is_unset, parse_bool
 from airflow_tf.plugins.links import TensorBoardLink
-from airflow_tf.storage import check_in_team_root, runs_dir
+from airflow_tf.storage import check_in_team_root, runs_dir, team_of
 
-from .common import deprecated, is_template, launch_labels, no_retry_for, resolved_backend, task_team
+from .common import deprecated, is_template, launch_labels, no_retry_for, resolved_backend
 
 # Every TrainingConfig option a DAG author sets is an explicit parameter of the operator, so
 # Airflow's .partial()/.expand() validation sees it; dataset, run_dir and sync are group-level
@@ -257,7 +257,7 @@ class LaunchTFClusterOperator(BaseOperator):
         # A bad option or spec, or a model that cannot be found, fails at once: retrying cannot fix it.
         with no_retry_for(ValueError, SpecError, RunDirTakenError, what="launch refused"):
             spec, code_hash = self._plan(context)
-            backend_name, options = resolved_backend(self.backend, self.backend_options, task_team(context))
+            backend_name, options = resolved_backend(self.backend, self.backend_options, team_of(context))
             backend = get_backend(backend_name, **options)
         existing = backend.find(spec.name)
         store = task_state_store(context)  # Airflow 3.3+: kept across the retries of this task

@@ -12,8 +12,9 @@ from airflow.providers.common.compat.sdk import AirflowFailException
 
 from airflow_tf.backends import GroupRef, backend_for, get_backend
 from airflow_tf.cluster import group_outcome, group_name, label_value
+from airflow_tf.storage import team_of
 
-from .common import deprecated, launch_labels, resolved_backend, task_team
+from .common import deprecated, launch_labels, resolved_backend
 
 
 ON_FINISH_ACTIONS = ("delete_pod", "delete_succeeded_pod", "keep_pod")
@@ -125,7 +126,7 @@ class TeardownTFClusterOperator(BaseOperator):
             if self.launch_is_mapped:
                 count = ti.get_ti_count(dag_id=ti.dag_id, task_ids=[self.launch_task_id], run_ids=[ti.run_id])
                 indexes = range(count)
-            backend_name, options = resolved_backend(self.backend, self.backend_options, task_team(context))
+            backend_name, options = resolved_backend(self.backend, self.backend_options, team_of(context))
             backend = get_backend(backend_name, **options)
             for index in indexes:
                 name = group_name(ti.dag_id, self.launch_task_id, ti.run_id, index)
