@@ -136,7 +136,7 @@ def claim_run_dir(run_dir: str | os.PathLike[str], launch: RunLaunch) -> None:
     try:
         path = plain_absolute_path(run_dir)
     except UnsafePathError as exc:
-        raise UnsafePathError(f"run_dir {os.fspath(run_dir)!r}: {exc}") from None
+        raise UnsafePathError(f"run_dir: {exc}") from None
     parts = path_parts(path)
     if not parts:
         raise UnsafePathError("run_dir '/': give a directory of its own")
@@ -180,7 +180,7 @@ def _open_parent(names: list[str], path: str) -> int:
             holder = _holder_at(fd, where)
             if holder is not None:
                 raise RunDirTakenError(
-                    f"run_dir {path} is inside the run directory {where} (launched by {holder}): a run's directory "
+                    f"run_dir {path} is inside the run directory {where} ({_held(holder)}): a run's directory "
                     "holds one run; give this launch a run_dir of its own (or leave run_dir unset)")
         return fd
     except BaseException:
