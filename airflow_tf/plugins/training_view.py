@@ -60,7 +60,8 @@ def read_progress(run_dir: str) -> dict[str, Any] | None:
     try:
         return check_progress_file(run_dir)
     except ValueError as exc:
-        log_once(("progress", run_dir, str(exc)), "the Training view shows no progress for %s: %s", run_dir, exc)
+        # Once per run directory: a report rewritten every few seconds would log each version.
+        log_once(("progress", run_dir), "the Training view shows no progress for %s: %s", run_dir, exc)
         return None
 
 
