@@ -50,6 +50,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def warm_up(url: str, timeout: float) -> bool:
+    """Sends the task execution API of the API server at ``url`` its first request; True once it
+    answered. It builds its versioned routes then (Cadwyn, on the API server's event loop): 5-160 s
+    of CPU on a busy machine during which the API server answers nobody, and the first tasks' calls
+    time out if they come first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/execution/health", timeout=max(1.0, deadline - time.monotonic())):
+                return True
+        except urllib.error.HTTPError:  # it answered
+            return True
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            time.sleep(1)
+    return False
+
+
 class AirflowStack:
     """One Airflow deployment in ``home`` (AIRFLOW_HOME, logs, passwords, the SQLite file or by
     default the PostgreSQL cluster in ``postgres_dir``).
@@ -239,20 +256,7 @@ class AirflowStack:
         )
 
     def warm_up(self, timeout: float) -> bool:
-        """Sends the task execution API its first request; True once it answered. It builds its
-        versioned routes then (Cadwyn, on the API server's event loop): 5-160 s of CPU on a busy
-        machine during which the API server answers nobody, and the first tasks' calls time out
-        if they come first."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.url}/execution/health", timeout=max(1.0, deadline - time.monotonic())):
-                    return True
-            except urllib.error.HTTPError:  # it answered
-                return True
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                time.sleep(1)
-        return False
+        return warm_up(self.url, timeout)
 
     def log_tail(self, component: str, lines: int = 40) -> str:
         path = self.home / "logs" / f"{component}.log"
