@@ -92,9 +92,10 @@ class Plane:
         return self.directory is not None
 
     @classmethod
-    def start(cls, directory: Path) -> Plane:
-        subprocess.run([sys.executable, str(KUBE_SCRIPT), "up", str(directory), "--owner-pid", str(os.getpid())],
-                       check=True, stdout=subprocess.DEVNULL)
+    def start(cls, directory: Path, *options: str) -> Plane:
+        """``scripts/kube up DIR`` with ``options`` (``--nodes 1`` ...), owned by this process."""
+        subprocess.run([sys.executable, str(KUBE_SCRIPT), "up", str(directory), *options,
+                        "--owner-pid", str(os.getpid())], check=True, stdout=subprocess.DEVNULL)
         return cls(directory / "kubeconfig", directory)
 
     def stop(self) -> None:
@@ -241,9 +242,10 @@ class TestNamespace:
                 if (verb is None or c.verb == verb) and (resource is None or c.resource == resource)
                 and c.time >= since]
 
-    def volume_claim(self, claim: str) -> None:
+    def volume_claim(self, claim: str, path: Path | None = None) -> None:
         """A PersistentVolumeClaim ``claim``, bound to a volume of its own, so that the scheduler
-        places the pods that mount it (the kubelet the tests play mounts nothing)."""
+        places the pods that mount it: the host folder ``path`` for a real node (the kubelet the
+        tests play mounts nothing)."""
         from kubernetes.client.exceptions import ApiException
 
         volume = f"{self.ns}-{claim}"
@@ -251,7 +253,8 @@ class TestNamespace:
             self.plane.core.create_persistent_volume({
                 "metadata": {"name": volume, "labels": {VOLUME_NAMESPACE_LABEL: self.ns}},
                 "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
-                         "storageClassName": VOLUME_CLASS, "hostPath": {"path": f"/nonexistent/{volume}"},
+                         "storageClassName": VOLUME_CLASS,
+                         "hostPath": {"path": str(path) if path else f"/nonexistent/{volume}"},
                          "claimRef": {"namespace": self.ns, "name": claim}}})
         except ApiException as e:
             if e.status != 409:
