@@ -31,7 +31,7 @@ HOST_PATHS = ("/var/lib/kubelet", "/var/log/containers", "/run/containerd", "/va
 
 def host_state(directory: Path) -> dict:
     """What a plane with real nodes may change on this machine."""
-    real = {}
+    real: dict = {}
     if (directory / "plane.json").exists():
         real = json.loads((directory / "plane.json").read_text()).get("real_nodes") or {}
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
@@ -56,7 +56,7 @@ def host_state(directory: Path) -> dict:
         # Other programs (podman's netavark) may change theirs meanwhile: only Kubernetes' and the nodes' count.
         "iptables": [rule for rule in subprocess.run(["iptables-save"], capture_output=True, text=True).stdout.splitlines()
                      if "KUBE" in rule or "aftf" in rule or "10.199." in rule or "CNI" in rule],
-        "cgroup root": real.get("cgroup_root"),
+        "nodes": sorted(real.get("nodes") or {}),
     }
 
 
@@ -74,7 +74,7 @@ def real_plane(tmp_path_factory) -> Iterator[Plane]:
         plane.stop()
     after = host_state(directory)
     assert not directory.exists(), "down removes the plane's directory"
-    assert {**after, "cgroup root": None} == {**before, "cgroup root": None}, "scripts/kube down left this behind"
+    assert {**after, "nodes": []} == before, "scripts/kube down left this behind"
 
 
 @pytest.fixture
