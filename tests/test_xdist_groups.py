@@ -48,3 +48,16 @@ def test_recorded_times_merge_into_the_file_and_a_missing_file_is_no_times(tmp_p
     xdist_groups.record_durations(durations, {"a.py::y": 3.04})
     assert xdist_groups.read_durations(durations) == {"a.py::x": 1.3, "a.py::y": 3.0}
     assert [p.name for p in tmp_path.iterdir()] == ["durations.json"], "no temporary file is left"
+
+
+def test_the_tests_that_turn_the_hosts_forwarding_on_share_one_worker(tmp_path):
+    """The compose test and the real nodes' each put IPv4 forwarding back when done: side by side,
+    one would turn it off under the other."""
+    class Item:
+        def __init__(self, path, fixturenames=()):
+            self.path, self.fixturenames = path, fixturenames
+
+    tests = tmp_path
+    groups = {xdist_groups.group_of(Item(tests / name, ("real_plane",)), tests) for name in xdist_groups.HOST_NETWORK}
+    assert groups == {"host-network"}
+    assert xdist_groups.group_of(Item(tests / "k8s" / "test_kubernetes.py", ("plane",)), tests) == "k8s"
