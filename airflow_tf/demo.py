@@ -101,15 +101,18 @@ def plane_settings(plane: str | os.PathLike) -> dict[str, str]:
 
 def kubernetes_env(plane: str | os.PathLike, namespace: str = DEMO_NAMESPACE) -> dict[str, str]:
     """The environment that puts the example DAGs on the plane in ``plane`` (its node, its
-    storage folder): creates ``namespace`` and a claim of the storage folder there first."""
+    storage folder): creates ``namespace`` (enforcing Pod Security ``restricted``, as the docs set
+    a team's up) and a claim of the storage folder there first."""
     from kubernetes import client, config
+
+    from airflow_tf.backends.kubernetes.access import pod_security_labels
 
     settings = plane_settings(plane)
     storage = settings["AIRFLOW_TF_KUBE_STORAGE"]
     volume = settings["AIRFLOW_TF_KUBE_STORAGE_VOLUME"]
     core = client.CoreV1Api(config.new_client_from_config(config_file=settings["KUBECONFIG"]))
     if not core.list_namespace(field_selector=f"metadata.name={namespace}").items:
-        core.create_namespace({"metadata": {"name": namespace}})
+        core.create_namespace({"metadata": {"name": namespace, "labels": pod_security_labels()}})
     if not core.list_namespaced_persistent_volume_claim(namespace, field_selector=f"metadata.name={volume}").items:
         core.create_namespaced_persistent_volume_claim(namespace, {"metadata": {"name": volume}, "spec": {
             "accessModes": ["ReadWriteMany"], "storageClassName": settings["AIRFLOW_TF_KUBE_STORAGE_CLASS"],
