@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 import pytest
 from airflow_tf.plugins.access import Access
 from airflow_tf.plugins.links import run_name, split_run_name
-from airflow_tf.storage import check_in_team_root, runs_dir, state_dir, storage_root, teams
+from airflow_tf.storage import check_in_team_root, runs_dir, state_dir, storage_root, team_of, teams
 
 from airflow.sdk.api.datamodels._generated import DagRun
 from airflow.sdk.execution_time.context import set_current_context
@@ -28,14 +28,25 @@ def two_teams(tmp_path, monkeypatch):
     return roots
 
 
+def dag_run_of(team: str | None) -> DagRun:
+    """The DAG run the API server hands a running task (with its DAG's team where Airflow has teams)."""
+    now = datetime.now(timezone.utc)
+    fields = {"team_name": team, "partition_key": None}
+    return DagRun(dag_id="tf", run_id="manual__1", logical_date=now, data_interval_start=now, data_interval_end=now,
+                  run_after=now, start_date=now, end_date=None, run_type="manual", state="running",
+                  consumed_asset_events=[], **{k: v for k, v in fields.items() if k in DagRun.model_fields})
+
+
 def in_task_of(team: str | None):
     """The context Airflow's task runner sets while a task of a DAG run of ``team`` executes."""
-    now = datetime.now(timezone.utc)
-    fields = {"team_name": team} if "team_name" in DagRun.model_fields else {}
-    run = DagRun(dag_id="tf", run_id="manual__1", logical_date=now, data_interval_start=now, data_interval_end=now,
-                 run_after=now, start_date=now, end_date=None, run_type="manual", state="running",
-                 consumed_asset_events=[], partition_key=None, **fields)
-    return set_current_context({"dag_run": run})
+    return set_current_context({"dag_run": dag_run_of(team)})
+
+
+@needs_teams
+def test_the_task_learns_its_team_from_its_dag_run():
+    assert team_of({"dag_run": dag_run_of("vision")}) == "vision"
+    assert team_of({"dag_run": dag_run_of(None)}) is None
+    assert team_of({}) is None
 
 
 @needs_teams

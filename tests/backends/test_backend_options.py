@@ -146,23 +146,6 @@ def test_a_namespace_per_team_from_one_setting(deployment):
         KubernetesBackend(kubernetes_conn_id=None, namespace="ml-{team}")
 
 
-def test_the_task_learns_its_team_from_its_dag_run():
-    """What the API server hands a running task (Airflow 3.3): its DAG run, with the DAG's team."""
-    import datetime as dt
-
-    from airflow.sdk.api.datamodels._generated import DagRun
-
-    from airflow_tf.storage import team_of
-
-    now = dt.datetime.now(dt.UTC)
-    run = {"dag_id": "train", "run_id": "manual_1", "logical_date": now, "data_interval_start": now,
-           "data_interval_end": now, "run_after": now, "start_date": now, "end_date": None, "run_type": "manual",
-           "state": "running", "consumed_asset_events": [], "partition_key": None}
-    assert team_of({"dag_run": DagRun(**run, team_name="vision")}) == "vision"
-    assert team_of({"dag_run": DagRun(**run)}) is None
-    assert team_of({}) is None
-
-
 def test_a_dag_naming_its_backend_is_refused_while_it_is_parsed():
     from airflow_tf.operators import LaunchTFClusterOperator
 
