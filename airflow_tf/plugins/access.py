@@ -226,14 +226,13 @@ class Access:
             owner = "/".join(parts[:end])
             owners = self.owners.get(f"{prefix}/{owner}" if prefix else owner)
             if owners is not None:
-                return owners <= self.dag_ids and stays_inside(runs, relative, owner)
-        return self.every_dag and stays_inside(runs, relative, None)
+                return owners <= self.dag_ids and stays_inside(runs, relative)
+        return self.every_dag and stays_inside(runs, relative)
 
 
-def stays_inside(runs: str, name: str, owner: str | None) -> bool:
+def stays_inside(runs: str, name: str) -> bool:
     """Whether run ``name``'s directory is reached from ``runs`` without a symbolic link or
-    ``..``, so inside the run that owns it (``owner``, a prefix of ``name``; None: inside
-    ``runs``). The event files themselves are checked when TensorBoard opens them (the same
+    ``..``, so inside the run that owns it (whichever prefix of ``name`` that is). The event files themselves are checked when TensorBoard opens them (the same
     :func:`airflow_tf.files.open_beneath`): a link out of a run never serves another run's
     files under this run's name; this only keeps such a name out of the listings."""
     relative = "" if name.strip("/") == "." else name  # TensorBoard's name for runs/ itself
