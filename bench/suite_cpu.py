@@ -26,8 +26,8 @@ from pathlib import Path
 TICKS = os.sysconf("SC_CLK_TCK")
 
 KINDS = [  # (kind, pattern of the command line); the first match wins
-    # The binary itself (a pod's storage folder may be named airflow-tf-node-storage-...).
-    ("node agent", r"/airflow-tf-node(\s|$)"),
+    # A real node's own processes: the binaries themselves, not a path that holds their names.
+    ("real node", r"/(kubelet|containerd|containerd-shim-runc-v2|pause)(\s|$)"),
     ("health question", r"-m airflow_tf\.runtime\.health\b"),
     ("tensorflow task", r"-m airflow_tf\.runtime(\.forkserver)?(\s|$)"),
     ("export's load check", r"-m airflow_tf\.serving\.loading\b"),

@@ -14,9 +14,9 @@ BUSY = "import time\nend = time.process_time() + 1.5\nwhile time.process_time() 
 def test_a_busy_child_of_the_command_is_charged_to_its_kind(tmp_path):
     out = tmp_path / "cpu.json"
     # The command's own child, named as a TensorFlow task would be, burns 1.5 s of CPU; its
-    # dataset is in a folder whose name starts with the node agent's.
+    # dataset is in a folder named as a real node's binary is.
     command = [sys.executable, "-c", f"import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', "
-               f"{BUSY!r}, '-m', 'airflow_tf.runtime', '--dataset', '/tmp/airflow-tf-node-storage-1/d']))"]
+               f"{BUSY!r}, '-m', 'airflow_tf.runtime', '--dataset', '/tmp/kubelet/d']))"]
     result = subprocess.run([sys.executable, str(SCRIPT), "--interval", "0.2", "--out", str(out), "--", *command],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

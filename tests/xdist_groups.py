@@ -34,18 +34,17 @@ SHARED_PER_FOLDER = {"stack": "stack", "k8s": "plane"}
 Airflow stack (tests/stack) and one control plane (tests/k8s) per run when its tests share a worker."""
 
 
-HOST_NETWORK = ("stack/test_compose_stack.py", "k8s/test_real_nodes.py")
+HOST_NETWORK = ("stack/test_compose_stack.py", "k8s/test_real_nodes.py", "nodes/test_nodes.py",
+                "nodes/test_nodes_kueue.py")
 """The files whose tests turn the host's IPv4 forwarding on and put it back after (netavark for
-Podman, the CNI bridge for the real nodes): one at a time, or one would put it back under the other."""
+Podman, the CNI bridges of the real nodes): one at a time, or one would put it back under the other."""
 
 
 def group_of(item, tests: Path) -> str | None:
     """The group a test must share a worker with: the tests of tests/stack on its Airflow stack
     and those of tests/k8s on its control plane (:data:`SHARED_PER_FOLDER`), the tests of a file
     whose fixtures outlive one test (trained groups, emulators, the multi-team stack), and the
-    files of :data:`HOST_NETWORK` together; else none. The
-    node agent's tests (tests/node) count what their own plane left by its directory and its
-    node's random prefix, so they run beside anything."""
+    files of :data:`HOST_NETWORK` together; else none."""
     path = Path(str(item.path)).resolve()
     if any(path == tests / name for name in HOST_NETWORK):
         return "host-network"
