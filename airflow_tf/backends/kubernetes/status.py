@@ -34,6 +34,8 @@ FAIL_FAST_WAITING = {
     "ErrImagePull": "the image cannot be pulled; check the image name, tag and image_pull_secrets",
     "ImagePullBackOff": "the image cannot be pulled; check the image name, tag and image_pull_secrets",
     "InvalidImageName": "the image name is not valid",
+    "ErrImageNeverPull": "the image is not on the node and image_pull_policy is Never; load it onto the nodes "
+                         "or let them pull it (image_pull_policy IfNotPresent)",
     "CreateContainerConfigError": "a Secret or ConfigMap the pod refers to is missing",
 }
 TRAINERS = ("chief", "worker")
