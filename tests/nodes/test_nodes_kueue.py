@@ -1,5 +1,6 @@
-"""Kueue preemption with real training: a plane with its node (pods are real TensorFlow
-processes) and Kueue and JobSet (``scripts/kube up --node --kueue``). A group of a higher
+"""Kueue preemption with real training: a plane with a real node (pods from the training image
+in a namespace enforcing Pod Security ``restricted``) and Kueue and JobSet (``scripts/kube up
+--nodes 1 --kueue``). A group of a higher
 WorkloadPriorityClass preempts a training one; the lower group is suspended whole and, once
 readmitted, resumes from its newest checkpoint to its final step."""
 
@@ -18,10 +19,10 @@ from airflow_tf.data import prepare_dataset
 from airflow_tf.data.samples import write_linear_regression_csv
 from airflow_tf.demo import DEMO_NAMESPACE, kubernetes_env
 
-from .host import down, mounts, namespaces, node_prefix, plane_env, processes, shared_storage, up_with_node
+from .host import NOTHING, down, leftovers, plane_env, real_nodes, shared_storage, up_with_nodes
 from k8s.plane import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="the node agent makes namespaces (root)")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="a kubelet and containerd run as root")]
 
 QUEUE = "training"
 # Half a CPU per task: a group (1 ps + 2 workers) is 1.5 CPUs, the ClusterQueue's whole quota.
@@ -68,13 +69,14 @@ def _checkpoint_step(run_dir: Path) -> int:
 
 
 @pytest.mark.timeout(1200)  # two groups trained one after the other, with the resume
-def test_a_preempted_group_resumes_from_its_checkpoint_to_its_final_step(tmp_path):
+def test_a_preempted_group_resumes_from_its_checkpoint_to_its_final_step(tmp_path_factory):
     from kubernetes import client, config
 
-    directory = tmp_path / "plane"
+    # A short folder: the node's containerd listens on a unix socket below it (108 bytes at most).
+    directory = tmp_path_factory.mktemp("kueue") / "plane"
     with shared_storage() as storage:
-        up_with_node(directory, storage, kueue=True)
-        prefix = node_prefix(directory)
+        up_with_nodes(directory, storage, kueue=True)
+        nodes = real_nodes(directory)
         try:
             settings = plane_env(directory)
             kubernetes_env(directory)  # the namespace and the claim of the storage folder
@@ -130,5 +132,4 @@ def test_a_preempted_group_resumes_from_its_checkpoint_to_its_final_step(tmp_pat
             backend.teardown(low)
         finally:
             down(directory)
-    assert (processes(str(directory)), namespaces(prefix), mounts(prefix, str(directory)), directory.exists()) == \
-        ([], [], [], False)
+    assert leftovers(directory, nodes) == NOTHING, "scripts/kube down left this behind"

@@ -1,8 +1,10 @@
-"""The example DAG ``tf_linear_regression`` on Kubernetes: a plane with a node whose pods are real
-local processes (``scripts/kube up --node``), the DAG's backend the deployment's
+"""The example DAG ``tf_linear_regression`` on Kubernetes with a real node (``scripts/kube up
+--nodes 1``: kubelet v1.37, containerd v2.4, runc), the DAG's backend the deployment's
 (``AIRFLOW_TF_BACKEND=kubernetes``), run by real Airflow. Prepare runs in Airflow; the ps and
-workers, the evaluation and the export run as Jobs whose pods talk gRPC to each other by the
-names TF_CONFIG gives, resolved by the cluster DNS.
+workers, the evaluation and the export run as Jobs whose pods, from the training image as uid
+1000 in a namespace enforcing Pod Security ``restricted``, talk gRPC to each other by the names
+TF_CONFIG gives, resolved by the cluster DNS; the storage folder is a hostPath volume both sides
+share at one path. Also what the kubelet does with probes, restarts and grace periods.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import signal
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,40 +26,35 @@ import pytest
 from airflow_tf.demo import DEMO_NAMESPACE, REPO_DAGS, ClusterRecorder, kubernetes_env, run_demo
 
 from serving_check import WARMUP, serve_both_ways
-from .host import down, mounts, namespaces, node_prefix, plane_env, processes, shared_storage, up_with_node
+from .host import (NOTHING, container_pid, down, leftovers, plane_env, processes, real_nodes, shared_storage,
+                   up_with_nodes)
 from k8s.plane import wait_for
 
 sys.path.insert(0, str(REPO_DAGS.parent / "scripts"))
 from airflow_stack import USERNAME, AirflowStack  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="the node agent makes namespaces (root)")]
-
-
-def _leftovers(directory: Path, prefix: str) -> dict:
-    """What the plane in ``directory`` (its node's namespaces named ``prefix``...) left behind:
-    processes, network namespaces, mounts, its files (the storage folder is the test's,
-    removed by ``shared_storage``)."""
-    return {"processes": processes(str(directory)), "namespaces": namespaces(prefix),
-            "mounts": mounts(prefix, str(directory)), "files": directory.exists()}
-
-
-NOTHING = {"processes": [], "namespaces": [], "mounts": [], "files": False}
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="a kubelet and containerd run as root")]
 
 
 @pytest.fixture(scope="module")
 def node_plane(tmp_path_factory) -> Iterator[tuple[Path, Path]]:
-    """One plane with its node, and the storage folder its pods share with Airflow, for this file's
-    DAG runs (a plane costs about 30 s of CPU to start). Each run's groups are torn down by its
-    DAG; once the last test is done, ``scripts/kube down`` must leave nothing behind."""
-    directory = tmp_path_factory.mktemp("node-dag") / "plane"
+    """One plane with a real node, and the storage folder its pods share with Airflow, for this
+    file's tests (a plane with a node costs about a minute to start). Each run's groups are torn
+    down by its DAG; once the last test is done, ``scripts/kube down`` must leave nothing behind."""
+    directory = tmp_path_factory.mktemp("nodes") / "plane"
     with shared_storage() as storage:
-        up_with_node(directory, storage)
-        prefix = node_prefix(directory)
+        up_with_nodes(directory, storage)
+        nodes = real_nodes(directory)
         try:
             yield directory, storage
         finally:
             down(directory)
-    assert _leftovers(directory, prefix) == NOTHING, "scripts/kube down left this behind"
+    assert leftovers(directory, nodes) == NOTHING, "scripts/kube down left this behind"
+
+
+def _pod_subnet(directory: Path) -> str:
+    """The first three octets of node-1's pod subnet (10.201.R.0/24), with the dot."""
+    return real_nodes(directory)["nodes"]["node-1"]["pod_subnet"].rsplit(".", 2)[0] + "."
 
 
 def test_the_demo_dag_trains_on_kubernetes_end_to_end(node_plane, tmp_path):
@@ -69,11 +67,11 @@ def test_the_demo_dag_trains_on_kubernetes_end_to_end(node_plane, tmp_path):
     assert export.parent == storage.resolve() / "models" / "linear_regression" and summary["blessed"] is True
     assert summary["predictions_for_x_0_1_5"] == pytest.approx([10.0, 12.0, 20.0], abs=0.5)
     # Every training task, the evaluation and the export ran as a pod on the node, with an
-    # address of its own, from the group's Jobs.
+    # address of its own on its CNI bridge, from the group's Jobs.
     pods, jobs = summary["kubernetes"]["pods"], summary["kubernetes"]["jobs"]
     assert sorted(re.sub(r"^tf-tf-linear-regression-[0-9a-f-]+?-(ps|worker|evaluate|export)(-\d+)?-[a-z0-9]{5}$",
                          r"\1\2", name) for name in pods) == ["evaluate", "export", "ps-0", "worker-0", "worker-1"]
-    assert all(p["node"] == "airflow-tf-node" and p["ip"].startswith("10.244.0.") for p in pods.values()), pods
+    assert all(p["node"] == "node-1" and (p["ip"] or "").startswith(_pod_subnet(directory)) for p in pods.values()), pods
     assert sorted(job.rsplit("-", 1)[-1] for job in jobs) == ["evaluate", "export", "ps", "worker"], jobs
     # The teardown deleted the parameter servers, which never exit by themselves.
     assert next(state for job, state in jobs.items() if job.endswith("-ps")) == "Active (deleted)", jobs
@@ -148,10 +146,11 @@ def _progress(runs: Path, earlier: set[str]) -> dict:
 
 @pytest.mark.timeout(1200)  # a real Airflow, two faults and their recoveries: about 8 minutes under load
 def test_a_killed_and_a_frozen_ps_are_replaced_and_the_dag_trains_to_its_final_step(node_plane, tmp_path):
-    """A ps SIGKILLed: the Job controller makes a new pod. The new ps frozen (SIGSTOP, its TCP
-    port still accepting): its liveness probe (the health question) fails, the node stops it,
-    and the Job makes another. Each time the workers restore from the newest checkpoint and the
-    DAG trains on to its final step."""
+    """A ps container's process SIGKILLed on the node: the Job controller makes a new pod. The
+    new ps frozen (SIGSTOP, its TCP port still accepting): its liveness probe (the health
+    question, run in the container by the kubelet) fails, the kubelet kills it, and the Job makes
+    another. Each time the workers restore from the newest checkpoint and the DAG trains on to
+    its final step."""
     from kubernetes import client, config
 
     directory = node_plane[0]
@@ -166,12 +165,12 @@ def test_a_killed_and_a_frozen_ps_are_replaced_and_the_dag_trains_to_its_final_s
     runs = Path(env["AIRFLOW_TF_KUBE_STORAGE"]) / "runs"
     dag_run = _ScheduledRun(tmp_path / "airflow", directory, steps)
     try:
-        _faults_during(dag_run, core, runs, steps)
+        _faults_during(dag_run, core, runs, steps, directory)
     finally:
         dag_run.stop()
 
 
-def _faults_during(dag_run: _ScheduledRun, core, runs: Path, steps: int) -> None:
+def _faults_during(dag_run: _ScheduledRun, core, runs: Path, steps: int, directory: Path) -> None:
     earlier = {run.name for run in runs.glob("tf-*")}
     replaced = [pod.metadata.name for pod in  # another test's, were one still going
                 core.list_namespaced_pod(DEMO_NAMESPACE, label_selector="airflow-tf/role=ps").items]
@@ -193,7 +192,8 @@ def _faults_during(dag_run: _ScheduledRun, core, runs: Path, steps: int) -> None
         # A checkpoint first, so the replacement has something to restore.
         checkpointed = wait_for(lambda: (lambda p: p if (p.get("checkpoint_step") or 0) > 500 else None)(
             _progress(runs, earlier)), 240, "a checkpoint of the training")
-        pid = int(ps.status.container_statuses[0].container_id.rsplit("/", 1)[-1])
+        # The container's first process (python, the image's entrypoint), as the node's containerd runs it.
+        pid = container_pid(directory, ps.spec.node_name, ps.status.container_statuses[0].container_id)
         at = step()
         assert at < steps - 1000, f"the training ran to step {at} of {steps} before the {fault.name}: raise steps"
         os.kill(pid, fault)
@@ -262,9 +262,109 @@ def test_the_parts_of_a_partitioned_prepare_run_as_pods_on_the_node(node_plane, 
         run = dags_test(env, "parts_on_the_node")
     assert "state=success" in run.stdout, run.stdout[-4000:]
     parts = {name: pod for name, pod in seen.pods.items() if name.startswith("prep-clicks-")}
-    assert len(parts) == 2 and all(p["node"] == "airflow-tf-node" for p in parts.values()), seen.pods
+    assert len(parts) == 2 and all(p["node"] == "node-1" for p in parts.values()), seen.pods
     summary = json.loads(result.read_text())
     single = prepare_dataset(source, tmp_path / "single", "single", label="y", eval_fraction=0.25, seed=7)
     assert summary["parts"] == 2 and summary["counts"] == single["counts"]
     for split in ("train", "eval"):
         assert _records(summary["dataset_uri"], split) == _records(single["dataset_uri"], split)
+
+
+def _pod(name: str, image: str, command: list[str], **spec: object) -> dict:
+    container = {"name": "main", "image": image, "command": command}
+    container.update(spec.pop("container", {}))
+    return {"metadata": {"name": name}, "spec": {"automountServiceAccountToken": False, "containers": [container],
+                                                 **spec}}
+
+
+def test_the_kubelet_runs_probes_restarts_and_grace_periods_on_the_node(node_plane):
+    """What a group's manifests rely on from the node: a failing liveness probe stops the
+    container (restarted under OnFailure, the pod failed under Never), a startup probe that
+    outlasts its timeout fails it too, and a process that ignores SIGTERM is killed once its grace
+    period is over, not before."""
+    from kubernetes import client, config
+
+    directory = node_plane[0]
+    marker = f"aftf-nodes-test-{uuid.uuid4().hex[:8]}"
+    env = plane_env(directory)
+    image = env["AIRFLOW_TF_KUBE_IMAGE"]
+    core = client.CoreV1Api(config.new_client_from_config(config_file=env["KUBECONFIG"]))
+    ns = "probes"
+    core.create_namespace({"metadata": {"name": ns}})
+    wait_for(lambda: core.list_namespaced_service_account(ns).items, 30, "the default service account")
+    failing = {"exec": {"command": ["/bin/sh", "-c", "exit 1"]}, "periodSeconds": 1, "failureThreshold": 2}
+    # The shell is the container's pid 1, which ignores a signal it has no handler for: it exits on SIGTERM.
+    sleeper = ["/bin/sh", "-c", "trap 'exit 143' TERM; while :; do sleep 1; done", marker]
+    # A liveness probe that fails: the container is stopped (SIGTERM), and restarted (OnFailure)...
+    core.create_namespaced_pod(ns, _pod("restarted", image, sleeper, restartPolicy="OnFailure",
+                                        terminationGracePeriodSeconds=5, container={"livenessProbe": failing}))
+    # ... or, under Never, the pod fails.
+    core.create_namespaced_pod(ns, _pod("failed", image, sleeper, restartPolicy="Never",
+                                        terminationGracePeriodSeconds=5, container={"livenessProbe": failing}))
+    # A startup probe that outlasts its timeout fails too.
+    slow = {"exec": {"command": ["/bin/sh", "-c", "sleep 30"]}, "timeoutSeconds": 1, "failureThreshold": 1}
+    core.create_namespaced_pod(ns, _pod("slow-start", image, sleeper, restartPolicy="Never",
+                                        terminationGracePeriodSeconds=5, container={"startupProbe": slow}))
+    # A process that ignores SIGTERM is killed once the grace period is over.
+    core.create_namespaced_pod(ns, _pod("stubborn", image, ["/bin/sh", "-c", "trap '' TERM; while :; do sleep 1; done",
+                                                            marker],
+                                        restartPolicy="Never", terminationGracePeriodSeconds=3))
+    try:
+        def status(name: str):
+            return core.read_namespaced_pod(name, ns).status
+
+        restarted = wait_for(lambda: (lambda s: s if s.container_statuses and s.container_statuses[0].restart_count >= 1
+                                      else None)(status("restarted")), 90, "a restart after the liveness probe failed")
+        last = restarted.container_statuses[0].last_state.terminated
+        assert (last.exit_code, last.reason) == (143, "Error")  # stopped by SIGTERM
+        for name in ("failed", "slow-start"):
+            failed = wait_for(lambda n=name: (lambda s: s if s.phase == "Failed" else None)(status(n)), 90,
+                              f"pod {name} failed")
+            terminated = failed.container_statuses[0].state.terminated
+            assert (terminated.exit_code, terminated.reason) == (143, "Error"), name
+        wait_for(lambda: any(e.reason == "Unhealthy" and "Liveness" in e.message for e in core.list_namespaced_event(
+            ns, field_selector="involvedObject.name=failed").items), 30, "the Unhealthy event")
+
+        wait_for(lambda: status("stubborn").phase == "Running", 60, "pod stubborn running")
+        started = time.monotonic()
+        core.delete_namespaced_pod("stubborn", ns)
+        wait_for(lambda: not [p for p in core.list_namespaced_pod(ns).items if p.metadata.name == "stubborn"], 30,
+                 "pod stubborn removed", interval=0.2)
+        assert 3 <= time.monotonic() - started < 15  # SIGKILL after the grace period, not before
+        assert not [p for p in processes(marker) if "trap ''" in p]
+    finally:
+        core.delete_namespace(ns)
+
+
+def test_a_ps_out_of_memory_fails_the_wait_naming_its_limit_and_what_to_raise(node_plane):
+    """A ps given less memory than TensorFlow needs is OOMKilled by the node: the DAG's wait (the
+    sensor) fails with the pod, the limit it had and the setting to raise, not a bare exit 137."""
+    from airflow_tf.backends import get_backend
+    from airflow_tf.cluster import GroupSpec, TrainingConfig
+    from airflow_tf.data import prepare_dataset
+    from airflow_tf.data.samples import write_linear_regression_csv
+    from airflow_tf.sensors.worker_completion import TrainingGroupFailed, WorkerCompletionSensor
+
+    directory, storage = node_plane
+    settings = plane_env(directory)
+    kubernetes_env(directory)  # the namespace (Pod Security restricted) and the claim of the storage folder
+    write_linear_regression_csv(storage / "oom" / "seed.csv", rows=500, seed=0)
+    dataset = prepare_dataset(storage / "oom" / "seed.csv", storage / "oom" / "datasets", "linear_regression",
+                              label="y", eval_fraction=0.2)["dataset_uri"]
+    backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=settings["KUBECONFIG"],
+                          namespace=DEMO_NAMESPACE, image=settings["AIRFLOW_TF_KUBE_IMAGE"], poll_interval=1.0,
+                          pod_defaults={"volumes": [{"claim": settings["AIRFLOW_TF_KUBE_STORAGE_VOLUME"],
+                                                     "mount_path": str(storage)}]})
+    training = TrainingConfig(dataset=dataset, run_dir=str(storage / "runs" / "tf-oom"), model="linear_regression",
+                              steps=200, batch_size=32)
+    ref = backend.launch(GroupSpec.for_training("tf-oom", training, ps=1, workers=1, role_options={
+        "ps": {"resources": {"requests": {"memory": "40Mi"}, "limits": {"memory": "40Mi"}}}}))
+    try:
+        sensor = WorkerCompletionSensor(task_id="wait", group=ref.to_dict(), poke_interval=1)
+        with pytest.raises(TrainingGroupFailed) as failed:
+            wait_for(lambda: sensor.poke({}), 300, "the sensor to end the wait", interval=1)
+    finally:
+        backend.teardown(ref)
+    message = str(failed.value)
+    assert re.match(r"training group tf-oom failed: task \S+ \(ps 0\) failed: OOMKilled: pod tf-oom-ps-0-\S+ ran out "
+                    r"of memory \(limit 40Mi\); raise roles\.ps\.resources\.limits\.memory", message), message
