@@ -571,7 +571,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir", required=True, help="directory for data, runs, models and AIRFLOW_HOME")
     p.add_argument("--dags-folder", default=None, help="the example DAGs (default: the repository's dags/)")
     p.add_argument("--kubernetes-plane", default=None, metavar="DIR",
-                   help="train on the Kubernetes plane of `scripts/kube up DIR --node` instead of local processes")
+                   help="train on the Kubernetes plane of `scripts/kube up DIR --nodes 1` instead of local processes")
     p.set_defaults(func=_cmd_demo)
 
 

@@ -1,9 +1,10 @@
 """Run the example DAGs through Airflow itself (``airflow dags test``) in a self-contained
 home: SQLite, local processes, local disk. Used by ``airflow-tf demo`` and the DAG tests.
 
-With a Kubernetes plane (``scripts/kube up DIR --node``) the same DAG trains on it: its tasks'
-backend is the deployment's (``AIRFLOW_TF_BACKEND``), the storage folder the node offers is
-the storage of both the Airflow tasks and the pods, at one path."""
+With a Kubernetes plane with a real node (``scripts/kube up DIR --nodes 1``) the same DAG trains
+on it: its tasks' backend is the deployment's (``AIRFLOW_TF_BACKEND``), its pods run from the
+training image, and the storage folder the plane offers as a hostPath volume is the storage of
+both the Airflow tasks and the pods, at one path."""
 
 from __future__ import annotations
 
@@ -92,15 +93,19 @@ DEMO_NAMESPACE = "airflow-tf-demo"
 
 
 def plane_settings(plane: str | os.PathLike) -> dict[str, str]:
-    """What ``scripts/kube up DIR --node`` wrote to ``DIR/env``."""
+    """What ``scripts/kube up DIR --nodes N`` wrote to ``DIR/env``."""
     path = Path(plane) / "env"
     if not path.is_file():
-        raise SystemExit(f"airflow-tf demo: {path} is missing: start the plane with `scripts/kube up {plane} --node`")
-    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+        raise SystemExit(f"airflow-tf demo: {path} is missing: start the plane with `scripts/kube up {plane} --nodes 1`")
+    settings = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    if "AIRFLOW_TF_KUBE_STORAGE" not in settings:
+        raise SystemExit(f"airflow-tf demo: the plane of {plane} has no node nor storage (its {path} names none): "
+                         f"start it with `scripts/kube up {plane} --nodes 1`")
+    return settings
 
 
 def kubernetes_env(plane: str | os.PathLike, namespace: str = DEMO_NAMESPACE) -> dict[str, str]:
-    """The environment that puts the example DAGs on the plane in ``plane`` (its node, its
+    """The environment that puts the example DAGs on the plane in ``plane`` (its nodes, its
     storage folder): creates ``namespace`` (enforcing Pod Security ``restricted``, as the docs set
     a team's up) and a claim of the storage folder there first."""
     from kubernetes import client, config
@@ -188,7 +193,7 @@ class ClusterRecorder:
 def run_demo(workdir: str | os.PathLike, dags_folder: str | os.PathLike = REPO_DAGS,
              plane: str | os.PathLike | None = None) -> dict:
     """Run ``tf_linear_regression`` end to end and report where the model went and how good it
-    is; with ``plane`` (a ``scripts/kube up --node`` directory), on that Kubernetes plane."""
+    is; with ``plane`` (a ``scripts/kube up --nodes N`` directory), on that Kubernetes plane."""
     from airflow_tf.serving import latest_export
 
     env = airflow_env(workdir, dags_folder)
