@@ -1,22 +1,24 @@
-"""The Kubernetes tests' control plane: one per test session (``scripts/kube up``, or the
-cluster ``AIRFLOW_TF_TEST_KUBECONFIG`` names), a namespace per test, the test as the kubelet.
+"""The Kubernetes tests' cluster: one per test session (``scripts/kube up --nodes 1``: the
+control plane and one real node, kubelet and containerd with the training image loaded; or the
+cluster ``AIRFLOW_TF_TEST_KUBECONFIG`` names), a namespace per test. Pods really run: a test that
+needs them to act out a scenario uses ``scripted`` (tests/k8s/scripted.py).
 
 Every test that uses the plane runs on one pytest-xdist worker (tests/xdist_groups.py puts them in
 one group), so a run starts one plane; the node agent's tests (tests/node) start planes of their
-own. When a test fails, the plane's logs (each component's, and the audit log of the service
-accounts' requests) are copied next to it and the path printed.
+own. After the private plane's ``down`` the machine is as it was before its ``up``. When a test
+fails, the plane's logs (each component's, and the audit log of the service accounts' requests)
+are copied next to it and the path printed.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 from pathlib import Path
 
 import pytest
-from .kubelet import Kubelet
-from .plane import CLUSTER_ENV, Plane
+from .plane import CLUSTER_ENV, Plane, host_state
+from .scripted import scripted  # noqa: F401 (a fixture)
 
 
 @pytest.fixture(scope="package")
@@ -25,9 +27,17 @@ def plane(tmp_path_factory):
     if configured:
         yield Plane(Path(configured))
         return
-    started = Plane.start(tmp_path_factory.mktemp("kube") / "plane")
-    yield started
-    started.stop()
+    directory = tmp_path_factory.mktemp("kube") / "plane"
+    before = host_state(directory)
+    started = Plane.start(directory, "--nodes", "1")
+    running = host_state(directory)
+    assert running["aftf links"] and running["processes"] and running["cgroups"], running
+    try:
+        yield started
+    finally:
+        started.stop()
+    assert not directory.exists(), "down removes the plane's directory"
+    assert {**host_state(directory), "nodes": []} == before, "scripts/kube down left this behind"
 
 
 @pytest.fixture(scope="package")
@@ -39,17 +49,6 @@ def kueue(plane):
     elif not plane.has_kueue():
         pytest.skip(f"the cluster {CLUSTER_ENV} names has no Kueue and JobSet CRDs installed")
     return plane
-
-
-@pytest.fixture(scope="package")
-def node(plane):
-    """This session's node, its kubelet played by the tests (the private plane only)."""
-    if not plane.private:
-        yield None
-        return
-    kubelet = Kubelet(plane).start()
-    yield kubelet
-    kubelet.stop()
 
 
 _FAILED = pytest.StashKey[list]()
@@ -64,7 +63,7 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture
-def kube(request, plane, node, tmp_path):
+def kube(request, plane, tmp_path):
     """A namespace of this test's own, and the backend's kubeconfig for it (``kube.kubeconfig``)."""
     prefix = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower().removeprefix("test_")).strip("-")
     namespace = plane.new_namespace(prefix or "test", tmp_path)
@@ -74,23 +73,3 @@ def kube(request, plane, node, tmp_path):
         if kept:
             print(f"the control plane's logs (namespace {namespace.ns}): {kept}")
     plane.delete_namespace(namespace.ns)
-    if node is not None:
-        node.release(namespace.ns)
-
-
-class _KubeletOfNamespace:
-    """The session's kubelet, its methods bound to one test's namespace."""
-
-    def __init__(self, kubelet: Kubelet, namespace: str) -> None:
-        self._kubelet, self.ns = kubelet, namespace
-
-    def __getattr__(self, name: str):
-        return functools.partial(getattr(self._kubelet, name), self.ns)
-
-
-@pytest.fixture
-def kubelet(node, kube):
-    """The node's kubelet, played by this test for the pods of its namespace; skips on a real cluster."""
-    if node is None:
-        pytest.skip(f"plays the kubelet, which only the private plane lets a test do ({CLUSTER_ENV} is set)")
-    return _KubeletOfNamespace(node, kube.ns)

@@ -1,9 +1,10 @@
 """The Kubernetes control plane the Kubernetes tests run against, and one test's view of it.
 
-``scripts/kube up`` starts a private plane (etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler, built from kube/go.mod) once per test session; ``AIRFLOW_TF_TEST_KUBECONFIG``
-names an existing cluster instead (an admin kubeconfig), where the tests that play the kubelet
-skip. Each test gets a namespace of its own, a service account bound only to the shipped
+``scripts/kube up --nodes 1`` starts a private plane (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, built from kube/go.mod) and a real node (kubelet,
+containerd, the training image loaded) once per test session; ``AIRFLOW_TF_TEST_KUBECONFIG``
+names an existing cluster instead (an admin kubeconfig), where the tests that read the private
+plane's audit log or etcd skip. Each test gets a namespace of its own, a service account bound only to the shipped
 ``airflow_tf/rbac/role.yaml``, and a kubeconfig holding that account's token: the backend runs
 with it, so the real authorizer decides what it may do.
 """
@@ -39,6 +40,39 @@ BACKEND_ACCOUNT = access.ACCOUNT
 TOKEN_SECONDS = 3600
 VOLUME_CLASS = "airflow-tf-test"
 VOLUME_NAMESPACE_LABEL = "airflow-tf-test/namespace"  # on the volumes a test's claims are bound to
+SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops", "net.ipv4.ip_forward")
+HOST_PATHS = ("/var/lib/kubelet", "/var/log/containers", "/run/containerd", "/var/lib/cni", "/opt/containerd")
+
+
+def host_state(directory: Path) -> dict:
+    """What a plane in ``directory`` with real nodes may change on this machine."""
+    real: dict = {}
+    if (directory / "plane.json").exists():
+        real = json.loads((directory / "plane.json").read_text()).get("real_nodes") or {}
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    processes = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if proc.name.isdigit() and str(directory) in cmdline and int(proc.name) != os.getpid():
+            processes.append(cmdline)
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return {
+        "sysctls": {name: subprocess.run(["sysctl", "-n", name], capture_output=True, text=True).stdout.strip()
+                    for name in SYSCTLS},
+        "aftf links": sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines()
+                             if line.split(":")[1].strip().startswith("aftf")),
+        "processes": processes,
+        "mounts": [m for m in mounts if m.startswith(str(directory)) or "kubelet" in m or "containerd" in m],
+        "cgroups": sorted(str(p) for p in Path("/sys/fs/cgroup").glob("*/aftf-*")),
+        "host paths": {path: sorted(os.listdir(path)) if os.path.isdir(path) else None for path in HOST_PATHS},
+        # Other programs (podman's netavark) may change theirs meanwhile: only Kubernetes' and the nodes' count.
+        "iptables": [rule for rule in subprocess.run(["iptables-save"], capture_output=True, text=True).stdout.splitlines()
+                     if "KUBE" in rule or "aftf" in rule or "10.199." in rule or "CNI" in rule],
+        "nodes": sorted(real.get("nodes") or {}),
+    }
 
 
 def wait_for(predicate, timeout: float = 30.0, what: str = "condition", interval: float = 0.1):
@@ -88,7 +122,7 @@ class Plane:
 
     @property
     def private(self) -> bool:
-        """Whether this is the session's own plane (the tests may play its kubelet)."""
+        """Whether this is the session's own plane (its audit log and etcd are the tests' to read)."""
         return self.directory is not None
 
     @classmethod
@@ -208,7 +242,7 @@ class TestNamespace:
 
     def objects(self, resource: str, selector: str | None = None, namespace: str | None = None) -> list[dict]:
         """The objects of ``resource`` (jobs, pods, services, networkpolicies), by name; pods
-        marked for deletion are there until the kubelet removes them."""
+        marked for deletion are there until their containers stopped and the kubelet removed them."""
         namespace = namespace or self.ns
         lister = {"jobs": self.plane.batch.list_namespaced_job, "pods": self.plane.core.list_namespaced_pod,
                   "services": self.plane.core.list_namespaced_service,
@@ -242,10 +276,10 @@ class TestNamespace:
                 if (verb is None or c.verb == verb) and (resource is None or c.resource == resource)
                 and c.time >= since]
 
-    def volume_claim(self, claim: str, path: Path | None = None) -> None:
+    def volume_claim(self, claim: str, path: Path) -> None:
         """A PersistentVolumeClaim ``claim``, bound to a volume of its own, so that the scheduler
-        places the pods that mount it: the host folder ``path`` for a real node (the kubelet the
-        tests play mounts nothing)."""
+        places the pods that mount it: the host folder ``path`` (the node's containerd would
+        make a missing one, so every claim names a folder of the test's own)."""
         from kubernetes.client.exceptions import ApiException
 
         volume = f"{self.ns}-{claim}"
@@ -254,7 +288,7 @@ class TestNamespace:
                 "metadata": {"name": volume, "labels": {VOLUME_NAMESPACE_LABEL: self.ns}},
                 "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
                          "storageClassName": VOLUME_CLASS,
-                         "hostPath": {"path": str(path) if path else f"/nonexistent/{volume}"},
+                         "hostPath": {"path": str(path)},
                          "claimRef": {"namespace": self.ns, "name": claim}}})
         except ApiException as e:
             if e.status != 409:

@@ -1,11 +1,12 @@
 """The Kubernetes backend against a real control plane: kube-apiserver, kube-controller-manager
 and kube-scheduler of Kubernetes v1.37 on etcd (``scripts/kube``; tests/k8s/conftest.py).
 
-Everything is real except the node's kubelet, which the test plays (tests/k8s/kubelet.py):
-it says what each pod's container did, and the Job controller, the garbage collector, the TTL
-controller and the scheduler decide the rest. The backend runs as a service account bound only to
-the shipped ``airflow_tf/rbac/role.yaml``, so the real authorizer refuses anything outside it;
-its requests are read back from the API server's audit log."""
+The pods run on the real node from the training image, their command a loop that does what the
+test tells it (tests/k8s/scripted.py): exit with a code, print lines, write a termination
+message, run out of memory; the kubelet reports it, and the Job controller, the garbage
+collector, the TTL controller and the scheduler decide the rest. The backend runs as a service
+account bound only to the shipped ``airflow_tf/rbac/role.yaml``, so the real authorizer refuses
+anything outside it; its requests are read back from the API server's audit log."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import time
 import pytest
 import yaml
 from .plane import ROLE_FILE, wait_for
+from .scripted import ABSENT_IMAGE, original_command, scripted_manifests, training_image
 
 from airflow_tf.backends import BackendError, backend_for, get_backend
 from airflow_tf.backends.kubernetes.jobs import render_group
@@ -54,7 +56,7 @@ def backend(kube, kubeconfig):
 
 def make_spec(name: str = "tf-mnist", workers: int = 2, **options) -> GroupSpec:
     training = TrainingConfig(dataset="/data/mnist/1", run_dir=f"/runs/{name}", steps=200)
-    options.setdefault("image", "registry.example/tf:2.21")
+    options.setdefault("image", training_image())
     return GroupSpec.for_training(name, training, ps=1, workers=workers, **options)
 
 
@@ -72,10 +74,10 @@ def _contains(actual, expected, where="spec") -> bool:
     return True
 
 
-def pod(kubelet, role, index, group="tf-mnist", **wait):
+def pod(scripted, role, index, group="tf-mnist", **wait):
     """The current pod of a task, once the Job controller made it and the scheduler placed it
     (pods are named <job>-<index>-<random>)."""
-    return kubelet.pod(f"{group}-{role}", index, **wait)
+    return scripted.pod(f"{group}-{role}", index, **wait)
 
 
 def tasks_of(kube, selector=f"{GROUP_LABEL}=tf-mnist"):
@@ -92,7 +94,7 @@ def outcome_when_done(backend, ref, timeout=30.0):
 
 def collect(backend, ref, steps=(), timeout=5.0, until_done=True):
     """Statuses yielded by watch() while ``steps`` (delay, action) change the pods; the actions
-    run in a thread of their own, as a kubelet does beside the watching process."""
+    run in a thread of their own, beside the watching process."""
 
     async def run():
         failures = []
@@ -121,13 +123,14 @@ def collect(backend, ref, steps=(), timeout=5.0, until_done=True):
 
 
 # -- launch ----------------------------------------------------------------------------------
-def test_launch_creates_one_indexed_job_per_role_owned_by_the_root(kube, kubelet, backend):
+def test_launch_creates_one_indexed_job_per_role_owned_by_the_root(kube, scripted, backend):
     spec = make_spec(labels={"dag_id": "train_mnist", "task_id": "launch", "run_id": "manual__2026-05-01T00:00:00+00:00",
                              "try_number": "1"})
     ref = backend.launch(spec)
 
     assert (ref.backend, ref.name, ref.namespace) == ("kubernetes", "tf-mnist", kube.ns)
-    expected = {o["metadata"]["name"]: o for o in render_group(spec, kube.ns)}
+    # What airflow-tf render prints, but for the command the scripted pods run instead.
+    expected = {o["metadata"]["name"]: scripted_manifests(o) for o in render_group(spec, kube.ns)}
     jobs = {j["metadata"]["name"]: j for j in kube.objects("jobs")}
     assert sorted(jobs) == ["tf-mnist-ps", "tf-mnist-worker"]
     root = jobs["tf-mnist-worker"]
@@ -144,7 +147,7 @@ def test_launch_creates_one_indexed_job_per_role_owned_by_the_root(kube, kubelet
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
 
     # The Job controller made the pods: hostname <job>-<index> under the Service, the index in the env.
-    worker1 = kube.get("pods", pod(kubelet, "worker", 1))
+    worker1 = kube.get("pods", pod(scripted, "worker", 1))
     assert tasks_of(kube) == [("ps", 0), ("worker", 0), ("worker", 1)]
     assert (worker1["spec"]["hostname"], worker1["spec"]["subdomain"]) == ("tf-mnist-worker-1", "tf-mnist")
     env = {e["name"]: e for e in worker1["spec"]["containers"][0]["env"]}
@@ -183,7 +186,7 @@ def test_the_rendered_group_passes_the_api_servers_validation(kube):
     assert kube.objects("jobs") == [] and kube.objects("services") == []
 
 
-def test_retried_launch_reattaches_and_creates_nothing(kube, kubelet, backend):
+def test_retried_launch_reattaches_and_creates_nothing(kube, scripted, backend):
     first = backend.launch(make_spec())
     uids = {j["metadata"]["uid"] for j in kube.objects("jobs")}
     before = len(kube.calls("create"))
@@ -203,14 +206,14 @@ def test_retried_launch_reattaches_and_creates_nothing(kube, kubelet, backend):
     assert kube.get("jobs", "tf-mnist-ps")["metadata"]["ownerReferences"][0]["name"] == "tf-mnist-worker"
 
 
-def test_connection_from_airflow_connection_env(kube, kubelet, kubeconfig, monkeypatch):
+def test_connection_from_airflow_connection_env(kube, scripted, kubeconfig, monkeypatch):
     # The provider's default connection, defined the way Airflow reads it from the environment.
     monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps(
         {"conn_type": "kubernetes", "extra": {"kube_config_path": kubeconfig, "namespace": kube.ns}}))
     backend = get_backend("kubernetes")
     ref = backend.launch(make_spec())
     assert ref.namespace == kube.ns and len(kube.objects("jobs")) == 2
-    kubelet.run(pod(kubelet, "worker", 0))
+    scripted.running(pod(scripted, "worker", 0))
     seen = collect(backend_for(ref), ref, timeout=1.0, until_done=False)  # the async hook, same connection
     assert seen[-1].task("worker", 0).phase is Phase.RUNNING
 
@@ -240,39 +243,42 @@ def _unschedulable_spec(timeout):
                                               "kubernetes": {"schedule_timeout_seconds": timeout}}})
 
 
-def _scenario_spec():
-    return make_spec(role_options={"worker": {"resources": {"limits": {"memory": "4Gi"}},
-                                              "kubernetes": {"schedule_timeout_seconds": 60}}})
+SCENARIO_MEMORY = "100Mi"
+"""The workers' memory limit in the scenarios: the shell loop fits, a 1 GiB allocation does not."""
+
+
+def _scenario_spec(worker_image=None):
+    worker = {"resources": {"limits": {"memory": SCENARIO_MEMORY}}, "kubernetes": {"schedule_timeout_seconds": 60}}
+    return make_spec(role_options={"worker": {**worker, **({"image": worker_image} if worker_image else {})}})
 
 
 SCENARIOS = {
     # name: (the group, what happens to its pods, done, succeeded, words the outcome must contain)
-    "pending": (_scenario_spec, lambda k: None, False, False, ["workers done 0/2"]),
-    "running": (_scenario_spec, lambda k: [k.run(pod(k, "ps", 0)), k.run(pod(k, "worker", 0)),
-                                           k.run(pod(k, "worker", 1))], False, False, ["workers done 0/2"]),
-    "one_succeeded": (_scenario_spec, lambda k: [k.run(pod(k, "worker", 0)), k.succeed(pod(k, "worker", 1))],
+    "running": (_scenario_spec, lambda k: [k.running(pod(k, "ps", 0)), k.running(pod(k, "worker", 0)),
+                                           k.running(pod(k, "worker", 1))], False, False, ["workers done 0/2"]),
+    "one_succeeded": (_scenario_spec, lambda k: [k.running(pod(k, "worker", 0)), k.succeed(pod(k, "worker", 1))],
                       False, False, ["workers done 1/2"]),
-    "succeeded": (_scenario_spec, lambda k: [k.run(pod(k, "ps", 0)), k.succeed(pod(k, "worker", 0)),
+    "succeeded": (_scenario_spec, lambda k: [k.running(pod(k, "ps", 0)), k.succeed(pod(k, "worker", 0)),
                                              k.succeed(pod(k, "worker", 1))],
                   True, True, ["all 2 training task(s) succeeded"]),
     "program_error": (_scenario_spec, lambda k: k.fail(pod(k, "worker", 1), exit_code=2), True, False,
                       ["tf-mnist-worker-1", "exit code 2", "a program error, not retried (podFailurePolicy)",
                        "Container worker for pod {ns}/tf-mnist-worker-1-"]),
-    "image_pull": (_scenario_spec, lambda k: k.waiting(pod(k, "worker", 0), "ImagePullBackOff",
-                                                       'Back-off pulling image "registry.example/tf:2.21"'),
-                   True, False, ["pod tf-mnist-worker-0-", "ImagePullBackOff", 'pulling image "registry.example/tf:2.21"']),
-    "invalid_image": (_scenario_spec, lambda k: k.waiting(pod(k, "ps", 0), "InvalidImageName",
-                                                          'couldn\'t parse image name "Bad:Name"'),
-                      True, False, ["pod tf-mnist-ps-0-", "InvalidImageName", "Bad:Name"]),
+    # The workers' image is in no registry: the node's pull is refused (ErrImagePull, then ImagePullBackOff).
+    "image_pull": (lambda: _scenario_spec(worker_image=ABSENT_IMAGE), lambda k: None, True, False,
+                   ["pod tf-mnist-worker-", "the image cannot be pulled", ABSENT_IMAGE]),
+    # Not on the node, and never to be pulled: waiting cannot help.
+    "image_never_pulled": (lambda: make_spec(role_options={"ps": {"image": ABSENT_IMAGE, "kubernetes": {
+                               "image_pull_policy": "Never"}}}), lambda k: None, True, False,
+                           ["pod tf-mnist-ps-0-", "ErrImageNeverPull", "image_pull_policy is Never"]),
     # The real scheduler's verdict: the node has no GPU.
     "unschedulable_waiting": (lambda: _unschedulable_spec(600), lambda k: None, False, False, ["workers done 0/2"]),
     "unschedulable_timeout": (lambda: _unschedulable_spec(2), lambda k: None, True, False,
                               ["pod tf-mnist-worker-", "unschedulable for more than 2s",
                                f"the scheduler says: {NO_GPU}"]),
-    "oom": (_scenario_spec, lambda k: k.oom_kill(pod(k, "worker", 0)), True, False,
-            ["pod tf-mnist-worker-0-", "OOMKilled", "limit 4Gi", "resources.limits.memory"]),
-    "evicted_is_replaced": (_scenario_spec, lambda k: k.evict(pod(k, "ps", 0), "The node was low on resource: memory."),
-                            False, False, ["workers done 0/2"]),
+    "oom": (_scenario_spec, lambda k: k.oom(pod(k, "worker", 0)), True, False,
+            ["pod tf-mnist-worker-0-", "OOMKilled", f"limit {SCENARIO_MEMORY}", "resources.limits.memory"]),
+    "evicted_is_replaced": (_scenario_spec, lambda k: k.evict(pod(k, "ps", 0)), False, False, ["workers done 0/2"]),
     # Whichever Job the garbage collector lets go of last, the group is reported deleted: "does
     # not exist" once both are gone, "Job tf-mnist-worker not found ... deleted" while the ps's remains.
     "worker_job_deleted": (_scenario_spec, lambda k: k.remove_jobs_orphaning_pods(), True, False, ["deleted"]),
@@ -286,13 +292,13 @@ SCENARIOS = {
 
 
 class _Scene:
-    """The kubelet of a scenario, plus the two deletions a user makes with kubectl."""
+    """The pods of a scenario, plus the two deletions a user makes with kubectl."""
 
-    def __init__(self, kube, kubelet):
-        self.kube, self.kubelet = kube, kubelet
+    def __init__(self, kube, scripted):
+        self.kube, self.scripted = kube, scripted
 
     def __getattr__(self, name):
-        return getattr(self.kubelet, name)
+        return getattr(self.scripted, name)
 
     def remove_job(self, name):
         self.kube.remove("jobs", name)
@@ -304,10 +310,10 @@ class _Scene:
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 @pytest.mark.parametrize("path", ["status", "watch"])
-def test_pod_states_give_the_right_outcome(kube, kubelet, backend, scenario, path):
+def test_pod_states_give_the_right_outcome(kube, scripted, backend, scenario, path):
     spec, act, done, succeeded, words = SCENARIOS[scenario]
     ref = backend.launch(spec())
-    act(_Scene(kube, kubelet))
+    act(_Scene(kube, scripted))
     if path == "status":
         if done:
             outcome = outcome_when_done(backend, ref)
@@ -323,8 +329,8 @@ def test_pod_states_give_the_right_outcome(kube, kubelet, backend, scenario, pat
         assert word in outcome.reason, f"{word!r} not in {outcome.reason!r}"
 
 
-def test_unschedulable_pod_is_failed_when_its_timeout_passes_during_the_watch(kube, kubelet, backend):
-    # The scheduler's words depend on the nodes: here, the one node the test plays, with no GPU.
+def test_unschedulable_pod_is_failed_when_its_timeout_passes_during_the_watch(kube, scripted, backend):
+    # The scheduler's words depend on the nodes: here, the one real node, with no GPU.
     # 8 s: long enough that even on a loaded machine the watch sees the pod wait before it fails.
     ref = backend.launch(_unschedulable_spec(8))
     seen = collect(backend, ref, timeout=40.0)
@@ -336,19 +342,18 @@ def test_unschedulable_pod_is_failed_when_its_timeout_passes_during_the_watch(ku
 
 
 @pytest.mark.slow  # the Job controller's 10 s backoff before it replaces a failed pod
-def test_a_retryable_failure_is_restarted_by_kubernetes_not_by_the_backend(kube, kubelet, backend):
+def test_a_retryable_failure_is_restarted_by_kubernetes_not_by_the_backend(kube, scripted, backend):
     ref = backend.launch(make_spec(backoff_limit=1))
-    first = pod(kubelet, "worker", 0)
-    kubelet.run(first)
+    first = pod(scripted, "worker", 0)
+    scripted.running(first)
     creates = len(kube.calls("create"))
-    kubelet.fail(first, exit_code=137)  # killed by a signal: the ExitCode policy retries
+    scripted.fail(first, exit_code=137)  # killed by a signal: the ExitCode policy retries
 
     # The Job controller replaces the pod (after its backoff); status() only reads.
-    second = pod(kubelet, "worker", 0, other_than=first, timeout=60)
-    assert kube.get("pods", second)["status"]["phase"] == "Pending"
+    second = pod(scripted, "worker", 0, other_than=first, timeout=60)
     status = wait_for(lambda: (s := backend.status(ref)).task("worker", 0).restarts == 1 and s, 30,
                       "the restart to show")
-    assert status.task("worker", 0).phase is Phase.PENDING
+    assert status.task("worker", 0).phase in (Phase.PENDING, Phase.RUNNING), "the replacement, starting or started"
     assert not group_outcome(status).done
     # Which task was replaced, and why: what the sensor's log and the Training view show.
     assert status.replacements() == [f"tf-mnist-worker-0 restarted 1 time(s), last: pod {first} ended "
@@ -357,7 +362,7 @@ def test_a_retryable_failure_is_restarted_by_kubernetes_not_by_the_backend(kube,
     assert {c.verb for c in kube.calls() if c.resource in ("pods", "jobs")} <= {"create", "get", "list", "watch"}
 
     # The budget is per task (backoffLimitPerIndex): worker 0 has spent its one restart.
-    kubelet.fail(second, exit_code=143)
+    scripted.fail(second, exit_code=143)
     outcome = outcome_when_done(backend, ref)
     assert not outcome.succeeded
     # Whichever the status read first: the pod's spent restarts, or the Job's verdict on them.
@@ -366,13 +371,12 @@ def test_a_retryable_failure_is_restarted_by_kubernetes_not_by_the_backend(kube,
         "MaxFailedIndexesExceeded" in outcome.reason, outcome.reason
 
 
-def test_a_user_error_fails_the_group_at_once_with_its_reason(kube, kubelet, backend):
+def test_a_user_error_fails_the_group_at_once_with_its_reason(kube, scripted, backend):
     ref = backend.launch(make_spec(backoff_limit=5))
-    kubelet.run(pod(kubelet, "worker", 0))
-    failing = pod(kubelet, "worker", 1)
+    scripted.running(pod(scripted, "worker", 0))
+    failing = pod(scripted, "worker", 1)
     log_text = "Traceback (most recent call last):\n  ...\nmodel refused: expected a Keras model\n"
-    kubelet.set_log(failing, log_text)
-    kubelet.fail(failing, exit_code=2)  # the runtime's CONFIG_ERROR: no restart would help
+    scripted.fail(failing, exit_code=2, log=log_text)  # the runtime's CONFIG_ERROR: no restart would help
     outcome = outcome_when_done(backend, ref)
     assert not outcome.succeeded
     assert outcome.failed_task.name == "tf-mnist-worker-1"
@@ -411,36 +415,36 @@ def test_a_worker_stopped_because_its_job_failed_is_not_named_as_the_failure():
 
 
 @pytest.mark.slow  # the Job controller's 10 s backoff before it replaces a failed pod
-def test_watch_sees_a_parameter_server_replaced_after_eviction_and_the_group_goes_on(kube, kubelet, backend):
+def test_watch_sees_a_parameter_server_replaced_after_eviction_and_the_group_goes_on(kube, scripted, backend):
     ref = backend.launch(make_spec(backoff_limit=0))
     evicted = []
 
     def evict():
-        evicted.append(pod(kubelet, "ps", 0))
-        kubelet.evict(evicted[0], "preempted by a higher priority pod")
+        evicted.append(pod(scripted, "ps", 0))
+        scripted.evict(evicted[0])  # as a node drain does: through the Eviction API
 
-    steps = [(0.2, lambda: kubelet.run(pod(kubelet, "ps", 0))),
+    steps = [(0.2, lambda: scripted.running(pod(scripted, "ps", 0))),
              (0.2, evict),
-             (0.2, lambda: kubelet.run(pod(kubelet, "ps", 0, other_than=evicted[0], timeout=60))),
-             (0.2, lambda: kubelet.succeed(pod(kubelet, "worker", 0))),
-             (0.2, lambda: kubelet.succeed(pod(kubelet, "worker", 1)))]
+             (0.2, lambda: scripted.running(pod(scripted, "ps", 0, other_than=evicted[0], timeout=60))),
+             (0.2, lambda: scripted.succeed(pod(scripted, "worker", 0))),
+             (0.2, lambda: scripted.succeed(pod(scripted, "worker", 1)))]
     seen = collect(backend, ref, steps, timeout=90.0)
     assert group_outcome(seen[-1]).succeeded, "a disruption does not count against backoffLimitPerIndex 0"
     assert seen[-1].task("ps", 0).restarts == 1
 
 
 # -- watching --------------------------------------------------------------------------------------
-def test_waiting_uses_a_watch_not_a_poll(kube, kubelet, backend):
+def test_waiting_uses_a_watch_not_a_poll(kube, scripted, backend):
     ref = backend.launch(make_spec())
-    kubelet.set_log(pod(kubelet, "worker", 0), format_progress(50, 200, 900.0, 0.25, 3.0) + "\n")
+    scripted.say(pod(scripted, "worker", 0), format_progress(50, 200, 900.0, 0.25, 3.0) + "\n")
     for role, index in (("ps", 0), ("worker", 1)):
-        pod(kubelet, role, index)  # every pod made and placed before the watch starts
+        pod(scripted, role, index)  # every pod made and placed before the watch starts
     start = time.time()
-    steps = [(0.3, lambda: kubelet.run(pod(kubelet, "ps", 0))),
-             (0.3, lambda: kubelet.run(pod(kubelet, "worker", 0))),
-             (0.3, lambda: kubelet.run(pod(kubelet, "worker", 1))),
-             (1.0, lambda: kubelet.succeed(pod(kubelet, "worker", 1))),
-             (1.0, lambda: kubelet.succeed(pod(kubelet, "worker", 0)))]
+    steps = [(0.3, lambda: scripted.running(pod(scripted, "ps", 0))),
+             (0.3, lambda: scripted.running(pod(scripted, "worker", 0))),
+             (0.3, lambda: scripted.running(pod(scripted, "worker", 1))),
+             (1.0, lambda: scripted.succeed(pod(scripted, "worker", 1))),
+             (1.0, lambda: scripted.succeed(pod(scripted, "worker", 0)))]
     seen = collect(backend, ref, steps, timeout=30.0)
 
     assert group_outcome(seen[-1]).succeeded
@@ -454,15 +458,15 @@ def test_waiting_uses_a_watch_not_a_poll(kube, kubelet, backend):
     assert len(kube.calls("get", "pods/log", since=start)) <= 2
 
 
-def test_watch_recovers_from_an_expired_resource_version(kube, kubelet, backend):
+def test_watch_recovers_from_an_expired_resource_version(kube, scripted, backend):
     ref = backend.launch(make_spec())
-    workers = [pod(kubelet, "worker", 0), pod(kubelet, "worker", 1)]
+    workers = [pod(scripted, "worker", 0), pod(scripted, "worker", 1)]
 
     compacted = []
 
     def finish_and_compact():
         for name in workers:
-            kubelet.succeed(name)
+            scripted.succeed(name)
         # What the API server does every few minutes: every older version is gone.
         compacted.append(kube.plane.compact_etcd())
 
@@ -483,21 +487,20 @@ def test_watch_recovers_from_an_expired_resource_version(kube, kubelet, backend)
     assert len(kube.calls("list", "pods", since=before)) == 2, "listed at the start and once after the 410"
 
 
-def test_trigger_fires_with_the_failed_pod_and_its_log(kube, kubelet, backend):
+def test_trigger_fires_with_the_failed_pod_and_its_log(kube, scripted, backend):
     from airflow_tf.triggers.worker_completion import WorkerCompletionTrigger
 
     ref = backend.launch(make_spec())
     trigger = WorkerCompletionTrigger(ref.to_dict())
     classpath, kwargs = trigger.serialize()
     trigger = WorkerCompletionTrigger(**kwargs)  # as the triggerer rebuilds it
-    failing = pod(kubelet, "worker", 1)
-    kubelet.run(failing)
-    kubelet.set_log(failing, "Traceback (most recent call last):\nValueError: bad feature 'x3'\n")
+    failing = pod(scripted, "worker", 1)
+    scripted.say(failing, "Traceback (most recent call last):\nValueError: bad feature 'x3'\n")
 
     async def run():
         async def crash():
             await asyncio.sleep(0.3)
-            await asyncio.get_running_loop().run_in_executor(None, lambda: kubelet.fail(failing, exit_code=1))
+            await asyncio.get_running_loop().run_in_executor(None, lambda: scripted.fail(failing, exit_code=1))
 
         crashing = asyncio.create_task(crash())
         event = await asyncio.wait_for(trigger.run().__anext__(), timeout=60)
@@ -511,26 +514,26 @@ def test_trigger_fires_with_the_failed_pod_and_its_log(kube, kubelet, backend):
 
 
 # -- logs and teardown -----------------------------------------------------------------------
-def test_logs_return_the_tail_and_nothing_before_the_container_starts(kube, kubelet, backend):
+def test_logs_return_the_tail_and_nothing_before_the_container_starts(kube, scripted, backend):
     ref = backend.launch(make_spec())
     assert backend.logs(ref, "worker", 0) == ""
-    worker = pod(kubelet, "worker", 0)
-    assert backend.logs(ref, "worker", 0) == "", "placed on the node, not started"
-    kubelet.run(worker)
-    kubelet.set_log(worker, "".join(f"line {i}\n" for i in range(10)))
-    assert backend.logs(ref, "worker", 0, tail_lines=2) == "line 8\nline 9\n"
+    worker = pod(scripted, "worker", 0)
+    assert backend.logs(ref, "worker", 0) == "", "placed on the node, nothing printed yet"
+    scripted.say(worker, "".join(f"line {i}\n" for i in range(10)))
+    wait_for(lambda: backend.logs(ref, "worker", 0, tail_lines=2) == "line 8\nline 9\n", 10,
+             "the last two lines, through the API server from the kubelet")
     assert backend.logs(ref, "worker", 0).count("\n") == 10
 
 
-def test_teardown_of_ps_leaves_finished_workers_then_all_leaves_nothing(kube, kubelet, kubeconfig):
+def test_teardown_of_ps_leaves_finished_workers_then_all_leaves_nothing(kube, scripted, kubeconfig):
     backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=kubeconfig, namespace=kube.ns,
                           network_policy=True)
     ref = backend.launch(make_spec())
     other = backend.launch(make_spec(name="tf-other"))
     assert len(kube.objects("networkpolicies")) == 2
-    kubelet.succeed(pod(kubelet, "worker", 0))
-    kubelet.succeed(pod(kubelet, "worker", 1))
-    pod(kubelet, "ps", 0)
+    scripted.succeed(pod(scripted, "worker", 0))
+    scripted.succeed(pod(scripted, "worker", 1))
+    pod(scripted, "ps", 0)
 
     deleted = backend_for(ref).teardown(ref, roles=["ps"])
     assert deleted == ["job/tf-mnist-ps"]
@@ -547,7 +550,7 @@ def test_teardown_of_ps_leaves_finished_workers_then_all_leaves_nothing(kube, ku
     assert backend.status(other).exists
 
 
-def test_deleting_the_root_removes_every_object_of_the_group(kube, kubelet, kubeconfig):
+def test_deleting_the_root_removes_every_object_of_the_group(kube, scripted, kubeconfig):
     backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=kubeconfig, namespace=kube.ns,
                           network_policy=True)
     backend.launch(make_spec(chief=1))
@@ -559,13 +562,13 @@ def test_deleting_the_root_removes_every_object_of_the_group(kube, kubelet, kube
         wait_for(lambda: kube.gone(kind), 30, f"the garbage collector to remove the group's {kind}")
 
 
-def test_a_group_whose_airflow_vanished_is_removed_by_kubernetes_after_its_ttl(kube, kubelet, kubeconfig):
+def test_a_group_whose_airflow_vanished_is_removed_by_kubernetes_after_its_ttl(kube, scripted, kubeconfig):
     backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=kubeconfig, namespace=kube.ns,
                           ttl_seconds_after_finished=4)
     backend.launch(make_spec())
-    kubelet.run(pod(kubelet, "ps", 0))
-    kubelet.succeed(pod(kubelet, "worker", 0))
-    kubelet.succeed(pod(kubelet, "worker", 1))
+    scripted.running(pod(scripted, "ps", 0))
+    scripted.succeed(pod(scripted, "worker", 0))
+    scripted.succeed(pod(scripted, "worker", 1))
     # No teardown ever comes. The parameter server runs on until the root's TTL passes.
     wait_for(lambda: "Complete" in [c["type"] for c in (kube.get("jobs", "tf-mnist-worker").get("status") or {}).get(
         "conditions") or []], 30, "the root Job to complete")
@@ -576,21 +579,21 @@ def test_a_group_whose_airflow_vanished_is_removed_by_kubernetes_after_its_ttl(k
     assert time.monotonic() - finished >= 2, "not before the TTL"
 
 
-def test_parameter_servers_of_workers_that_never_finish_are_bounded_by_their_deadline(kube, kubelet, kubeconfig):
+def test_parameter_servers_of_workers_that_never_finish_are_bounded_by_their_deadline(kube, scripted, kubeconfig):
     backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=kubeconfig, namespace=kube.ns,
                           ps_max_lifetime_seconds=3)
     ref = backend.launch(make_spec())
-    kubelet.run(pod(kubelet, "ps", 0))
-    kubelet.run(pod(kubelet, "worker", 0))  # hangs forever; Airflow is gone
+    scripted.running(pod(scripted, "ps", 0))
+    scripted.running(pod(scripted, "worker", 0))  # hangs forever; Airflow is gone
     assert kube.get("jobs", "tf-mnist-ps")["spec"]["activeDeadlineSeconds"] == 3
     wait_for(lambda: tasks_of(kube, f"{ROLE_LABEL}=ps") == [], 30, "the ps pod to be stopped at its deadline")
     assert "DeadlineExceeded" in outcome_when_done(backend, ref).reason
 
 
-def test_group_deadline_fails_the_group(kube, kubelet, backend):
+def test_group_deadline_fails_the_group(kube, scripted, backend):
     ref = backend.launch(make_spec(active_deadline_seconds=5))
     assert {j["spec"]["activeDeadlineSeconds"] for j in kube.objects("jobs")} == {5}
-    kubelet.run(pod(kubelet, "worker", 0))
+    scripted.running(pod(scripted, "worker", 0))
     assert not group_outcome(backend.status(ref)).done
     outcome = outcome_when_done(backend, ref)
     assert not outcome.succeeded
@@ -606,7 +609,7 @@ def test_a_queue_with_the_jobs_form_is_refused_before_anything_is_created(kube, 
     assert kube.objects("jobs") == [] and kube.calls("create") == []
 
 
-def test_hostile_dag_id_launches_with_valid_labels_and_the_original_in_annotations(kube, kubelet, backend):
+def test_hostile_dag_id_launches_with_valid_labels_and_the_original_in_annotations(kube, scripted, backend):
     dag_id = "My_Model; rm -rf /"
     name = group_name(dag_id, "train", "manual__2026-01-01")
     ref = backend.launch(make_spec(name=name, labels={"dag_id": dag_id, "run_id": "manual__2026-01-01"}))
@@ -624,10 +627,11 @@ def test_hostile_dag_id_launches_with_valid_labels_and_the_original_in_annotatio
 REQUEST = {"run_dir": "/runs/tf-mnist", "dataset": "/data/mnist/1", "training": {"steps": 10}}
 
 
-def test_evaluation_runs_as_a_job_on_the_training_image_and_its_failure_names_the_pod(kube, kubelet, kubeconfig):
+def test_evaluation_runs_as_a_job_on_the_training_image_and_its_failure_names_the_pod(kube, scripted, kubeconfig,
+                                                                                      tmp_path):
     backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=kubeconfig, namespace=kube.ns,
                           poll_interval=0.05, pod_defaults={"volumes": [{"claim": "tf-runs", "mount_path": "/runs"}]})
-    kube.volume_claim("tf-runs")
+    kube.volume_claim("tf-runs", tmp_path)
     ref = backend.launch(make_spec())
     backend.teardown(ref)  # evaluation runs after the teardown, from what the launch recorded
     jobs, played = [], set()
@@ -639,20 +643,20 @@ def test_evaluation_runs_as_a_job_on_the_training_image_and_its_failure_names_th
                                       and not p["metadata"].get("deletionTimestamp")), None), 60, "the evaluation pod")
         played.add(name)
         jobs.append(kube.get("jobs", "tf-mnist-evaluate"))  # as created, before it is deleted
-        kubelet.set_log(name, "evaluated 100 examples\n")
         outcome(name)
 
-    runner = threading.Thread(target=play, args=(
-        lambda name: kubelet.succeed(name, termination_message='{"blessed":true,"metrics":{"mse":0.5}}'),))
+    runner = threading.Thread(target=play, args=(lambda name: scripted.succeed(
+        name, log="evaluated 100 examples\n", message='{"blessed":true,"metrics":{"mse":0.5}}', wait=False),))
     runner.start()
     result = backend_for(ref).run_component(ref, "evaluate", REQUEST, timeout=120)
     runner.join()
     assert result == {"blessed": True, "metrics": {"mse": 0.5}}, "the result is the pod's termination message"
     container = jobs[0]["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == "registry.example/tf:2.21"
-    assert container["command"][:5] == ["python", "-m", "airflow_tf.serving", "evaluate", "--request"]
-    assert json.loads(container["command"][5]) == REQUEST
-    assert container["command"][6:] == ["--result-file", "/dev/termination-log"]
+    assert container["image"] == training_image()
+    command = original_command(jobs[0])
+    assert command[:5] == ["python", "-m", "airflow_tf.serving", "evaluate", "--request"]
+    assert json.loads(command[5]) == REQUEST
+    assert command[6:] == ["--result-file", "/dev/termination-log"]
     assert (container["terminationMessagePath"], container["terminationMessagePolicy"]) == (
         "/dev/termination-log", "FallbackToLogsOnError")
     assert container["volumeMounts"] == [{"name": "volume-0", "mountPath": "/runs"}]
@@ -660,7 +664,9 @@ def test_evaluation_runs_as_a_job_on_the_training_image_and_its_failure_names_th
     assert jobs[0]["spec"]["backoffLimit"] == 0 and len(kube.calls("create", "jobs")) == 3
     wait_for(lambda: kube.gone("jobs"), 30, "the finished evaluation Job to be deleted")
 
-    runner = threading.Thread(target=play, args=(lambda name: kubelet.fail(name, exit_code=1),))
+    # No termination message: the kubelet gives the end of its log instead (FallbackToLogsOnError).
+    runner = threading.Thread(target=play, args=(
+        lambda name: scripted.fail(name, exit_code=1, log="evaluated 100 examples\n", wait=False),))
     runner.start()
     with pytest.raises(BackendError, match=r"(?s)evaluate Job tf-mnist-evaluate failed \(pod tf-mnist-evaluate-\w+: "
                                            r"exit code 1, phase Failed\).*evaluated 100 examples"):
@@ -668,7 +674,7 @@ def test_evaluation_runs_as_a_job_on_the_training_image_and_its_failure_names_th
     runner.join()
 
 
-def test_a_component_that_is_not_evaluate_or_export_is_refused_before_any_job(kube, backend):
+def test_a_component_that_is_not_evaluate_or_export_is_refused_before_any_job(kube, scripted, backend):
     ref = backend.launch(make_spec())
     with pytest.raises(BackendError, match="group tf-mnist: component 'train' is not one of evaluate, export"):
         backend.run_component(ref, "train", REQUEST)
@@ -676,13 +682,13 @@ def test_a_component_that_is_not_evaluate_or_export_is_refused_before_any_job(ku
 
 
 # -- RBAC, by the API server's authorizer ----------------------------------------------------------
-def test_rbac_role_grants_exactly_what_the_backend_uses(kube, kubelet, kubeconfig):
+def test_rbac_role_grants_exactly_what_the_backend_uses(kube, scripted, kubeconfig):
     """A whole life cycle touches every rule of the Role; the authorizer refuses anything else."""
     backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=kubeconfig, namespace=kube.ns,
                           network_policy=True)
     ref = backend.launch(make_spec(role_options={"worker": {"resources": {"limits": {"nvidia.com/gpu": 1}},
                                                             "kubernetes": {"schedule_timeout_seconds": 1}}}))
-    kubelet.run(pod(kubelet, "ps", 0))
+    scripted.running(pod(scripted, "ps", 0))
     time.sleep(1.5)  # past the worker's schedule timeout: status reads the scheduler's events
     assert outcome_when_done(backend, ref)
     collect(backend, ref, timeout=5.0, until_done=False)  # long enough to open a watch
@@ -703,7 +709,7 @@ def _allowed(kube, verb, resource, group) -> bool:
     return review.status.allowed
 
 
-def test_a_call_outside_the_role_is_refused_naming_the_rule_and_role_yaml(kube, kubelet, backend):
+def test_a_call_outside_the_role_is_refused_naming_the_rule_and_role_yaml(kube, scripted, backend):
     ref = backend.launch(make_spec())
     # An administrator's narrower copy of the Role: without "delete" on Jobs.
     role_name = yaml.safe_load(ROLE_FILE.read_text())["metadata"]["name"]

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 from airflow.providers.common.compat.sdk import AirflowFailException
+from .scripted import training_image
 from .test_kubernetes import backend, kubeconfig, make_spec  # noqa: F401 (fixtures)
 
 from airflow_tf import compat
@@ -52,7 +53,7 @@ def _launch(kubeconfig, namespace):
 
     with DAG("train_k8s", schedule=None):
         return LaunchTFClusterOperator(
-            task_id="launch", dataset="/data/mnist/1", backend="kubernetes", image="registry.example/tf:2.21",
+            task_id="launch", dataset="/data/mnist/1", backend="kubernetes", image=training_image(),
             backend_options={"kubernetes_conn_id": None, "config_file": kubeconfig, "namespace": namespace},
             group_name=NAME, steps=100)
 
@@ -71,7 +72,7 @@ def _root_uid(kube) -> str:
     return root["metadata"]["uid"]
 
 
-def test_a_retry_reattaches_to_the_root_job_it_recorded(kube, kubeconfig, backend):
+def test_a_retry_reattaches_to_the_root_job_it_recorded(kube, scripted, kubeconfig, backend):
     store, launch = TaskStateStore(), _launch(kubeconfig, kube.ns)
     first = launch.execute(_context(store))
     record = store.values[GROUP_RECORD_KEY]
@@ -85,7 +86,7 @@ def test_a_retry_reattaches_to_the_root_job_it_recorded(kube, kubeconfig, backen
         "nothing created again"
 
 
-def test_a_same_named_group_it_did_not_create_is_refused(kube, kubeconfig, backend):
+def test_a_same_named_group_it_did_not_create_is_refused(kube, scripted, kubeconfig, backend):
     # Another run (or deployment) started a group under this name first.
     theirs = backend.launch(make_spec(name=NAME))
     store = TaskStateStore()
@@ -96,7 +97,7 @@ def test_a_same_named_group_it_did_not_create_is_refused(kube, kubeconfig, backe
     assert GROUP_RECORD_KEY not in store.values, "nothing recorded: nothing was created"
 
 
-def test_a_group_recreated_by_someone_else_under_its_name_is_refused(kube, kubeconfig, backend):
+def test_a_group_recreated_by_someone_else_under_its_name_is_refused(kube, scripted, kubeconfig, backend):
     store, launch = TaskStateStore(), _launch(kubeconfig, kube.ns)
     ours = launch.execute(_context(store))["group"]["uid"]
     backend.teardown(backend.find(NAME))
@@ -106,7 +107,7 @@ def test_a_group_recreated_by_someone_else_under_its_name_is_refused(kube, kubec
         _launch(kubeconfig, kube.ns).execute(_context(store, try_number=2))
 
 
-def test_a_retry_whose_first_try_was_lost_before_recording_the_uid_reattaches(kube, kubeconfig, backend):
+def test_a_retry_whose_first_try_was_lost_before_recording_the_uid_reattaches(kube, scripted, kubeconfig, backend):
     """The first try recorded its intent, created the group and was lost before recording the uid."""
     store = TaskStateStore()
     store.set(GROUP_RECORD_KEY, {"name": NAME, "uid": None})
@@ -115,7 +116,7 @@ def test_a_retry_whose_first_try_was_lost_before_recording_the_uid_reattaches(ku
     assert result["reattached"] and store.values[GROUP_RECORD_KEY]["uid"] == created.uid
 
 
-def test_without_a_task_state_store_a_retry_reattaches_by_name(kube, kubeconfig, backend):
+def test_without_a_task_state_store_a_retry_reattaches_by_name(kube, scripted, kubeconfig, backend):
     """Airflow before 3.3: today's behaviour."""
     backend.launch(make_spec(name=NAME))
     assert _launch(kubeconfig, kube.ns).execute(_context(None))["reattached"]

@@ -23,11 +23,12 @@ from airflow_tf.cli import main
 from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig
 
 from .plane import BACKEND_ACCOUNT, _write_kubeconfig, wait_for
+from .scripted import ABSENT_IMAGE  # what the pods run is not under test here: they wait for it
 
 
 def make_spec(name: str = "tf-team", **options) -> GroupSpec:
     training = TrainingConfig(dataset="/data/mnist/1", run_dir=f"/runs/{name}", steps=200)
-    return GroupSpec.for_training(name, training, ps=1, workers=2, image="registry.example/tf:2.21", **options)
+    return GroupSpec.for_training(name, training, ps=1, workers=2, image=ABSENT_IMAGE, **options)
 
 
 def render_rbac(namespace: str) -> list[dict]:

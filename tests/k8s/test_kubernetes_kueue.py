@@ -1,8 +1,8 @@
 """Gang admission on the real plane: a group launched as ONE JobSet (``workload="jobset"``) under
 the real JobSet v0.11.1 controller and Kueue v0.17.0, both built from their Go modules and started
-by ``scripts/kube kueue`` on the session's plane, with their webhooks not registered. The test plays
-the kubelet (pods run only when it says so), which is enough for admission: a JobSet Kueue holds is
-suspended and has no Job running, so no pod at all.
+by ``scripts/kube kueue`` on the session's plane, with their webhooks not registered. The pods
+run on the real node from the training image, a loop doing what the test tells it
+(tests/k8s/scripted.py): a JobSet Kueue holds is suspended and has no Job running, so no pod at all.
 
 Shown here: two groups under a ClusterQueue quota for one run one after the other, never half each,
 and the waiting group's status says it waits for the queue and Kueue's reason, and so does the
@@ -29,23 +29,26 @@ from airflow_tf.sensors import WorkerCompletionSensor
 from airflow_tf.triggers import WorkerCompletionTrigger
 
 from .plane import wait_for
+from .scripted import training_image
 from .test_kubernetes import SETTLE_SECONDS, _granted, collect
 
 pytestmark = pytest.mark.slow  # Kueue's and JobSet's builds (once) and their reconcile loops
 
 QUEUE = "team-a"
 FLAVOR = "airflow-tf-test"
+TASK_CPU, GROUP_CPU = "100m", "300m"
+"""What each task requests, and a quota for one group: what the real node (2 CPUs) has room for."""
 
 
 def group(name: str, queue: str | None = QUEUE, priority: str | None = None) -> GroupSpec:
-    """1 ps + 2 workers of 1 CPU each: 3 CPUs for the group."""
+    """1 ps + 2 workers of :data:`TASK_CPU` each: a third of a quota of :data:`GROUP_CPU`."""
     training = TrainingConfig(dataset="/data/mnist/1", run_dir=f"/runs/{name}", steps=200)
-    cpu = {"resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}
+    cpu = {"resources": {"requests": {"cpu": TASK_CPU, "memory": "64Mi"}}}
     options = {"ps": dict(cpu), "worker": dict(cpu)}
     settings = {**({"queue_name": queue} if queue else {}), **({"workload_priority_class": priority} if priority else {})}
     if settings:
         options = {role: {**o, "kubernetes": settings} for role, o in options.items()}
-    return GroupSpec.for_training(name, training, ps=1, workers=2, image="registry.example/tf:2.21",
+    return GroupSpec.for_training(name, training, ps=1, workers=2, image=training_image(),
                                   role_options=options)
 
 
@@ -65,14 +68,14 @@ def kube_backend_fast(kube, kueue):
 @pytest.fixture
 def quota(kube, kueue):
     """A ClusterQueue for this test's namespace only, and its LocalQueue ``team-a``; ``quota(cpu)``
-    sets its CPUs."""
+    sets its CPUs (a quantity)."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
     custom = client.CustomObjectsApi(kube.plane.api)
     made = []
 
-    def make(cpu: int, preemption: bool = False) -> None:
+    def make(cpu: str, preemption: bool = False) -> None:
         try:
             custom.create_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "resourceflavors", {
                 "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": FLAVOR}})
@@ -125,11 +128,11 @@ def pods_of(kube, name: str) -> list[str]:
 
 
 # -- gang admission --------------------------------------------------------------------------------------
-def test_two_groups_under_a_quota_for_one_run_one_after_the_other_never_half_each(kube, kubelet, quota, backend,
+def test_two_groups_under_a_quota_for_one_run_one_after_the_other_never_half_each(kube, scripted, quota, backend,
                                                                                   capsys):
-    quota(3)
+    quota(GROUP_CPU)
     first = backend.launch(group("tf-a"))
-    ps = kubelet.pod("tf-a-ps-0", 0)  # admitted whole: its JobSet resumed, its ps pod made and placed
+    ps = scripted.pod("tf-a-ps-0", 0)  # admitted whole: its JobSet resumed, its ps pod made and placed
     second = backend.launch(group("tf-b"))
 
     # The second waits whole, and says so with Kueue's reason.
@@ -160,9 +163,9 @@ def test_two_groups_under_a_quota_for_one_run_one_after_the_other_never_half_eac
 
     # The first runs on: its ps ready, its workers start (startupPolicy InOrder) while the second
     # still has no pod at all, not even its ps.
-    kubelet.run(ps)
+    scripted.running(ps)
     for index in (0, 1):
-        kubelet.run(kubelet.pod("tf-a-worker-0", index))
+        scripted.running(scripted.pod("tf-a-worker-0", index))
     time.sleep(SETTLE_SECONDS)
     assert jobset(kube, "tf-b")["spec"]["suspend"] is True
     assert pods_of(kube, "tf-b") == []
@@ -170,7 +173,7 @@ def test_two_groups_under_a_quota_for_one_run_one_after_the_other_never_half_eac
 
     # Torn down, the first frees the quota: the second is admitted whole and gets its pods.
     assert "jobset/tf-a" in backend.teardown(first)
-    kubelet.pod("tf-b-ps-0", 0, timeout=60)
+    scripted.pod("tf-b-ps-0", 0, timeout=60)
     assert jobset(kube, "tf-b")["spec"]["suspend"] is False
     wait_for(lambda: not pods_of(kube, "tf-a"), 30, "tf-a's pods to be gone")
     status = backend.status(second)
@@ -184,7 +187,7 @@ def test_two_groups_under_a_quota_for_one_run_one_after_the_other_never_half_eac
 
 
 def test_a_queue_with_the_two_job_form_is_refused_naming_jobset_before_anything_is_made(kube, quota):
-    quota(3)
+    quota(GROUP_CPU)
     jobs = get_backend("kubernetes", kubernetes_conn_id=None, config_file=str(kube.kubeconfig), namespace=kube.ns)
     with pytest.raises(BackendError, match=r"queue_name: 'team-a' needs workload='jobset': with workload='jobs' "
                                            r"every role is a Job of its own.*backend_options=\{'workload': 'jobset'\}"):
@@ -209,19 +212,19 @@ def priorities(kube, kueue):
         custom.delete_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", name)
 
 
-def test_a_higher_priority_group_preempts_a_running_lower_one_whole(kube, kubelet, quota, priorities, backend):
+def test_a_higher_priority_group_preempts_a_running_lower_one_whole(kube, scripted, quota, priorities, backend):
     """The lower group is suspended whole, its ps too, and says it was preempted; it waits for the
     queue again. (That, readmitted, it resumes from its checkpoint: test_node_kueue.py, on a node.)"""
-    quota(3, preemption=True)
+    quota(GROUP_CPU, preemption=True)
     low = backend.launch(group("tf-low", priority=priorities["low"]))
-    ps = kubelet.pod("tf-low-ps-0", 0)
-    kubelet.run(ps)
+    ps = scripted.pod("tf-low-ps-0", 0)
+    scripted.running(ps)
     for index in (0, 1):
-        kubelet.run(kubelet.pod("tf-low-worker-0", index))
+        scripted.running(scripted.pod("tf-low-worker-0", index))
     wait_for(lambda: all(t.phase is Phase.RUNNING for t in backend.status(low).tasks), 30, "tf-low to run")
 
     high = backend.launch(group("tf-high", priority=priorities["high"]))
-    kubelet.pod("tf-high-ps-0", 0, timeout=60)  # admitted in the lower group's place
+    scripted.pod("tf-high-ps-0", 0, timeout=60)  # admitted in the lower group's place
     assert jobset(kube, "tf-low")["spec"]["suspend"] is True
     wait_for(lambda: not pods_of(kube, "tf-low"), 30, "every pod of tf-low, its ps too, to be gone")
 
@@ -237,8 +240,9 @@ def test_a_higher_priority_group_preempts_a_running_lower_one_whole(kube, kubele
 
 
 # -- a JobSet group's life cycle through the backend ------------------------------------------------------
-def test_a_jobset_group_runs_to_success_through_the_backend(kube, kubelet, backend):
+def test_a_jobset_group_runs_to_success_through_the_backend(kube, scripted, backend):
     spec = group("tf-c", queue=None)
+    scripted.unready.add("ps")  # Ready when the test says: until then, the workers' Job waits
     ref = backend.launch(spec)
     again = backend.launch(spec)  # a retried launch re-attaches
     assert (again.name, again.uid) == (ref.name, ref.uid) and ref.uid == jobset(kube, "tf-c")["metadata"]["uid"]
@@ -248,24 +252,24 @@ def test_a_jobset_group_runs_to_success_through_the_backend(kube, kubelet, backe
     assert found.options["task_template"]["spec"]["containers"][0]["name"] == "worker"
 
     # startupPolicy InOrder: the workers' Job comes once the ps is ready.
-    ps = kubelet.pod("tf-c-ps-0", 0)
+    ps = scripted.pod("tf-c-ps-0", 0)
     status = backend.status(ref)
     workers = [t for t in status.tasks if t.role == "worker"]
     assert [t.name for t in workers] == ["tf-c-worker-0-0", "tf-c-worker-0-1"]
     assert all(t.phase is Phase.PENDING and "startupPolicy InOrder" in t.reason for t in workers)
     assert kube.objects("jobs", f"{GROUP_LABEL}=tf-c,airflow-tf/role=worker") == []
-    kubelet.run(ps)
-    names = [kubelet.pod("tf-c-worker-0", index) for index in (0, 1)]
+    scripted.ready(ps)
+    names = [scripted.pod("tf-c-worker-0", index) for index in (0, 1)]
     for name in names:
-        kubelet.run(name)
-    kubelet.set_log(names[0], "step 100/200 loss 0.5\n")
-    assert backend.logs(ref, "worker", 0) == "step 100/200 loss 0.5\n"
+        scripted.running(name)
+    scripted.say(names[0], "step 100/200 loss 0.5\n")
+    wait_for(lambda: backend.logs(ref, "worker", 0) == "step 100/200 loss 0.5\n", 10, "worker 0's log")
     running = wait_for(lambda: (s := backend.status(ref)) and all(t.phase is Phase.RUNNING for t in s.tasks) and s,
                        30, "every task of tf-c to run")
     assert {t.name for t in running.tasks} == {"tf-c-ps-0-0", "tf-c-worker-0-0", "tf-c-worker-0-1"}
 
     # The workers succeed: the JobSet completes (its success policy) and its controller stops the ps.
-    statuses = collect(backend, ref, steps=[(0.5, lambda: [kubelet.succeed(n) for n in names])], timeout=30)
+    statuses = collect(backend, ref, steps=[(0.5, lambda: [scripted.succeed(n) for n in names])], timeout=30)
     outcome = group_outcome(statuses[-1], ref.success_policy)
     assert outcome.done and outcome.succeeded, statuses[-1]
     wait_for(lambda: jobset(kube, "tf-c")["status"].get("terminalState") == "Completed", 30,
@@ -281,7 +285,7 @@ def test_a_jobset_group_runs_to_success_through_the_backend(kube, kubelet, backe
     assert backend.status(ref).exists is False
 
 
-def test_evaluation_of_a_jobset_group_runs_on_the_template_its_launch_recorded(kube, kubelet, kube_backend_fast):
+def test_evaluation_of_a_jobset_group_runs_on_the_template_its_launch_recorded(kube, scripted, kube_backend_fast):
     """After the teardown, from the lead trainer's pod template in the reference: one Job, not queued."""
     ref = kube_backend_fast.launch(group("tf-d", queue=None))
     kube_backend_fast.teardown(ref)
@@ -292,7 +296,7 @@ def test_evaluation_of_a_jobset_group_runs_on_the_template_its_launch_recorded(k
         name = wait_for(lambda: next((p["metadata"]["name"] for p in kube.objects("pods", "airflow-tf/component=evaluate")
                                       if p["spec"].get("nodeName")), None), 60, "the evaluation pod")
         made.append(kube.get("jobs", "tf-d-evaluate"))
-        kubelet.succeed(name, termination_message='{"blessed":true,"metrics":{"mse":0.5}}')
+        scripted.succeed(name, message='{"blessed":true,"metrics":{"mse":0.5}}', wait=False)
 
     runner = threading.Thread(target=play)
     runner.start()
@@ -300,7 +304,7 @@ def test_evaluation_of_a_jobset_group_runs_on_the_template_its_launch_recorded(k
     runner.join()
     assert result == {"blessed": True, "metrics": {"mse": 0.5}}
     container = made[0]["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == "registry.example/tf:2.21" and container["name"] == "evaluate"
-    assert container["resources"]["requests"]["cpu"] == "1", "the worker's own resources"
+    assert container["image"] == training_image() and container["name"] == "evaluate"
+    assert container["resources"]["requests"]["cpu"] == TASK_CPU, "the worker's own resources"
     assert "kueue.x-k8s.io/queue-name" not in made[0]["metadata"]["labels"]
     assert made[0]["spec"].get("suspend") in (None, False)

@@ -18,6 +18,7 @@ from airflow_tf.cluster import GroupSpec, TrainingConfig
 from airflow_tf.cluster.model_code import snapshot_model_code
 
 from .plane import wait_for
+from .scripted import ABSENT_IMAGE  # what the pods run is not under test here: they wait for it
 from .test_kubernetes import backend, kubeconfig  # noqa: F401  (fixtures)
 
 MODEL = textwrap.dedent('''
@@ -44,7 +45,7 @@ def test_every_pod_of_the_group_is_pointed_at_the_snapshot_on_shared_storage(kub
     assert os.path.commonpath([code.path, run_dir]) == str(run_dir), "the snapshot lives in the run directory"
     training = TrainingConfig(dataset="/data/sales/1", run_dir=str(run_dir), steps=100,
                               model="my_models:build", code_dir=code.path)
-    spec = GroupSpec.for_training("tf-sales", training, ps=1, workers=2, image="registry.example/tf:2.21")
+    spec = GroupSpec.for_training("tf-sales", training, ps=1, workers=2, image=ABSENT_IMAGE)
     backend.launch(spec)
 
     pods = wait_for(lambda: len(p := kube.objects("pods")) == 3 and p, 30, "the Job controller's three pods")
@@ -88,9 +89,9 @@ def test_the_launch_returns_the_hash_of_the_code_it_snapshotted_and_none_for_a_b
     options = {"kubernetes_conn_id": None, "config_file": kubeconfig, "namespace": kube.ns}
     with DAG("sales", schedule=None):
         own = LaunchTFClusterOperator(task_id="own", dataset="/data/sales/1", model="my_models:build", steps=10,
-                                      backend="kubernetes", backend_options=options, image="registry.example/tf:2.21")
+                                      backend="kubernetes", backend_options=options, image=ABSENT_IMAGE)
         builtin = LaunchTFClusterOperator(task_id="builtin", dataset="/data/sales/1", steps=10, backend="kubernetes",
-                                          backend_options=options, image="registry.example/tf:2.21")
+                                          backend_options=options, image=ABSENT_IMAGE)
 
     def context(task_id):
         return {"ti": SimpleNamespace(dag_id="sales", task_id=task_id, run_id="manual__1", map_index=-1, try_number=1)}

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 from .plane import wait_for
+from .scripted import original_command, training_image
 from .test_kubernetes import kubeconfig, make_spec, pod, tasks_of  # noqa: F401 (fixtures)
 
 from airflow_tf.backends import BackendError, get_backend
@@ -45,12 +46,12 @@ def _dag_with_launch(kube, **teardown_args):
 
     with DAG("train_k8s", schedule=None) as dag:
         launch = LaunchTFClusterOperator(task_id="launch", dataset="/data/mnist/1", backend="kubernetes",
-                                         backend_options=_options(kube), image="registry.example/tf:2.21")
+                                         backend_options=_options(kube), image=training_image())
         teardown = TeardownTFClusterOperator(task_id="teardown", launch=launch, **teardown_args)
     return dag, teardown
 
 
-def test_teardown_of_a_launch_that_died_before_returning_removes_its_group(kube, kubelet):
+def test_teardown_of_a_launch_that_died_before_returning_removes_its_group(kube, scripted):
     dag, teardown = _dag_with_launch(kube)
     assert teardown.backend == "kubernetes", "the launch's backend, never a fallback to the local one"
     run_id = "manual__2026-11-22T00:00:00+00:00"
@@ -66,7 +67,7 @@ def test_teardown_of_a_launch_that_died_before_returning_removes_its_group(kube,
         wait_for(lambda: kube.gone(kind, f"{GROUP_LABEL}={name}"), 30, f"the group's {kind} to be gone")
 
 
-def test_teardown_leaves_alone_a_same_named_group_its_launch_did_not_start(kube, kubelet):
+def test_teardown_leaves_alone_a_same_named_group_its_launch_did_not_start(kube, scripted):
     dag, teardown = _dag_with_launch(kube)
     run_id = "manual__2026-11-22T00:00:00+00:00"
     name = group_name("train_k8s", "launch", run_id, -1)
@@ -85,20 +86,18 @@ def test_teardown_leaves_alone_a_same_named_group_its_launch_did_not_start(kube,
     ("delete_succeeded_pod", True, []),
     ("keep_pod", True, [("worker", 0), ("worker", 1)]),
 ])
-def test_on_finish_action_keeps_the_trainers_as_asked_and_always_stops_the_ps(kube, kubelet, action,
+def test_on_finish_action_keeps_the_trainers_as_asked_and_always_stops_the_ps(kube, scripted, action,
                                                                               succeeded, kept):
     from airflow_tf.operators import TeardownTFClusterOperator
 
     ref = get_backend("kubernetes", **_options(kube)).launch(make_spec())
-    worker0, worker1 = pod(kubelet, "worker", 0), pod(kubelet, "worker", 1)
-    pod(kubelet, "ps", 0)
-    kubelet.set_log(worker0, "worker 0 says goodbye\n")
-    kubelet.run(worker0)
-    kubelet.succeed(worker0)
+    worker0, worker1 = pod(scripted, "worker", 0), pod(scripted, "worker", 1)
+    pod(scripted, "ps", 0)
+    scripted.succeed(worker0, log="worker 0 says goodbye\n")
     if succeeded:
-        kubelet.succeed(worker1)
+        scripted.succeed(worker1)
     else:
-        kubelet.fail(worker1, exit_code=2)
+        scripted.fail(worker1, exit_code=2)
     wait_for(lambda: (kube.get("jobs", "tf-mnist-worker").get("status") or {}).get("conditions"), 30,
              "the worker Job to finish")
     teardown = TeardownTFClusterOperator(task_id=f"teardown_{action}", group=ref.to_dict(), backend="kubernetes",
@@ -118,10 +117,10 @@ def test_on_finish_action_must_be_one_the_provider_knows():
         TeardownTFClusterOperator(task_id="t", group={"backend": "local", "name": "g"}, on_finish_action="keep_failed")
 
 
-def _kubelet(kube, kubelet, component, log, outcome="succeed", message=None, created=None):
-    """Plays the kubelet for the one-off Job's pod: prints ``log``, then ends it, the container
-    having written ``message`` to its termination-log file. ``created`` gets the Job as created
-    (it is deleted once finished)."""
+def _component_pod(kube, scripted, component, log, outcome="succeed", message=None, created=None):
+    """The one-off Job's pod prints ``log``, writes ``message`` to its termination-log file and
+    exits (0, or the exit code ``outcome``). ``created`` gets the Job as created (it is deleted
+    once finished)."""
 
     def run():
         selector = f"airflow-tf/component={component}"
@@ -129,11 +128,7 @@ def _kubelet(kube, kubelet, component, log, outcome="succeed", message=None, cre
                                       if p["spec"].get("nodeName")), None), 30, f"the {component} pod")
         if created is not None:
             created.append(kube.get("jobs", f"tf-mnist-{component}"))
-        kubelet.set_log(name, log)
-        if outcome == "succeed":
-            kubelet.succeed(name, termination_message=message)
-        else:
-            kubelet.fail(name, exit_code=outcome, termination_message=message)
+        scripted.exit(name, 0 if outcome == "succeed" else outcome, log=log, message=message, wait=False)
 
     thread = threading.Thread(target=run)
     thread.start()
@@ -145,7 +140,7 @@ def _launch_result(ref):
             "training": {"dataset": "/data/mnist/1", "run_dir": "/runs/tf-mnist", "steps": 200}, "reattached": False}
 
 
-def test_evaluation_and_export_run_as_jobs_and_their_results_come_back(kube, kubelet):
+def test_evaluation_and_export_run_as_jobs_and_their_results_come_back(kube, scripted):
     from airflow_tf.operators import EvaluateModelOperator, ExportSavedModelOperator
 
     ref = get_backend("kubernetes", **_options(kube)).launch(make_spec())
@@ -154,19 +149,20 @@ def test_evaluation_and_export_run_as_jobs_and_their_results_come_back(kube, kub
                "metrics": {"mse": 0.01}, "blessed": True, "global_step": 200}
     # The log's result line is for people: the result is what the container wrote to its termination message.
     created = []
-    thread = _kubelet(kube, kubelet, "evaluate", "evaluating\n" + RESULT_MARKER + '{"blessed": false}\n',
+    thread = _component_pod(kube, scripted, "evaluate", "evaluating\n" + RESULT_MARKER + '{"blessed": false}\n',
                       message=json.dumps(metrics), created=created)
     result = EvaluateModelOperator(task_id="evaluate", launch=_launch_result(ref),
                                    thresholds={"mse": {"max": 1.0}}).execute({})
     thread.join()
     assert result["blessed"] is True and result["metrics"] == {"mse": 0.01}
-    command = created[0]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert created[0]["spec"]["template"]["spec"]["containers"][0]["image"] == training_image()
+    command = original_command(created[0])
     assert command[:5] == ["python", "-m", "airflow_tf.serving", "evaluate", "--request"]
     assert json.loads(command[5])["thresholds"] == {"mse": {"max": 1.0}}
 
     exported = {"path": "/models/mnist/3", "version": 3, "model_name": "mnist", "metrics": metrics["metrics"],
                 "blessed": True}
-    thread = _kubelet(kube, kubelet, "export", "exporting\n", message=json.dumps(exported), created=created)
+    thread = _component_pod(kube, scripted, "export", "exporting\n", message=json.dumps(exported), created=created)
     # Keyed by the asset's name, as Airflow's own accessor is (an Asset is unhashable on Airflow 3.1).
     events = defaultdict(SimpleNamespace)
 
@@ -180,19 +176,18 @@ def test_evaluation_and_export_run_as_jobs_and_their_results_come_back(kube, kub
     thread.join()
     assert (result["version"], result["path"]) == (3, "/models/mnist/3")
     assert events["airflow_tf.model.mnist"].extra["version"] == 3, "the model asset's event names the version"
-    request = json.loads(created[1]["spec"]["template"]["spec"]["containers"][0]
-                         ["command"][5])
+    request = json.loads(original_command(created[1])[5])
     assert request["serving_base"] == "/models" and request["metrics"]["blessed"] is True
     wait_for(lambda: kube.gone("jobs"), 30, "finished one-off Jobs to be deleted")
 
 
-def test_a_refused_evaluation_fails_without_retries_naming_the_pod(kube, kubelet):
+def test_a_refused_evaluation_fails_without_retries_naming_the_pod(kube, scripted):
     from airflow.providers.common.compat.sdk import AirflowFailException
 
     from airflow_tf.operators import EvaluateModelOperator
 
     ref = get_backend("kubernetes", **_options(kube)).launch(make_spec())
-    thread = _kubelet(kube, kubelet, "evaluate", "evaluate refused: no checkpoint in /runs/tf-mnist\n", outcome=2)
+    thread = _component_pod(kube, scripted, "evaluate", "evaluate refused: no checkpoint in /runs/tf-mnist\n", outcome=2)
     with pytest.raises(AirflowFailException, match=r"(?s)evaluation refused: evaluate Job tf-mnist-evaluate failed "
                                                    r"\(pod tf-mnist-evaluate-\w+: exit code 2, phase Failed\).*no checkpoint"):
         EvaluateModelOperator(task_id="evaluate", launch=_launch_result(ref)).execute({})
@@ -203,13 +198,13 @@ LARGE_RESULT = {"run_dir": "/runs/tf-mnist", "checkpoint": "/runs/tf-mnist/model
                 "metrics": {f"metric_{i}": 0.5 for i in range(400)}}
 
 
-def test_a_result_too_large_for_the_termination_message_is_read_from_the_log(kube, kubelet):
+def test_a_result_too_large_for_the_termination_message_is_read_from_the_log(kube, scripted):
     from airflow_tf.operators import EvaluateModelOperator
 
     ref = get_backend("kubernetes", **_options(kube)).launch(make_spec())
     text = json.dumps(LARGE_RESULT, sort_keys=True)
     assert len(text) > 4096
-    thread = _kubelet(kube, kubelet, "evaluate", f"evaluating\n{RESULT_MARKER}{text}\n", message=text)
+    thread = _component_pod(kube, scripted, "evaluate", f"evaluating\n{RESULT_MARKER}{text}\n", message=text)
     result = EvaluateModelOperator(task_id="evaluate", launch=_launch_result(ref)).execute({})
     thread.join()
     assert result["metrics"] == LARGE_RESULT["metrics"], "the whole result, not the kubelet's cut-short end"
@@ -222,11 +217,11 @@ def test_a_result_too_large_for_the_termination_message_is_read_from_the_log(kub
     (json.dumps(LARGE_RESULT), r"its result is larger than a termination message holds \(4096 bytes.*which is not "
                                r"JSON either"),
 ])
-def test_a_missing_or_bad_result_fails_the_evaluation_naming_the_pod(kube, kubelet, message, complaint):
+def test_a_missing_or_bad_result_fails_the_evaluation_naming_the_pod(kube, scripted, message, complaint):
     from airflow_tf.operators import EvaluateModelOperator
 
     ref = get_backend("kubernetes", **_options(kube)).launch(make_spec())
-    thread = _kubelet(kube, kubelet, "evaluate", "evaluating\n", message=message)
+    thread = _component_pod(kube, scripted, "evaluate", "evaluating\n", message=message)
     with pytest.raises(BackendError, match=rf"evaluate pod tf-mnist-evaluate-\w+ \(namespace {kube.ns}\).*{complaint}"):
         EvaluateModelOperator(task_id="evaluate", launch=_launch_result(ref)).execute({})
     thread.join()

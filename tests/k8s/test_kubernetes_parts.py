@@ -2,22 +2,17 @@
 on the real control plane (test_kubernetes.py), through the provider's KubernetesHook and the
 real ``kubernetes`` client, as a service account bound only to the shipped RBAC Role.
 
-The plane's Job controller makes the pods; no container runtime runs them. The
-``LocalKubelet`` below plays the kubelet of the test's node for them: it runs each part pod's
-container command (the command line from the Job manifest, unchanged but for the
-interpreter's path) as a local process, on this machine's file system standing in for the
-shared volume (the plan's directory has the same path in the pod and in the Airflow worker,
-as a PersistentVolumeClaim mounted at the same path gives), streams its output into the pod's
-log, gives the file at ``terminationMessagePath`` to the pod's status as the kubelet does, and
-kills the process when its pod is deleted. So a real part writes real shards here, and the
-committed version is compared with a local prepare record by record."""
+The part pods run on the real node from the training image: ``python -m airflow_tf.data part``
+reads the plan and writes its shards in the test's folder, mounted in the pod at the same path
+(a volume on a host folder, as a PersistentVolumeClaim on shared storage gives), its output is
+the pod's log and its result the termination message the kubelet reports. So the committed
+version is compared with a local prepare record by record. The tests that need a part to stay
+running, or a try to end a given way, run the pods as told (tests/k8s/scripted.py)."""
 
 from __future__ import annotations
 
 import os
 import struct
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -25,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from .plane import wait_for
+from .scripted import ABSENT_IMAGE, original_command, training_image
 from .test_kubernetes import kubeconfig  # noqa: F401 (fixtures)
 
 from airflow_tf.backends import BackendError
@@ -41,80 +37,27 @@ PARTS = "airflow-tf/component=prepare-part"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class LocalKubelet:
-    """Runs the container command of every part pod the Job controller makes, as a process
-    of this machine (see the module's docstring); ``jobs`` are their Jobs as created."""
+class JobsSeen:
+    """The part Jobs as created, recorded while the block runs (each is deleted once finished)."""
 
-    def __init__(self, kube, kubelet, scratch: Path):
-        self.kube, self.kubelet, self.scratch = kube, kubelet, scratch
-        self.started: list[str] = []
-        self.jobs: list[dict] = []
+    def __init__(self, kube):
+        self.kube, self.jobs = kube, []
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
         self._watcher = threading.Thread(target=self._watch, daemon=True)
 
-    def __enter__(self) -> LocalKubelet:
+    def __enter__(self) -> JobsSeen:
         self._watcher.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._watcher.join()
-        for thread in self._threads:
-            thread.join(timeout=60)
 
     def _watch(self) -> None:
         while not self._stop.is_set():
-            for pod in self.kube.objects("pods", PARTS):
-                name = pod["metadata"]["name"]
-                if name not in self.started and pod["spec"].get("nodeName") and \
-                        not pod["metadata"].get("deletionTimestamp"):
-                    self.started.append(name)
-                    self.jobs.append(self.kube.get("jobs", pod["metadata"]["labels"]["batch.kubernetes.io/job-name"]))
-                    thread = threading.Thread(target=self._run, args=(pod,), daemon=True)
-                    self._threads.append(thread)
-                    thread.start()
+            seen = {j["metadata"]["uid"] for j in self.jobs}
+            self.jobs += [j for j in self.kube.objects("jobs", PARTS) if j["metadata"]["uid"] not in seen]
             time.sleep(0.05)
-
-    def _deleted(self, name: str) -> bool:
-        pod = self.kube.get("pods", name)
-        return pod is None or bool(pod["metadata"].get("deletionTimestamp"))
-
-    def _run(self, pod: dict) -> None:
-        name = pod["metadata"]["name"]
-        container = pod["spec"]["containers"][0]
-        message = self.scratch / f"{name}.termination-log"
-        message.touch()
-        command = [sys.executable if arg == "python" and i == 0 else
-                   str(message) if arg == container["terminationMessagePath"] else arg
-                   for i, arg in enumerate(container["command"])]
-        env = {**os.environ, **{e["name"]: e["value"] for e in container.get("env") or [] if "value" in e}}
-        self.kubelet.run(name)
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                   cwd=self.scratch)
-        lines: list[str] = []
-
-        def read() -> None:
-            assert process.stdout is not None
-            for line in process.stdout:
-                lines.append(line)
-                self.kubelet.set_log(name, "".join(lines), container["name"])
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        while process.poll() is None:
-            if self._deleted(name):  # the kubelet stops the container of a deleted pod
-                process.kill()
-                process.wait()
-                return
-            time.sleep(0.1)
-        reader.join()
-        if self._deleted(name):
-            return
-        if process.returncode == 0:
-            self.kubelet.succeed(name, termination_message=message.read_text())
-        else:
-            self.kubelet.fail(name, exit_code=process.returncode)
 
 
 def _inputs(folder: Path) -> Path:
@@ -142,13 +85,20 @@ def _records(uri: str, split: str) -> Counter:
     return Counter(r for f in sorted(Path(uri, split).glob("part-*")) for r in _tfrecords(f))
 
 
-def _options(kube, **extra) -> KubernetesPartOptions:
-    kube.volume_claim("datasets")
+RESOURCES = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "1Gi"}}
+
+
+def _options(kube, folder: Path, **extra) -> KubernetesPartOptions:
+    """The part pods' settings: ``folder`` (the test's) mounted at its own path, where the plan
+    names the inputs and the shards; the pods' user (the image's, uid 1000) may write in it."""
+    for path in [folder, *folder.rglob("*")]:
+        os.chown(path, 1000, 1000)
+    kube.volume_claim("datasets", folder)
     return KubernetesPartOptions.coerce({
-        "image": "registry.example/tf:2.21", "namespace": kube.ns, "kubernetes_conn_id": None,
+        "image": training_image(), "namespace": kube.ns, "kubernetes_conn_id": None,
         "config_file": str(kube.kubeconfig),
-        "poll_interval": 0.1, "volumes": [{"claim": "datasets", "mount_path": "/data"}],
-        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}, **extra})
+        "poll_interval": 0.1, "volumes": [{"claim": "datasets", "mount_path": str(folder)}],
+        "resources": RESOURCES, **extra})
 
 
 def _jobs_created(kube) -> int:
@@ -156,13 +106,13 @@ def _jobs_created(kube) -> int:
     return len([c for c in kube.calls("create", "jobs") if c.code == 201])
 
 
-def test_parts_run_as_jobs_and_the_committed_version_equals_a_local_prepare(kube, kubelet, tmp_path):
+def test_parts_run_as_jobs_and_the_committed_version_equals_a_local_prepare(kube, tmp_path):
     folder = _inputs(tmp_path / "raw")
     options = dict(label="y", eval_fraction=0.25, seed=7)
     plan = plan_parts(folder, tmp_path / "datasets", "clicks", parts=2, **options)
-    pods = _options(kube)
+    pods = _options(kube, tmp_path)
     lines: list[str] = []
-    with LocalKubelet(kube, kubelet, tmp_path) as node:
+    with JobsSeen(kube) as seen:
         results = [run_part(pods, plan=plan["directory"], index=i, dataset="clicks", token=plan["token"],
                             progress_every=0, on_log=lines.append) for i in range(2)]
     assert [r["index"] for r in results] == [0, 1] and sum(r["rows"] for r in results) == 2400, \
@@ -178,38 +128,39 @@ def test_parts_run_as_jobs_and_the_committed_version_equals_a_local_prepare(kube
     for split in ("train", "eval"):
         assert _records(summary["dataset_uri"], split) == _records(single["dataset_uri"], split)
 
-    job = node.jobs[0]
+    job = seen.jobs[0]
     name = job["metadata"]["name"]
     assert name == part_job_name("clicks", plan["token"], 0) and is_dns1123_label(name)
     assert job["spec"]["backoffLimit"] == 0 and job["spec"]["ttlSecondsAfterFinished"] == 3600
     pod = job["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    assert container["image"] == "registry.example/tf:2.21"
+    assert container["image"] == training_image()
     assert container["command"] == ["python", "-m", "airflow_tf.data", "part", "--plan", plan["directory"],
                                     "--index", "0", "--progress-every", "0", "--result-file", TERMINATION_MESSAGE_PATH]
-    assert container["volumeMounts"] == [{"name": "volume-0", "mountPath": "/data"}]
+    assert container["volumeMounts"] == [{"name": "volume-0", "mountPath": str(tmp_path)}]
     assert pod["volumes"] == [{"name": "volume-0", "persistentVolumeClaim": {"claimName": "datasets"}}]
-    assert container["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}}
+    assert container["resources"] == RESOURCES
     assert pod["securityContext"]["runAsNonRoot"] and not pod["automountServiceAccountToken"]
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert job["metadata"]["labels"]["airflow-tf/dataset"] == "clicks"
 
 
-def test_a_retried_part_reattaches_to_its_running_job_and_replaces_a_finished_one(kube, kubelet, tmp_path):
-    pods = _options(kube)
+def test_a_retried_part_reattaches_to_its_running_job_and_replaces_a_finished_one(kube, scripted, tmp_path):
+    pods = _options(kube, tmp_path)
     plan_dir, token = str(tmp_path / ".parts-0123456789ab"), ".parts-0123456789ab"
     earlier = part_job(pods, kube.ns, plan=plan_dir, index=0, dataset="clicks", token=token)
     backend = pods.backend()
     backend._create(earlier)  # the first try of the task started it, then its worker was lost
     first = wait_for(lambda: next((p["metadata"]["name"] for p in kube.objects("pods", PARTS)
                                    if p["spec"].get("nodeName")), None), 30, "the part's pod")
-    kubelet.run(first)
+    scripted.running(first)
+    assert original_command(kube.objects("jobs", PARTS)[0])[:4] == ["python", "-m", "airflow_tf.data", "part"]
 
     def finish():
         wait_for(lambda: [c for c in kube.calls("create", "jobs") if c.time > started and c.code == 409], 30,
                  "the retry's create, refused")
-        kubelet.set_log(first, "part 0: write 100%\n")
-        kubelet.succeed(first, termination_message='{"counts":{"train":5},"index":0,"rows":5}')
+        scripted.succeed(first, log="part 0: write 100%\n", message='{"counts":{"train":5},"index":0,"rows":5}',
+                         wait=False)
 
     started = time.time()
     helper = threading.Thread(target=finish)
@@ -223,7 +174,7 @@ def test_a_retried_part_reattaches_to_its_running_job_and_replaces_a_finished_on
     failed = wait_for(lambda: next((p["metadata"]["name"] for p in kube.objects("pods", PARTS)
                                     if p["metadata"]["name"] != first and p["spec"].get("nodeName")), None), 30,
                       "the second try's pod")
-    kubelet.fail(failed, exit_code=1)
+    scripted.fail(failed, exit_code=1)
     wait_for(lambda: "Failed" in [c["type"] for c in (kube.objects("jobs", PARTS)[0].get("status") or {}).get(
         "conditions") or []], 30, "the second try's Job to fail")
 
@@ -231,7 +182,7 @@ def test_a_retried_part_reattaches_to_its_running_job_and_replaces_a_finished_on
         fresh = wait_for(lambda: next((p["metadata"]["name"] for p in kube.objects("pods", PARTS)
                                        if p["metadata"]["name"] not in (first, failed) and p["spec"].get("nodeName")),
                                       None), 60, "the third try's pod")
-        kubelet.succeed(fresh, termination_message='{"counts":{"train":7},"index":0,"rows":7}')
+        scripted.succeed(fresh, message='{"counts":{"train":7},"index":0,"rows":7}', wait=False)
 
     helper = threading.Thread(target=succeed_new)
     helper.start()
@@ -242,14 +193,14 @@ def test_a_retried_part_reattaches_to_its_running_job_and_replaces_a_finished_on
     wait_for(lambda: kube.gone("jobs"), 30, "the finished Jobs to be deleted")
 
 
-def test_a_failed_part_names_its_pod_phase_reason_and_log_and_nothing_commits(kube, kubelet, tmp_path):
+def test_a_failed_part_names_its_pod_phase_reason_and_log_and_nothing_commits(kube, tmp_path):
     folder = _inputs(tmp_path / "raw")
     plan = plan_parts(folder, tmp_path / "datasets", "clicks", parts=2, label="y", eval_fraction=0.25)
     bad = next(i for i, files in enumerate(plan["parts"]) if files[0].endswith("day-1.csv"))
     with open(folder / "day-1.csv", "a") as handle:  # a row the plan did not see: only the part reads it
         handle.write("9999,0.5,w1,oops\n")
-    pods = _options(kube)
-    with LocalKubelet(kube, kubelet, tmp_path):
+    pods = _options(kube, tmp_path)
+    with JobsSeen(kube):
         run_part(pods, plan=plan["directory"], index=1 - bad, dataset="clicks", token=plan["token"])
         with pytest.raises(ComponentRefusedError) as failure:
             run_part(pods, plan=plan["directory"], index=bad, dataset="clicks", token=plan["token"])
@@ -263,13 +214,13 @@ def test_a_failed_part_names_its_pod_phase_reason_and_log_and_nothing_commits(ku
     assert not (tmp_path / "datasets" / "clicks" / "1").exists()
 
 
-def test_a_killed_part_task_deletes_its_job_and_its_pod(kube, kubelet, tmp_path):
+def test_a_killed_part_task_deletes_its_job_and_its_pod(kube, scripted, tmp_path):
     from airflow_tf.operators.prepare import PreparePartOperator
 
     folder = _inputs(tmp_path / "raw")
     plan = plan_parts(folder, tmp_path / "datasets", "clicks", parts=2, label="y")
     job = {"plan": plan["directory"], "index": 0, "name": "clicks", "token": plan["token"]}
-    operator = PreparePartOperator(task_id="part", job=job, kubernetes=_options(kube).to_dict())
+    operator = PreparePartOperator(task_id="part", job=job, kubernetes=_options(kube, tmp_path).to_dict())
     outcome: list[BaseException] = []
 
     def execute():
@@ -278,10 +229,11 @@ def test_a_killed_part_task_deletes_its_job_and_its_pod(kube, kubelet, tmp_path)
         except BaseException as e:  # noqa: BLE001  the test reads it below
             outcome.append(e)
 
-    # No kubelet: the pod stays Pending, as on a busy cluster, until the task is killed.
+    # The part runs on (its pod does nothing but wait) until the task is killed.
     runner = threading.Thread(target=execute)
     runner.start()
-    wait_for(lambda: kube.objects("pods", PARTS), 30, "the part's pod")
+    scripted.running(wait_for(lambda: [p["metadata"]["name"] for p in kube.objects("pods", PARTS)], 30,
+                              "the part's pod")[0])
     operator.on_kill()
     runner.join(timeout=30)
     wait_for(lambda: kube.gone("jobs") and kube.gone("pods"), 30,
@@ -353,21 +305,12 @@ def test_a_bad_setting_fails_the_dag_while_it_is_parsed(tmp_path):
     assert KubernetesPartOptions.coerce(part.partial_kwargs["kubernetes"]).image == "tf:2.21"
 
 
-def test_a_part_whose_image_cannot_be_pulled_fails_at_once_naming_the_pod(kube, kubelet, tmp_path):
-    pods = _options(kube)
-
-    def cannot_pull():
-        name = wait_for(lambda: next((p["metadata"]["name"] for p in kube.objects("pods", PARTS)
-                                      if p["spec"].get("nodeName")), None), 30, "the part's pod")
-        kubelet.waiting(name, "ImagePullBackOff", 'Back-off pulling image "registry.example/tf:2.21"')
-
-    helper = threading.Thread(target=cannot_pull)
-    helper.start()
+def test_a_part_whose_image_cannot_be_pulled_fails_at_once_naming_the_pod(kube, tmp_path):
+    pods = _options(kube, tmp_path, image=ABSENT_IMAGE)  # in no registry: the node's pull is refused
     started = time.monotonic()
-    with pytest.raises(BackendError, match=r"failed \(pod prep-clicks-0123456789ab-0-\w+: ImagePullBackOff: "
-                                           r".*phase Pending\)"):
+    with pytest.raises(BackendError, match=r"failed \(pod prep-clicks-0123456789ab-0-\w+: "
+                                           r"(ErrImagePull|ImagePullBackOff): .*phase Pending\)"):
         run_part(pods, plan=str(tmp_path / ".parts-0123456789ab"), index=0, dataset="clicks",
                  token=".parts-0123456789ab")
-    helper.join()
     assert time.monotonic() - started < 30, "the task does not wait for the Job's deadline (a day)"
     wait_for(lambda: kube.gone("jobs"), 30, "the part's Job to be deleted")

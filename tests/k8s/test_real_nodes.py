@@ -1,15 +1,15 @@
-"""The Kubernetes backend's groups on a real node: ``scripts/kube up DIR --nodes 1`` starts the
-plane with a kubelet v1.37 and containerd v2.4 (runc, CNI bridge networking), the built training
-image loaded into it, and CoreDNS as the cluster DNS. The group's pods run from that image in a
-namespace enforcing Pod Security Admission ``restricted``, reach each other by the headless
-Service's names, and ``down`` leaves nothing on the machine."""
+"""The Kubernetes backend's groups training for real on the package's real node (conftest.py:
+``scripts/kube up DIR --nodes 1`` starts the plane with a kubelet v1.37 and containerd v2.4, runc
+and CNI bridge networking, the built training image loaded into it, and CoreDNS as the cluster
+DNS; its fixture checks that ``down`` leaves nothing on the machine). The group's pods run the
+runtime from that image in a namespace enforcing Pod Security Admission ``restricted`` and reach
+each other by the headless Service's names."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,75 +18,13 @@ from airflow_tf.backends import get_backend
 from airflow_tf.backends.kubernetes.labels import ROLE_LABEL
 from airflow_tf.cluster import GroupSpec, TrainingConfig, group_outcome
 
-from .plane import KUBE_SCRIPT, Plane, wait_for
+from .plane import KUBE_SCRIPT, wait_for
+from .scripted import kubectl, training_image
 from .test_kubernetes import outcome_when_done
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="a kubelet and containerd run as root")]
 
-ROOT = Path(__file__).resolve().parents[2]
 POD_USER = 1000  # the training image's USER, and the backend's run_as_user
-SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops", "net.ipv4.ip_forward")
-HOST_PATHS = ("/var/lib/kubelet", "/var/log/containers", "/run/containerd", "/var/lib/cni", "/opt/containerd")
-
-
-def host_state(directory: Path) -> dict:
-    """What a plane with real nodes may change on this machine."""
-    real: dict = {}
-    if (directory / "plane.json").exists():
-        real = json.loads((directory / "plane.json").read_text()).get("real_nodes") or {}
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
-    processes = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if proc.name.isdigit() and str(directory) in cmdline and int(proc.name) != os.getpid():
-            processes.append(cmdline)
-    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-    return {
-        "sysctls": {name: subprocess.run(["sysctl", "-n", name], capture_output=True, text=True).stdout.strip()
-                    for name in SYSCTLS},
-        "aftf links": sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines()
-                             if line.split(":")[1].strip().startswith("aftf")),
-        "processes": processes,
-        "mounts": [m for m in mounts if m.startswith(str(directory)) or "kubelet" in m or "containerd" in m],
-        "cgroups": sorted(str(p) for p in Path("/sys/fs/cgroup").glob("*/aftf-*")),
-        "host paths": {path: sorted(os.listdir(path)) if os.path.isdir(path) else None for path in HOST_PATHS},
-        # Other programs (podman's netavark) may change theirs meanwhile: only Kubernetes' and the nodes' count.
-        "iptables": [rule for rule in subprocess.run(["iptables-save"], capture_output=True, text=True).stdout.splitlines()
-                     if "KUBE" in rule or "aftf" in rule or "10.199." in rule or "CNI" in rule],
-        "nodes": sorted(real.get("nodes") or {}),
-    }
-
-
-@pytest.fixture(scope="module")
-def real_plane(tmp_path_factory) -> Iterator[Plane]:
-    """A plane of this module's own with one real node; after ``down`` the machine is as before."""
-    directory = tmp_path_factory.mktemp("real-nodes") / "plane"
-    before = host_state(directory)
-    plane = Plane.start(directory, "--nodes", "1")
-    running = host_state(directory)
-    assert running["aftf links"] and running["processes"] and running["cgroups"], running
-    try:
-        yield plane
-    finally:
-        plane.stop()
-    after = host_state(directory)
-    assert not directory.exists(), "down removes the plane's directory"
-    assert {**after, "nodes": []} == before, "scripts/kube down left this behind"
-
-
-@pytest.fixture
-def namespace(request, real_plane, tmp_path):
-    ns = real_plane.new_namespace(request.node.name.removeprefix("test_").replace("_", "-")[:30], tmp_path)
-    yield ns
-    real_plane.delete_namespace(ns.ns)
-
-
-def training_image() -> str:
-    return subprocess.run([str(ROOT / "scripts" / "images"), "ref", "training"], check=True, capture_output=True,
-                          text=True).stdout.strip()
 
 
 def readable(root: Path) -> None:
@@ -95,7 +33,7 @@ def readable(root: Path) -> None:
         path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
 
 
-def storage(namespace, linear_dataset: str, tmp_path: Path) -> tuple[str, Path, dict]:
+def storage(kube, linear_dataset: str, tmp_path: Path) -> tuple[str, Path, dict]:
     """The dataset and a run folder as claims on host folders; returns the dataset's path in the pods,
     the run folder on the host and the backend's pod_defaults mounting both."""
     data = Path(linear_dataset).parent
@@ -103,26 +41,21 @@ def storage(namespace, linear_dataset: str, tmp_path: Path) -> tuple[str, Path, 
     runs = tmp_path / "runs"
     runs.mkdir()
     os.chown(runs, POD_USER, POD_USER)
-    namespace.volume_claim("tf-data", data)
-    namespace.volume_claim("tf-runs", runs)
+    kube.volume_claim("tf-data", data)
+    kube.volume_claim("tf-runs", runs)
     volumes = [{"claim": "tf-data", "mount_path": "/data"}, {"claim": "tf-runs", "mount_path": "/runs"}]
     return f"/data/{Path(linear_dataset).name}", runs, {"volumes": volumes}
 
 
-def kubectl(plane: Plane, *args: str) -> str:
-    return subprocess.run(["kubectl", f"--kubeconfig={plane.admin_kubeconfig}", *args], check=True,
-                          capture_output=True, text=True, timeout=60).stdout
-
-
-def test_a_group_trains_from_the_training_image_on_a_real_node(real_plane, namespace, linear_dataset, tmp_path):
-    dataset, runs, pod_defaults = storage(namespace, linear_dataset, tmp_path)
-    backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=str(namespace.kubeconfig),
-                          namespace=namespace.ns, pod_defaults=pod_defaults)
+def test_a_group_trains_from_the_training_image_on_a_real_node(plane, kube, linear_dataset, tmp_path):
+    dataset, runs, pod_defaults = storage(kube, linear_dataset, tmp_path)
+    backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=str(kube.kubeconfig),
+                          namespace=kube.ns, pod_defaults=pod_defaults)
     config = TrainingConfig(dataset=dataset, run_dir="/runs/linear", steps=200, batch_size=32, learning_rate=0.1,
                             checkpoint_every_secs=1.0, log_every_secs=0.5)
     ref = backend.launch(GroupSpec.for_training("linear", config, ps=1, workers=1, image=training_image()))
     outcome = outcome_when_done(backend, ref, timeout=600)
-    pods = {p["metadata"]["labels"][ROLE_LABEL]: p for p in namespace.objects("pods")}
+    pods = {p["metadata"]["labels"][ROLE_LABEL]: p for p in kube.objects("pods")}
     assert outcome.succeeded, (outcome, {role: p.get("status") for role, p in pods.items()})
     progress = json.loads((runs / "linear" / "progress.json").read_text())
     assert progress["done"] and progress["global_step"] >= 200, progress
@@ -130,25 +63,26 @@ def test_a_group_trains_from_the_training_image_on_a_real_node(real_plane, names
     assert written and {p.stat().st_uid for p in written} == {POD_USER}, "the tasks wrote as uid 1000"
 
     ps = pods["ps"]
-    assert ps["spec"]["nodeName"] == "node-1" and ps["spec"]["containers"][0]["image"] == training_image()
+    assert ps["spec"]["containers"][0]["image"] == training_image()
+    assert ps["spec"]["nodeName"] == "node-1" or not plane.private
     # The ps still runs (the teardown stops it): what the container is, seen through the API server.
-    assert kubectl(real_plane, "-n", namespace.ns, "exec", ps["metadata"]["name"], "--", "id", "-u").strip() == "1000"
-    log = kubectl(real_plane, "-n", namespace.ns, "logs", ps["metadata"]["name"])
+    assert kubectl(plane.admin_kubeconfig, "-n", kube.ns, "exec", ps["metadata"]["name"], "--", "id", "-u").strip() == "1000"
+    log = kubectl(plane.admin_kubeconfig, "-n", kube.ns, "logs", ps["metadata"]["name"])
     assert log == backend.logs(ref, "ps", 0) and log.strip(), "kubectl logs reads the container's log via the kubelet"
     # The cluster DNS answers the group's names from inside a pod: the ps's own, as TF_CONFIG gives it.
-    name = f"{ps['spec']['hostname']}.{ps['spec']['subdomain']}.{namespace.ns}.svc"
-    resolved = kubectl(real_plane, "-n", namespace.ns, "exec", ps["metadata"]["name"], "--", "python", "-c",
+    name = f"{ps['spec']['hostname']}.{ps['spec']['subdomain']}.{kube.ns}.svc"
+    resolved = kubectl(plane.admin_kubeconfig, "-n", kube.ns, "exec", ps["metadata"]["name"], "--", "python", "-c",
                        f"import socket; print(socket.gethostbyname({name!r}))").strip()
     assert resolved == ps["status"]["podIP"]
     assert backend.teardown(ref)
-    wait_for(lambda: namespace.gone("pods"), 60, "the group's pods to be gone")
+    wait_for(lambda: kube.gone("pods"), 60, "the group's pods to be gone")
 
 
-def test_a_ps_short_of_memory_is_oomkilled_and_the_status_names_the_limit(real_plane, namespace, linear_dataset,
+def test_a_ps_short_of_memory_is_oomkilled_and_the_status_names_the_limit(plane, kube, linear_dataset,
                                                                            tmp_path):
-    dataset, _, pod_defaults = storage(namespace, linear_dataset, tmp_path)
-    backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=str(namespace.kubeconfig),
-                          namespace=namespace.ns, pod_defaults=pod_defaults)
+    dataset, _, pod_defaults = storage(kube, linear_dataset, tmp_path)
+    backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=str(kube.kubeconfig),
+                          namespace=kube.ns, pod_defaults=pod_defaults)
     config = TrainingConfig(dataset=dataset, run_dir="/runs/small", steps=200, batch_size=32)
     spec = GroupSpec.for_training("small", config, ps=1, workers=1, image=training_image(), role_options={
         "ps": {"resources": {"requests": {"memory": "40Mi"}, "limits": {"memory": "40Mi"}}}})
@@ -158,7 +92,7 @@ def test_a_ps_short_of_memory_is_oomkilled_and_the_status_names_the_limit(real_p
                                None), 300, "the ps to be OOMKilled")
     assert ps.reason.startswith("OOMKilled: pod small-ps-0-") and "limit 40Mi" in ps.reason, ps.reason
     assert ps.reason.endswith("raise roles.ps.resources.limits.memory") and ps.exit_code == 137, ps
-    pod, = namespace.objects("pods", f"{ROLE_LABEL}=ps")
+    pod, = kube.objects("pods", f"{ROLE_LABEL}=ps")
     terminated = [s.get("lastState", {}).get("terminated") or s["state"].get("terminated")
                   for s in pod["status"]["containerStatuses"]]
     assert terminated[0]["reason"] == "OOMKilled", "the kubelet's own verdict"
