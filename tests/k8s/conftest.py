@@ -4,7 +4,7 @@ cluster ``AIRFLOW_TF_TEST_KUBECONFIG`` names), a namespace per test. Pods really
 needs them to act out a scenario uses ``scripted`` (tests/k8s/scripted.py).
 
 Every test that uses the plane runs on one pytest-xdist worker (tests/xdist_groups.py puts them in
-one group), so a run starts one plane; the node agent's tests (tests/node) start planes of their
+one group), so a run starts one plane; the tests of tests/nodes start planes of their
 own. After the private plane's ``down`` the machine is as it was before its ``up``. When a test
 fails, the plane's logs (each component's, and the audit log of the service accounts' requests)
 are copied next to it and the path printed.

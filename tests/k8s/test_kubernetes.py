@@ -317,7 +317,9 @@ def test_pod_states_give_the_right_outcome(kube, scripted, backend, scenario, pa
     if path == "status":
         if done:
             outcome = outcome_when_done(backend, ref)
-        else:
+        else:  # what the node reported shows a moment later: wait for the words, then check it stays so
+            wait_for(lambda: all(w.format(ns=kube.ns) in group_outcome(backend.status(ref), ref.success_policy).reason
+                                 for w in words), 30, f"the outcome to say {words}")
             time.sleep(SETTLE_SECONDS)
             outcome = group_outcome(backend.status(ref), ref.success_policy)
     else:
@@ -591,13 +593,13 @@ def test_parameter_servers_of_workers_that_never_finish_are_bounded_by_their_dea
 
 
 def test_group_deadline_fails_the_group(kube, scripted, backend):
-    ref = backend.launch(make_spec(active_deadline_seconds=5))
-    assert {j["spec"]["activeDeadlineSeconds"] for j in kube.objects("jobs")} == {5}
-    scripted.running(pod(scripted, "worker", 0))
+    ref = backend.launch(make_spec(active_deadline_seconds=10))
     assert not group_outcome(backend.status(ref)).done
-    outcome = outcome_when_done(backend, ref)
+    assert {j["spec"]["activeDeadlineSeconds"] for j in kube.objects("jobs")} == {10}
+    scripted.running(pod(scripted, "worker", 0))  # runs on, past the deadline
+    outcome = outcome_when_done(backend, ref, timeout=60)
     assert not outcome.succeeded
-    assert "DeadlineExceeded" in outcome.reason and "(5s)" in outcome.reason
+    assert "DeadlineExceeded" in outcome.reason and "(10s)" in outcome.reason
 
 
 def test_a_queue_with_the_jobs_form_is_refused_before_anything_is_created(kube, kubeconfig):

@@ -41,7 +41,7 @@ def render_rbac(namespace: str) -> list[dict]:
 
 
 @pytest.fixture
-def teams(plane, node, tmp_path):
+def teams(plane, tmp_path):
     """Two team namespaces applied from ``render --rbac``, and a kubeconfig of each team's account."""
     names = [f"team-{team}-{uuid.uuid4().hex[:6]}" for team in "ab"]
     kubeconfigs = []
@@ -52,8 +52,6 @@ def teams(plane, node, tmp_path):
     yield list(zip(names, kubeconfigs))
     for name in names:
         plane.delete_namespace(name)
-        if node is not None:
-            node.release(name)
 
 
 def _batch(kubeconfig) -> client.BatchV1Api:
