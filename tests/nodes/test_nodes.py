@@ -57,6 +57,7 @@ def _pod_subnet(directory: Path) -> str:
     return real_nodes(directory)["nodes"]["node-1"]["pod_subnet"].rsplit(".", 2)[0] + "."
 
 
+@pytest.mark.timeout(1800)  # the first test: the module's plane starts in it (the image's import: 5-12 min under load)
 def test_the_demo_dag_trains_on_kubernetes_end_to_end(node_plane, tmp_path):
     directory, storage = node_plane
     try:

@@ -68,7 +68,9 @@ def _checkpoint_step(run_dir: Path) -> int:
     return int(found.group(1)) if found else 0
 
 
-@pytest.mark.timeout(1200)  # two groups trained one after the other, with the resume
+# The real node's start (importing the training image: 5 to 12 minutes under load), then two groups
+# trained one after the other, with the resume.
+@pytest.mark.timeout(2400)
 def test_a_preempted_group_resumes_from_its_checkpoint_to_its_final_step(tmp_path_factory):
     from kubernetes import client, config
 
