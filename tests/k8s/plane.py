@@ -72,7 +72,19 @@ def host_state(directory: Path) -> dict:
         "iptables": [rule for rule in subprocess.run(["iptables-save"], capture_output=True, text=True).stdout.splitlines()
                      if "KUBE" in rule or "aftf" in rule or "10.199." in rule or "CNI" in rule],
         "nodes": sorted(real.get("nodes") or {}),
+        "tag": real.get("tag", ""),
     }
+
+
+def other_nodes_run() -> bool:
+    """Whether a kubelet or containerd runs on this machine (another plane's, once ours is down)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "comm").read_text().strip() in ("kubelet", "containerd"):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def wait_for(predicate, timeout: float = 30.0, what: str = "condition", interval: float = 0.1):
