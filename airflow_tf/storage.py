@@ -116,12 +116,17 @@ def check_in_team_root(path: str, what: str) -> None:
     """Refuses ``path`` (``what`` names the argument) outside the current task's team root: the
     views would not count a run there as the team's, and the team's OS user should not be able
     to write there. Nothing to check without a team root, or for an object-storage URI."""
-    from airflow_tf.files import is_local, strip_file_scheme
+    from airflow_tf.files import UnsafePathError, is_local, plain_absolute_path
 
     root = team_root()
     if root is None or not is_local(path):
         return
-    local = os.path.normpath(os.path.abspath(strip_file_scheme(path)))
+    try:
+        # Not normalized by hand: ``mine/../x`` crossing a link named ``mine`` ends elsewhere.
+        local = plain_absolute_path(path)
+    except UnsafePathError as e:
+        raise ValueError(f"{what} {path}: {e}; give a plain absolute path under this team's storage root "
+                         f"{root}") from None
     if os.path.commonpath([local, root]) != root:
         raise ValueError(f"{what} {path} lies outside this team's storage root {root} ({TEAMS_SETTING}): "
                          f"leave {what} unset, or give a path under {root}")
