@@ -510,7 +510,7 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_render(args: argparse.Namespace, out: TextIO) -> int:
     from airflow_tf.backends.kubernetes.manifests import to_yaml
-    from airflow_tf.backends.kubernetes.workloads import render_workload
+    from airflow_tf.backends.kubernetes.render import render_workload
     from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, dns1123_label
 
     if args.rbac:

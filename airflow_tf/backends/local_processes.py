@@ -1,5 +1,6 @@
 """Local processes of a group: telling a live process from a reused pid, signalling and stopping
-them, their CPU time, free loopback ports, and the minimal environment they start with."""
+them, their CPU time, free loopback ports, the minimal environment they start with, and the
+supervisor's record of each task and its current process (:class:`TaskProcess`)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
+from airflow_tf.cluster import Phase, TaskStatus
 from airflow_tf.cluster.spec import LAUNCH_FAILED
 
 STOP_GRACE = 1.0
@@ -43,6 +46,56 @@ class ChildProcess(Protocol):
     def wait(self) -> int: ...
 
     def send_signal(self, sig: int) -> None: ...
+
+
+@dataclass
+class TaskProcess:
+    """The supervisor's record of one task (role, index) and its current process."""
+
+    role: str
+    index: int
+    name: str
+    restart_policy: str
+    port: int = 0
+    phase: Phase = Phase.PENDING
+    restarts: int = 0
+    failures: int = 0
+    """Restarts charged to this task's ``backoff_limit``: its own failures, not the group
+    restarts another task's (a parameter server's) failure caused."""
+    exit_code: int | None = None
+    reason: str | None = None
+    code: str | None = None
+    proc: ChildProcess | None = None
+    start_time: int | None = None
+    deleted: bool = False
+    last_progress: float = 0.0
+    """Monotonic time of the task's last sign of progress (its start, a new global step, CPU time)."""
+    progress_mark: Any = None
+    """What progress is measured against: the chief's global step, else CPU time."""
+    start_step: int | None = None
+    stepping: bool = False
+    """The chief reported a step since it started (before that, starting up, it counts CPU time)."""
+    stalled: bool = False
+    answered: bool = False
+    """Its server answered a health question since it started (before that it is starting up)."""
+    unanswered: int = 0
+    """Health questions in a row it left unanswered."""
+    stuck: str | None = None
+    """Why the supervisor killed it as stuck (it stopped answering its health question)."""
+    started: float = 0.0
+    """Monotonic time its process started."""
+    start_ticks: int | None = None
+    """Its CPU time at the last question it left unanswered before its first answer."""
+    temporary: str | None = None
+    """The temporary directory of its current process, removed when that process ends."""
+
+    def status(self) -> TaskStatus:
+        return TaskStatus(self.role, self.index, self.name, self.phase, self.restarts, self.exit_code, self.reason,
+                          self.code)
+
+    @property
+    def terminal(self) -> bool:
+        return self.proc is None and self.phase in (Phase.SUCCEEDED, Phase.FAILED)
 
 
 def process_start_time(pid: int) -> int | None:

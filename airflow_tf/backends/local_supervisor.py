@@ -24,7 +24,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,6 @@ from airflow_tf.cluster import (
     GroupSpec,
     GroupStatus,
     Phase,
-    TaskStatus,
     cluster_def,
     describe_failure,
     group_outcome,
@@ -50,7 +48,7 @@ from .local_forkserver import ForkedProcess, ForkServer, ForkServerError, forkab
 from .local_network import isolate_network, isolation_warning
 from .local_processes import (
     STOP_GRACE,
-    ChildProcess,
+    TaskProcess,
     die_with_parent,
     free_ports,
     is_running,
@@ -68,56 +66,6 @@ PR_SET_CHILD_SUBREAPER = 36
 PROGRESS_TAIL_BYTES = 64 * 1024
 
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-@dataclass
-class TaskProcess:
-    """The supervisor's record of one task (role, index) and its current process."""
-
-    role: str
-    index: int
-    name: str
-    restart_policy: str
-    port: int = 0
-    phase: Phase = Phase.PENDING
-    restarts: int = 0
-    failures: int = 0
-    """Restarts charged to this task's ``backoff_limit``: its own failures, not the group
-    restarts another task's (a parameter server's) failure caused."""
-    exit_code: int | None = None
-    reason: str | None = None
-    code: str | None = None
-    proc: ChildProcess | None = None
-    start_time: int | None = None
-    deleted: bool = False
-    last_progress: float = 0.0
-    """Monotonic time of the task's last sign of progress (its start, a new global step, CPU time)."""
-    progress_mark: Any = None
-    """What progress is measured against: the chief's global step, else CPU time."""
-    start_step: int | None = None
-    stepping: bool = False
-    """The chief reported a step since it started (before that, starting up, it counts CPU time)."""
-    stalled: bool = False
-    answered: bool = False
-    """Its server answered a health question since it started (before that it is starting up)."""
-    unanswered: int = 0
-    """Health questions in a row it left unanswered."""
-    stuck: str | None = None
-    """Why the supervisor killed it as stuck (it stopped answering its health question)."""
-    started: float = 0.0
-    """Monotonic time its process started."""
-    start_ticks: int | None = None
-    """Its CPU time at the last question it left unanswered before its first answer."""
-    temporary: str | None = None
-    """The temporary directory of its current process, removed when that process ends."""
-
-    def status(self) -> TaskStatus:
-        return TaskStatus(self.role, self.index, self.name, self.phase, self.restarts, self.exit_code, self.reason,
-                          self.code)
-
-    @property
-    def terminal(self) -> bool:
-        return self.proc is None and self.phase in (Phase.SUCCEEDED, Phase.FAILED)
 
 
 class Supervisor(TaskWatch):

@@ -26,7 +26,8 @@ from airflow_tf.backends.kubernetes.jobs import render_group
 from airflow_tf.backends.kubernetes.jobset import JobSetGroup, queue_reason, render_jobset
 from airflow_tf.backends.kubernetes.manifests import USER_ERROR_EXIT_CODES
 from airflow_tf.backends.kubernetes.status import assess
-from airflow_tf.backends.kubernetes.workloads import check_launch_options, render_workload
+from airflow_tf.backends.kubernetes.render import render_workload
+from airflow_tf.backends.kubernetes.workloads import check_launch_options
 from airflow_tf.cli import main
 from airflow_tf.cluster import GroupSpec, Phase, SpecError, TrainingConfig, group_name, group_outcome
 

@@ -53,7 +53,8 @@ from .one_off import (
 )
 from .one_off import name_of as _name
 from .one_off import now as _now
-from .workloads import DEFAULT_WORKLOAD, WORKLOADS, check_workload, render_workload
+from .render import render_workload
+from .workloads import DEFAULT_WORKLOAD, WORKLOADS, check_workload
 
 log = logging.getLogger(__name__)
 
