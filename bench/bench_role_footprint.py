@@ -85,12 +85,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
-    root = Path(args.workdir or tempfile.mkdtemp(prefix="airflow-tf-footprint-"))
+    if args.workdir is None:  # a folder of its own, removed at the end
+        with tempfile.TemporaryDirectory(prefix="airflow-tf-footprint-") as root:
+            measure(Path(root), args.steps)
+    else:
+        measure(Path(args.workdir), args.steps)
+
+
+def measure(root: Path, steps: int) -> None:
     csv = root / "linear.csv"
     write_linear_regression_csv(csv, rows=20_000)
     dataset = prepare_dataset(str(csv), str(root / "datasets"), name="linear", label="y")["dataset_uri"]
     run_dir = root / "runs" / "footprint"
-    config = TrainingConfig(dataset=dataset, run_dir=str(run_dir), steps=args.steps, log_every_secs=1.0)
+    config = TrainingConfig(dataset=dataset, run_dir=str(run_dir), steps=steps, log_every_secs=1.0)
     spec = GroupSpec.for_training("footprint", config, ps=1, workers=2, evaluator=1)
     backend = LocalBackend(str(root / "state"))
     sampler = Sampler(backend)
@@ -101,7 +108,7 @@ def main() -> None:
     if not result.outcome.succeeded:
         raise SystemExit(result.report)
     _record_launch(str(run_dir), spec, result.ref)  # what evaluate and export read, as after `airflow-tf run`
-    print(f"{os.cpu_count()} CPU(s); load average {os.getloadavg()[0]:.1f}; {args.steps} steps of 1 ps + 2 workers "
+    print(f"{os.cpu_count()} CPU(s); load average {os.getloadavg()[0]:.1f}; {steps} steps of 1 ps + 2 workers "
           f"+ 1 evaluator (linear regression, 20,000 rows)")
     print(f"{'task':14} {'peak RSS MiB':>12} {'CPU s':>7} {'life s':>7} {'mean cores':>10} {'busiest 1 s':>11}")
     for (comm, _), t in sorted(sampler.tasks.items()):
