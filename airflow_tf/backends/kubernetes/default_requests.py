@@ -12,18 +12,20 @@ from __future__ import annotations
 from typing import Any
 
 ROLE_REQUESTS: dict[str, dict[str, str]] = {
-    "ps": {"cpu": "500m", "memory": "512Mi"},  # peak RSS 430 MiB, busiest second 0.58 of a core
-    "worker": {"cpu": "1", "memory": "640Mi"},  # 350 MiB forked (about 500 MiB started alone), 1.03 cores
-    "chief": {"cpu": "1", "memory": "640Mi"},  # a worker that also checkpoints
+    "ps": {"cpu": "250m", "memory": "512Mi"},  # peak RSS 430 MiB, 0.13 of a core on average
+    "worker": {"cpu": "500m", "memory": "640Mi"},  # 350 MiB forked (about 500 MiB started alone), 0.36 cores
+    "chief": {"cpu": "500m", "memory": "640Mi"},  # a worker that also checkpoints
     "evaluator": {"cpu": "100m", "memory": "256Mi"},  # the runtime's evaluator exits at once: 205 MiB
 }
 """Each training role's default requests. The evaluation and export Jobs run on the lead
 trainer's pod template (chief, else worker), so they request what it does (they took 602 and
 578 MiB, under a core)."""
 
-PART_REQUESTS: dict[str, str] = {"cpu": "1", "memory": "640Mi"}
+PART_REQUESTS: dict[str, str] = {"cpu": "500m", "memory": "640Mi"}
 """Each prepare part's default requests: 134 MiB measured on a small input plus the default
-``buffer_mib`` (512) of rows; one core (bench_prepare: 1.94 CPU s in 2.19 s)."""
+``buffer_mib`` (512) of rows; half a core, as a worker (it bursts to a whole one, as
+bench_prepare's 1.94 CPU s in 2.19 s, on a core left idle: a request is what is reserved, and
+no CPU limit is set)."""
 
 
 def with_default_requests(resources: dict[str, dict[str, str]], defaults: dict[str, str],
