@@ -125,7 +125,9 @@ class RoleSpec:
     command: list[str] | None = None
     """None runs ``python -m airflow_tf.runtime`` with the group's training options."""
     resources: dict[str, dict[str, str]] = field(default_factory=dict)
-    """``{"requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}`` as in Kubernetes."""
+    """``{"requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}`` as in Kubernetes. The
+    Kubernetes backend requests a measured default CPU and memory for what this leaves out
+    (``airflow_tf.backends.kubernetes.default_requests``)."""
     env: dict[str, str] = field(default_factory=dict)
     restart_policy: str = "ExitCode"
     kubernetes: dict[str, Any] = field(default_factory=dict)

@@ -10,6 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from airflow_tf.backends.kubernetes.default_requests import ROLE_REQUESTS
 from airflow_tf.backends.kubernetes.jobs import render_group
 from airflow_tf.backends.kubernetes.labels import GROUP_LABEL
 from airflow_tf.backends.kubernetes.manifests import to_yaml
@@ -60,7 +61,8 @@ def test_render_output_validates_against_the_kubernetes_schemas(capsys):
             kubernetes_validate.validate(document, version, strict=True)
     assert jobs(documents)["demo-worker"]["spec"]["completions"] == 3
     worker = pods(documents)["demo-worker"]
-    assert worker["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    assert worker["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "1"},
+                                                            "requests": ROLE_REQUESTS["worker"]}
     mounts = {m["mountPath"]: m["readOnly"] for m in worker["spec"]["containers"][0]["volumeMounts"]}
     assert mounts == {"/data": True, "/runs": False}
     assert {v["persistentVolumeClaim"]["claimName"] for v in worker["spec"]["volumes"]} == {"tf-data", "tf-runs"}
@@ -79,7 +81,7 @@ def test_a_schema_violation_is_caught_by_the_validation():
 
 def test_render_refuses_bad_input_naming_the_field(capsys):
     assert main(["render", "--name", "x", "--ps", "0", "--workers", "1", "--image", "i"]) == 2
-    assert "roles.ps.replicas" in capsys.readouterr().err
+    assert "  --ps: parameter-server training needs at least one ps task" in capsys.readouterr().err
 
 
 def test_tf_config_names_every_task_by_its_stable_dns_name_and_port():
@@ -235,17 +237,17 @@ def test_invalid_namespace_is_refused():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--image", "registry.example/tf:2.21\n  command: [sh]"], "image: 'registry.example/tf:2.21\\n  command: [sh]' "
+    (["--image", "registry.example/tf:2.21\n  command: [sh]"], "--image: 'registry.example/tf:2.21\\n  command: [sh]' "
                                                                "is not a container image reference"),
     (["--image", "Registry/TF:latest"], "is not a container image reference"),
     (["--image", "tf:2.21; rm -rf /"], "is not a container image reference"),
     (["--worker-gpus", "-1"], "--worker-gpus: -1 is not a GPU count (>= 0)"),
-    (["--service-account", "Trainer Account"], "service_account: 'Trainer Account' is not a valid service account name"),
+    (["--service-account", "Trainer Account"], "--service-account: 'Trainer Account' is not a valid service account name"),
     (["--service-account", "../admin"], "is not a valid service account name"),
-    (["--cluster-domain", "cluster.local."], "cluster_domain: 'cluster.local.' is not a valid cluster domain"),
+    (["--cluster-domain", "cluster.local."], "--cluster-domain: 'cluster.local.' is not a valid cluster domain"),
     (["--cluster-domain", "evil.com:53 #"], "is not a valid cluster domain"),
-    (["--queue-name", "team a"], "queue_name: 'team a' is not a Kueue LocalQueue name"),
-    (["--shm-size", "-1Gi"], "shm_size: '-1Gi' is not a Kubernetes quantity"),
+    (["--queue-name", "team a"], "--queue-name: 'team a' is not a Kueue LocalQueue name"),
+    (["--shm-size", "-1Gi"], "--shm-size: '-1Gi' is not a Kubernetes quantity"),
 ])
 def test_render_refuses_hostile_values_with_a_clear_error_and_no_manifest(capsys, argv, message):
     base = {"--name": "demo", "--image": "tf:2.21"}

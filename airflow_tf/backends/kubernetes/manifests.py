@@ -40,6 +40,7 @@ from .labels import (
     SCHEDULE_TIMEOUT,
     SUCCESS_POLICY,
 )
+from .default_requests import ROLE_REQUESTS, with_default_requests
 from .restricted import restricted_pod
 from .pod_options import (
     LABEL_KEY,
@@ -262,13 +263,23 @@ def roles_of(spec: GroupSpec, pod_defaults: dict[str, Any] | None) -> dict[str, 
     """The roles that have tasks, validated: pod settings, then resources, then reserved variables."""
     options = {role: pod_options(role, {**(pod_defaults or {}), **(spec.roles[role].kubernetes or {})})
                for role in spec.roles if spec.replicas(role)}
-    roles = {role: Role(role, spec.roles[role], opts, check_resources(role, spec.roles[role].resources))
+    roles = {role: Role(role, spec.roles[role], opts, with_default_requests(
+                 check_resources(role, spec.roles[role].resources), role_requests(spec, role), opts.pod_template, role))
              for role, opts in options.items()}
     for role in roles.values():
         clash = [var for var in _RESERVED_ENV if var in role.spec.env or var in role.options.secret_env]
         if clash:
             raise SpecError(f"roles.{role.name}.env.{clash[0]}: set by the backend for every task; remove it")
     return roles
+
+
+def role_requests(spec: GroupSpec, role: str) -> dict[str, str]:
+    """The default requests of a task of ``role``; a ps's memory is the group's
+    ``training.ps_memory_limit`` when set (what its variables were sized against)."""
+    requests = dict(ROLE_REQUESTS[role])
+    if role == "ps" and spec.training is not None and spec.training.ps_memory_limit is not None:
+        requests["memory"] = str(spec.training.ps_memory_limit)
+    return requests
 
 
 @dataclass(frozen=True)
