@@ -199,3 +199,12 @@ def test_while_the_fork_server_loads_the_supervisor_runs_the_ps_and_answers_a_te
     finally:
         backend.teardown(ref)
     wait_until(lambda: not group_processes(local_state_dir), 30, what="the group's processes to end")
+
+
+def test_the_fork_server_refuses_arguments_other_than_its_supervisor_group_and_run(capsys):
+    from airflow_tf.runtime.forkserver import main
+
+    for args in ([], ["x"], ["12", "--group", "g"], ["12", "group=g", "steps=3"]):
+        assert main(args) == 2, args
+        assert "usage: python -m airflow_tf.runtime.forkserver <supervisor pid> [group=<group> run=<run>]" in \
+            capsys.readouterr().err
