@@ -31,15 +31,24 @@ def command_line_area() -> tuple[int, int]:
     return int(fields[ARG_START_FIELD - 3]), int(fields[ARG_START_FIELD - 2])
 
 
-def set_process_title(title: str, name: str) -> str:
+def set_process_title(title: str, name: str) -> str | None:
     """Show ``title`` as this process's command line and ``name`` as its name; returns the title
-    as shown (cut to the length of the command line it replaces)."""
-    start, end = command_line_area()
-    room = end - start
-    shown = title.encode()[:max(room - 1, 0)]
-    # NUL-padded to the end: the kernel then reads the title alone, not into the environment.
-    ctypes.memmove(start, shown.ljust(room, b"\0"), room)
+    as shown (cut to the length of the command line it replaces), or None where the command line
+    is not where ``/proc`` says (a sandboxed kernel): then only the name is set."""
     _libc.prctl(PR_SET_NAME, name.encode()[:NAME_MAX], 0, 0, 0)
+    try:
+        start, end = command_line_area()
+        with open("/proc/self/cmdline", "rb") as f:
+            current = f.read()
+    except (OSError, IndexError, ValueError):
+        return None
+    room = end - start
+    # Written only over memory that holds the command line the kernel reports, NUL-padded to
+    # its end: the kernel then reads the title alone, not on into the environment.
+    if start <= 0 or room <= 1 or ctypes.string_at(start, room) != current:
+        return None
+    shown = title.encode()[:room - 1]
+    ctypes.memmove(start, shown.ljust(room, b"\0"), room)
     return shown.decode(errors="replace")
 
 

@@ -4,6 +4,8 @@ teardown that returns has left none of them running."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from airflow_tf.backends.local import LocalBackend
@@ -64,3 +66,22 @@ def test_a_groups_processes_are_found_by_their_title_and_a_teardown_leaves_none(
     # At once, no sleep: the teardown returned, so nothing of the group runs.
     assert [pid for pid, start in started.items() if is_running(pid, start)] == []
     assert titled_processes(run_dir) == {} and group_processes_of(local_state_dir) == []
+
+
+def test_a_task_titles_itself_from_its_environment_and_keeps_its_environment_readable():
+    """What ps reads: the title alone in /proc/<pid>/cmdline, the role as the name, and the
+    environment in /proc/<pid>/environ as it was (the title does not spill into it)."""
+    import subprocess
+    import sys
+
+    code = ("from airflow_tf.runtime.proctitle import name_task_process\n"
+            "print(name_task_process('ps', 3))\n"
+            "print(open('/proc/self/cmdline', 'rb').read().rstrip(b'\\0').decode())\n"
+            "print(open('/proc/self/comm').read().strip())\n"
+            "print(b'AIRFLOW_TF_RUN=/runs/r 1' in open('/proc/self/environ', 'rb').read().split(b'\\0'))\n")
+    env = dict(os.environ, AIRFLOW_TF_GROUP="tf-x", AIRFLOW_TF_RUN="/runs/r 1")
+    shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert shown.stdout.splitlines() == ["airflow-tf ps-3 group=tf-x run=/runs/r 1"] * 2 + ["ps-3", "True"]
+    del env["AIRFLOW_TF_GROUP"]  # not a local group's task (a plain run): left as it is
+    plain = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert plain.stdout.splitlines()[0] == "None" and plain.stdout.splitlines()[1].startswith(sys.executable)
