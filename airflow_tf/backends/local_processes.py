@@ -166,6 +166,38 @@ def wait_gone(procs: list[tuple[int, int | None]], timeout: float) -> bool:
     return not left
 
 
+def marked_processes(marks: Mapping[str, str]) -> list[tuple[int, int | None]]:
+    """(pid, start time) of every live process, this one excepted, whose environment in ``/proc``
+    holds each ``name=value`` of ``marks``: what a local group's supervisor starts, and whatever
+    those start, carries the group's name and state directory there (a task the fork server
+    forked shows the server's, which carries them too). Others' processes are not readable."""
+    wanted = {f"{name}={value}".encode() for name, value in marks.items()}
+    found: list[tuple[int, int | None]] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = set(f.read().split(b"\0"))
+        except OSError:  # gone, or not ours
+            continue
+        if wanted <= environ and (start := process_start_time(int(entry))) is not None:
+            found.append((int(entry), start))
+    return found
+
+
+def describe_process(pid: int) -> str:
+    """``pid``'s state and command line (its title), as ps shows them, for an error message."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read().rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "gone"
+    return f"state {state}: {command[:200]}"
+
+
 def cpu_ticks(pid: int) -> int | None:
     """User + system CPU time of ``pid`` in clock ticks (None when it is gone)."""
     try:

@@ -38,6 +38,7 @@ from airflow_tf.cluster import (
     task_name,
     tf_config_json,
 )
+from airflow_tf.cluster.names import GROUP_ENV, RUN_ENV, TASK_ENV
 from airflow_tf.cluster.progress import describe, parse_progress
 from airflow_tf.cluster.status import GROUP_RESTARTED, ReasonCode
 from airflow_tf.cluster.spec import TASK_TEMPORARY_DIRECTORY, TRAINERS_ON_THIS_MACHINE
@@ -109,7 +110,7 @@ class Supervisor(TaskWatch):
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         if any(forkable(self.spec, role) for role in self.spec.roles):
             self.forkserver = ForkServer(sys.executable, self.pid, dict(os.environ, PYTHONUNBUFFERED="1"),
-                                         self.child_setup())
+                                         self.child_setup(), group=self.spec.name, run=self.spec.run_name())
         self.start(self.tasks, new_ports=True)
         self.write_state()
         while self.running:
@@ -174,8 +175,8 @@ class Supervisor(TaskWatch):
     def launch(self, task: TaskProcess, cluster: dict[str, list[str]]) -> None:
         role_spec = self.spec.roles[task.role]
         env = dict(os.environ, **role_spec.env)
-        env.update(TF_CONFIG=tf_config_json(cluster, task.role, task.index), PYTHONUNBUFFERED="1",
-                   AIRFLOW_TF_GROUP=self.spec.name, AIRFLOW_TF_TASK=task.name)
+        env.update({"TF_CONFIG": tf_config_json(cluster, task.role, task.index), "PYTHONUNBUFFERED": "1",
+                    GROUP_ENV: self.spec.name, RUN_ENV: self.spec.run_name(), TASK_ENV: task.name})
         # Every task of the group runs on this machine: the trainers share its cores.
         env[TRAINERS_ON_THIS_MACHINE] = str(self.spec.replicas("worker") + self.spec.replicas("chief"))
         task.temporary = temporary_directory(env.get("TMPDIR"))

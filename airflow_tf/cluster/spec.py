@@ -210,6 +210,14 @@ class GroupSpec:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def run_name(self) -> str:
+        """Which run the group trains, as its processes name it: its run directory, else the
+        Airflow DAG and run that launched it (``<dag_id>/<run_id>``), else ``-``."""
+        if self.training is not None and self.training.run_dir:
+            return self.training.run_dir
+        dag, run = self.labels.get("airflow.dag_id"), self.labels.get("airflow.run_id")
+        return f"{dag}/{run}" if dag and run else "-"
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GroupSpec:
         return cls(**data)

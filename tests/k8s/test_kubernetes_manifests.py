@@ -96,6 +96,8 @@ def test_tf_config_names_every_task_by_its_stable_dns_name_and_port():
         config = json.loads(env_of(pod)["TF_CONFIG"])
         # One TF_CONFIG per Job: the index comes from JOB_COMPLETION_INDEX.
         assert config == {"cluster": expected_cluster, "task": {"type": name.rsplit("-", 1)[1]}}
+        # As a local task: the runtime titles the container's process after its group and run.
+        assert (env_of(pod)["AIRFLOW_TF_GROUP"], env_of(pod)["AIRFLOW_TF_RUN"]) == ("tf-demo", training().run_dir)
         # <job>-<index> is the pod's hostname in an Indexed Job; the Service is its subdomain.
         assert pod["spec"]["subdomain"] == service["metadata"]["name"] == "tf-demo"
         assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
@@ -192,6 +194,8 @@ def test_gpu_requested_without_a_limit_and_a_missing_image_are_refused():
         render_group(spec(image=None), "ml")
     with pytest.raises(SpecError, match=r"roles\.worker\.env\.TF_CONFIG"):
         render_group(spec(role_options={"worker": {"env": {"TF_CONFIG": "{}"}}}), "ml")
+    with pytest.raises(SpecError, match=r"roles\.ps\.env\.AIRFLOW_TF_GROUP: set by the backend"):
+        render_group(spec(role_options={"ps": {"env": {"AIRFLOW_TF_GROUP": "another"}}}), "ml")
 
 
 def test_hostile_dag_id_gives_valid_unique_names_and_cannot_add_yaml_keys():

@@ -28,6 +28,7 @@ from jinja2 import FileSystemLoader, StrictUndefined
 from jinja2.sandbox import SandboxedEnvironment
 
 from airflow_tf.cluster import GroupSpec, RoleSpec, SpecError, cluster_def, label_value, task_name
+from airflow_tf.cluster.names import GROUP_ENV, RUN_ENV
 from airflow_tf.cluster.spec import HEALTH_STARTUP_SECS
 
 from .labels import (
@@ -69,7 +70,7 @@ container (a fraction of a second on an idle node)."""
 USER_ERROR_EXIT_CODES = list(range(1, 129))
 """Exit codes of a program error under the ``ExitCode`` policy; above 128 is death by a signal."""
 
-_RESERVED_ENV = ("TF_CONFIG", "JOB_COMPLETION_INDEX")
+_RESERVED_ENV = ("TF_CONFIG", "JOB_COMPLETION_INDEX", GROUP_ENV, RUN_ENV)
 
 
 def group_selector(group: str, role: str | None = None) -> str:
@@ -310,7 +311,10 @@ def task_env(group: Group, role: Role) -> list[dict]:
     # The index comes from JOB_COMPLETION_INDEX (set by the Job controller): one
     # TF_CONFIG for every pod of the Job.
     tf_config = json.dumps({"cluster": group.cluster, "task": {"type": role.name}}, sort_keys=True)
-    return [{"name": "TF_CONFIG", "value": tf_config}, *_process_env(role.spec.env, role.options, role.resources)]
+    # The group and run, as a local task has them: the runtime titles its process after them.
+    identity = [{"name": GROUP_ENV, "value": group.spec.name}, {"name": RUN_ENV, "value": group.spec.run_name()}]
+    return [{"name": "TF_CONFIG", "value": tf_config}, *identity,
+            *_process_env(role.spec.env, role.options, role.resources)]
 
 
 def _process_env(env: dict[str, Any], opts: PodOptions, resources: dict[str, dict[str, str]]) -> list[dict]:
