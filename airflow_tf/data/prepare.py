@@ -190,6 +190,7 @@ def prepare_dataset(  # noqa: PLR0917  the public signature of 0.1.0 (positional
         "compression": options.compression,
         "schema": inputs.schema.to_dict(),
         "rows": total,
+        "sources": [object_store.identity(p) for p in inputs.paths],  # the lineage's inputs
         "seconds": round(seconds, 3),
         "rows_per_sec": rate(total, seconds),
         "cached": False,
