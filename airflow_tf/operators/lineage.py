@@ -171,13 +171,12 @@ def training_lineage(operator: Any, result: dict[str, Any] | None) -> Any:
         except (TypeError, ValueError):
             continue  # not rendered yet: the complete event has it
     if result is None:
+        facet = api.TrainingRunFacet(options=operator.training_options(), shape=shape)
         try:
-            dataset = dataset_uri_of(operator.dataset)
+            inputs = [_dataset(api.InputDataset, dataset_uri_of(operator.dataset))]
         except ValueError:
-            return api.OperatorLineage(run_facets={TRAINING_FACET: api.TrainingRunFacet(
-                options=operator.training_options(), shape=shape)})
-        return api.OperatorLineage(inputs=[_dataset(api.InputDataset, dataset)], run_facets={
-            TRAINING_FACET: api.TrainingRunFacet(options=operator.training_options(), shape=shape)})
+            inputs = []  # not a dataset (yet): the launch itself names what is wrong with it
+        return api.OperatorLineage(inputs=inputs, run_facets={TRAINING_FACET: facet})
     training = dict(result["training"])
     run_dir, dataset = training.pop("run_dir"), training.pop("dataset")
     training.pop("code_dir", None)  # a path inside the run directory, not an option a user set

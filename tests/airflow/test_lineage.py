@@ -132,6 +132,9 @@ def assert_one_graph(events: list[dict], storage: Path) -> None:
     assert [f["name"] for f in dataset["facets"]["schema"]["fields"]] == ["x", "y"]
     assert dataset["facets"]["version"]["datasetVersion"] == "1"
 
+    (started,) = [e for e in events if e["job"]["name"] == f"{DAG_ID}.training.launch" and e["eventType"] == "START"]
+    assert [(d["namespace"], d["name"]) for d in started["inputs"]] == [(HOST, str(version))]
+    assert started["run"]["facets"]["airflow_tf_training"]["shape"] == {"ps": 1, "workers": 2, "chief": 0}
     launch = complete("training.launch")
     assert [(d["namespace"], d["name"]) for d in launch["inputs"]] == [(HOST, str(version))]
     assert run_dir.parent == storage / "runs" and launch["outputs"][0]["namespace"] == HOST
