@@ -467,8 +467,11 @@ class KubernetesBackend(OneOffJobs):
             behind = _now().timestamp() - _log_time(cursor["time"]) / 1e9
             since["since_seconds"] = max(1, math.ceil(behind) + LOG_CLOCK_SLACK_SECONDS)
         text = self._read_log(namespace, name, role, None, **since)
+        read = text.splitlines()
+        if len(text.encode()) >= limit_bytes and len(read) > 1:
+            read.pop()  # cut at limit_bytes: read again, whole, next time
         lines = []
-        for line in text.splitlines():
+        for line in read:
             stamp, _, rest = line.partition(" ")
             try:
                 moment = _log_time(stamp)
