@@ -97,16 +97,13 @@ def _stat_part(name: str) -> str:
 def task_tags(context: Any, **extra: Any) -> dict[str, str]:
     """The tags of a task's metrics: Airflow's own (``dag_id``, ``task_id``, ``team_name``),
     ``run_id``, ``map_index`` when mapped, then ``extra`` (None values left out)."""
-    ti = (context or {}).get("ti")
-    if ti is None:
-        return {k: str(v) for k, v in extra.items() if v is not None}
-    try:
-        tags = dict(ti.stats_tags)
-    except AttributeError:  # Airflow 3.1's task instance has no stats_tags
-        tags = {"dag_id": ti.dag_id, "task_id": ti.task_id}
-    tags["run_id"] = ti.run_id
-    if getattr(ti, "map_index", -1) not in (None, -1):
-        tags["map_index"] = str(ti.map_index)
+    ti: Any = (context or {}).get("ti")
+    tags = dict(getattr(ti, "stats_tags", None) or {})  # Airflow 3.1's task instance has none
+    for key in ("dag_id", "task_id", "run_id"):
+        if getattr(ti, key, None) is not None:
+            tags.setdefault(key, str(getattr(ti, key)))
+    if (map_index := getattr(ti, "map_index", None)) not in (None, -1):
+        tags["map_index"] = str(map_index)
     tags.update({k: str(v) for k, v in extra.items() if v is not None})
     return tags
 

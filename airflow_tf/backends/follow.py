@@ -10,7 +10,7 @@ from typing import Any
 
 from airflow_tf.cluster import GroupStatus
 
-from .base import Backend, GroupRef
+from .base import Backend, BackendError, GroupRef
 
 FOLLOW_CHIEF = "chief"
 """The lead trainer: the chief, or worker 0 when the group has no chief (it is the chief then)."""
@@ -66,10 +66,15 @@ class LogFollower:
         if task is None:
             return "", []
         role, index = task
+        name = f"{self.ref.name}-{role}-{index}"
         lines: list[str] = []
         for _ in range(DRAIN_READS if drain else 1):
-            text, self.cursor = self.backend.log_since(self.ref, role, index, self.cursor, LOG_CHUNK_BYTES)
+            try:
+                text, self.cursor = self.backend.log_since(self.ref, role, index, self.cursor, LOG_CHUNK_BYTES)
+            except BackendError as err:  # the log is a view of the training, never a reason to fail it
+                lines.append(f"(log not read this time: {err})")
+                break
             lines += text.splitlines()
             if not text:
                 break
-        return f"{self.ref.name}-{role}-{index}", lines
+        return name, lines
