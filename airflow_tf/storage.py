@@ -144,6 +144,28 @@ def state_dir() -> str | None:
     return os.path.join(root, GROUPS) if root else _setting("state_dir", "AIRFLOW_TF_STATE_DIR")
 
 
+KEPT_LOG_BYTES_SETTING = "[airflow_tf] kept_log_bytes / $AIRFLOW_TF_KEPT_LOG_BYTES"
+DEFAULT_KEPT_LOG_BYTES = 10 * 1024 * 1024
+"""As the kubelet's default containerLogMaxSize: a pod's log holds no more than this either."""
+
+
+def kept_log_bytes() -> int:
+    """How much of each task's log is kept in its run directory when its group is deleted (the
+    end of it, whole lines): ``[airflow_tf] kept_log_bytes`` (``$AIRFLOW_TF_KEPT_LOG_BYTES``),
+    else 10 MiB. A ValueError names the setting when it is not a positive whole number."""
+    text = _setting("kept_log_bytes", "AIRFLOW_TF_KEPT_LOG_BYTES")
+    if not text:
+        return DEFAULT_KEPT_LOG_BYTES
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ValueError(f"{KEPT_LOG_BYTES_SETTING}: expected a positive whole number of bytes (e.g. 10485760 for "
+                         f"10 MiB), got {text!r:.100}")
+    return value
+
+
 def datasets_dir() -> str:
     return os.path.join(storage_root(), "datasets")
 

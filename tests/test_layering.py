@@ -14,7 +14,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "airflow_tf"
 TENSORFLOW = {"tensorflow", "keras", "tensorboard"}
 AIRFLOW_SIDE = ["operators", "sensors", "triggers", "backends", "data", "plugins", "task_groups.py", "storage.py",
-                "compat.py"]
+                "compat.py", "metrics.py"]
 
 
 def _modules(room: str) -> list[Path]:

@@ -40,7 +40,7 @@ SHARED_PER_FOLDER = {"stack": "stack", "k8s": "plane"}
 Airflow stack (tests/stack) and one control plane (tests/k8s) per run when its tests share a worker."""
 
 
-HOST_NETWORK = ("stack/test_compose_stack.py", "k8s/test_real_nodes.py")
+HOST_NETWORK = ("stack/test_compose_stack.py", "k8s/test_real_nodes.py", "k8s/test_kubernetes_logs.py")
 """The files whose tests turn the host's IPv4 forwarding on and put it back after (netavark for
 Podman, the CNI bridge for the real nodes): one at a time, or one would put it back under the other."""
 

@@ -40,10 +40,12 @@ from typing import Any
 from airflow_tf.cluster import GroupSpec, GroupStatus, Phase, TaskStatus
 from airflow_tf.cluster.names import GROUP_ENV, RUN_ENV, task_name
 from airflow_tf.files import is_local, read_json, strip_file_scheme
+from airflow_tf.storage import kept_log_bytes
 
 from .base import BackendError, GroupRef, poll_watch
 from .options import BackendOption, check_options, optional, path_option
-from .local_files import STATE_DIR_ENV, GroupDir, archive_logs, default_state_dir, tail_text, write_group_file
+from .local_files import (STATE_DIR_ENV, GroupDir, archive_logs, default_state_dir, read_since, tail_text,
+                          write_group_file)
 from .local_memory import check_capacity, expected_memory_mb, resident_mb
 from .local_processes import (
     KILL_WAIT, STOP_GRACE, describe_process, is_running, marked_processes, process_start_time,
@@ -77,6 +79,9 @@ class LocalBackend:
     """
 
     name = "local"
+    keeps_logs = True
+    """Its groups' logs are copied into their run directories (bounded: ``[airflow_tf] kept_log_bytes``)
+    when they are deleted, by the backend itself."""
 
     OPTIONS = OPTIONS
 
@@ -138,7 +143,7 @@ class LocalBackend:
             # group_id: this attempt's identity, so a launcher can tell its own group from a
             # same-named one created by someone else (or by an earlier attempt).
             launched = {"spec": spec.to_dict(), "launched_at": time.time(), "attempt": attempt,
-                        "logs_dir": logs_dir, "group_id": uuid.uuid4().hex}
+                        "logs_dir": logs_dir, "kept_log_bytes": kept_log_bytes(), "group_id": uuid.uuid4().hex}
             write_group_file(staging / "spec.json", launched)
             try:
                 os.rename(staging, group.path)
@@ -317,6 +322,15 @@ class LocalBackend:
         if "/" in role or role.startswith("."):
             raise BackendError(f"{role!r} is not a role")
         return tail_text(group.log(role, index), tail_lines)
+
+    def log_since(self, ref: GroupRef, role: str, index: int, cursor: dict[str, Any] | None = None,
+                  limit_bytes: int = 1 << 20) -> tuple[str, dict[str, Any]]:
+        """The task's log lines written since ``cursor`` and the cursor after them (see
+        :class:`airflow_tf.backends.follow.LogFollower`): its log file, from the byte where the
+        last read stopped."""
+        if "/" in role or role.startswith("."):
+            raise BackendError(f"{role!r} is not a role")
+        return read_since(self._dir(ref.name).log(role, index), cursor, limit_bytes)
 
     def log_path(self, ref: GroupRef, role: str, index: int) -> Path:
         return self._dir(ref.name).log(role, index)

@@ -13,6 +13,7 @@ from airflow.providers.common.compat.sdk import AirflowFailException, AirflowSki
 from airflow_tf.backends.base import ComponentRefusedError
 from airflow_tf.cluster.results import EvaluationResult, ExportResult, LaunchResult
 from airflow_tf.cluster.training import parse_bool
+from airflow_tf.metrics import send_evaluation, send_export_version, task_tags
 from airflow_tf.storage import models_dir
 
 from .common import check_name, is_template, model_asset, no_retry_for
@@ -91,6 +92,7 @@ class EvaluateModelOperator(LineageMethods, BaseOperator):
                           "none yet (the first export is compared with thresholds only)")
         self.log.info("evaluation of %s: %s", launch.run_dir, result.metrics)
         self.log.info("model %s", "BLESSED" if result.blessed else f"NOT blessed: {result.reasons}")
+        send_evaluation(result.metrics, task_tags(context, model=self.model_name), blessed=result.blessed)
         self._lineage_result = result.to_dict()
         return self._lineage_result
 
@@ -157,6 +159,7 @@ class ExportSavedModelOperator(LineageMethods, BaseOperator):
         with no_retry_for(ValueError, ComponentRefusedError, serving.NotBlessedError, what="export refused"):
             result = ExportResult.from_dict(_run_component(launch, "export", options))
         self.log.info("exported %s version %s to %s", self.model_name, result.version, result.path)
+        send_export_version(result.version, task_tags(context, model=self.model_name))
         asset = model_asset(self.model_name)
         if any(getattr(outlet, "name", None) == asset.name for outlet in self.outlets):
             context["outlet_events"][asset].extra = {
