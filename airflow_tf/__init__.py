@@ -74,6 +74,15 @@ def get_provider_info() -> dict:
                         "example": "/var/lib/airflow-tf/groups",
                         "default": "",
                     },
+                    "kept_log_bytes": {
+                        "description": "How much of each training task's log (its end, whole lines) is kept "
+                        "in the run directory (<run_dir>/logs/) when its group's processes or pods are deleted. "
+                        "Empty: $AIRFLOW_TF_KEPT_LOG_BYTES, else 10485760 (10 MiB).",
+                        "version_added": "0.2.0",
+                        "type": "integer",
+                        "example": "1048576",
+                        "default": "",
+                    },
                 },
             },
         },

@@ -1,6 +1,5 @@
-"""``airflow-tf``: prepare datasets, run a training group, evaluate and export it without
-Airflow, render Kubernetes manifests, and run the demo DAG. This module only parses arguments; the work is
-done by the rooms below it.
+"""The ``airflow-tf`` command: argument parsing and the texts a user reads; each command calls
+the library (``airflow_tf.data``, ``airflow_tf.backends``, ``airflow_tf.serving``) for its work.
 
 Each command writes its result alone on stdout (JSON; ``render``: YAML manifests) and everything
 else on stderr, so its output can be redirected to a file and read by the next command."""
@@ -18,10 +17,20 @@ from typing import Any, TextIO
 from collections.abc import Callable, Iterator
 
 from airflow_tf.cluster.spec import DEFAULT_HEALTH_TIMEOUT, HEALTH_FAILURES
-from airflow_tf.cluster.training import add_training_arguments
+from airflow_tf import __version__
+from airflow_tf.cluster.training import add_training_arguments, json_argument
 from airflow_tf.data.options import DEFAULTS, RENAMED, PrepareOptions
 from airflow_tf.deprecation import REMOVED_IN
 from airflow_tf.files import read_json
+
+
+DESCRIPTION = (
+    "Train TensorFlow models on a parameter-server/worker group without Airflow, with the same steps the "
+    "airflow-tf operators run in a DAG: prepare a sharded TFRecord dataset from CSV, Parquet or NumPy files, "
+    "train on local processes, evaluate the result and export it for TensorFlow Serving, print the "
+    "Kubernetes manifests of a group, or run the demo DAG end to end. Each command prints its result "
+    "(JSON, or YAML for render) on stdout and its progress on stderr."
+)
 
 
 def _print_json(data: Any, out: TextIO) -> None:
@@ -52,16 +61,61 @@ def _stdout_to_stderr() -> Iterator[None]:
             os.close(saved)
 
 
-_PARAMETER = re.compile(r"(\w+)(?=: | must )")
+_LEADING_NAME = re.compile(r"^(\s*)([\w.\[\]/-]+)(?=: | must )", re.MULTILINE)
+_BACKEND_OPTION = re.compile(r"backend_options=\{'(\w+)': '([^']*)'\}(?: \(airflow-tf \w+ [^)]*\))?")
+_ASSIGNED = re.compile(r"\b([a-z][a-z0-9]*(?:_[a-z0-9]+)*)=(?:'([^']*)'|True\b)")
+_SNAKE = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
+_ROLE_COUNT_FLAGS = {"ps": "--ps", "worker": "--workers"}
+_VOLUME_FLAGS = "--data-claim/--runs-claim"
+_OPTION_FLAGS = {"role_options": "--cpu/--memory"}
 
 
 def _naming_flags(message: str, args: argparse.Namespace) -> str:
-    """The library's message with the parameter it starts with (``buffer_mib must be ...``,
-    ``vocabularies: ...``) named as the command line's flag (``--buffer-mib``)."""
-    match = _PARAMETER.match(message)
-    if match is None or match.group(1) not in vars(args) or match.group(1) in ("func", "command"):
-        return message
-    return "--" + match.group(1).replace("_", "-") + message[match.end():]
+    """The library's message in the command line's words: each parameter it names (``queue_name:
+    ...``, ``roles.ps.kubernetes.shm_size: ...``, ``backend_options={'workload': 'jobset'}``,
+    ``workload='jobs'``) named as the flag the user typed (``--queue-name``, ``--shm-size``,
+    ``--workload jobset``). A name no flag of this command sets stays as it is."""
+    flags = {name for name in vars(args) if name not in ("func", "command")}
+
+    def flag(name: str) -> str | None:
+        if name in _OPTION_FLAGS and name not in flags and "cpu" in flags:
+            return _OPTION_FLAGS[name]
+        return "--" + name.replace("_", "-") if name in flags else None
+
+    def path_flag(path: str) -> str | None:
+        """The flag of a parameter path: ``training.<option>``, ``roles.<role>.replicas``,
+        ``roles.<role>.kubernetes.<key>...``, ``roles.<role>.resources.<kind>.<resource>``."""
+        parts = re.split(r"[.\[]", path)
+        if parts[0] == "training" and len(parts) == 2:
+            return flag(parts[1])
+        if parts[0] != "roles" or len(parts) < 3:
+            return flag(path)
+        role, what, key = parts[1], parts[2], (parts[3:] or [""])[0]
+        resource = (parts[4:] or [""])[0]
+        named = {
+            "replicas": lambda: _ROLE_COUNT_FLAGS.get(role),
+            "kubernetes": lambda: _VOLUME_FLAGS if key == "volumes" else flag(key),
+            "resources": lambda: flag(f"{role}_gpus") if "gpu" in path else (
+                f"--{resource} {role}" if resource in ("cpu", "memory") and resource in flags else None),
+        }
+        return named[what]() if what in named else None
+
+    def leading(match: re.Match) -> str:
+        whole = path_flag(match.group(2))
+        named = [whole] if whole else [path_flag(name) for name in match.group(2).split("/")]
+        return match.group(1) + "/".join(str(n) for n in named) if all(named) else match.group(0)
+
+    message = _LEADING_NAME.sub(leading, message)
+    message = _BACKEND_OPTION.sub(lambda m: f"{flag(m.group(1)) or m.group(0)} {m.group(2)}"
+                                  if flag(m.group(1)) else m.group(0), message)
+    message = _ASSIGNED.sub(lambda m: " ".join(filter(None, (flag(m.group(1)), m.group(2))))
+                            if flag(m.group(1)) else m.group(0), message)
+    return _SNAKE.sub(lambda m: flag(m.group(0)) or m.group(0), message)
+
+
+def _fail(command: str, err: BaseException, args: argparse.Namespace) -> SystemExit:
+    """The exit of a command whose options the library refused, its message naming the flags."""
+    return SystemExit(f"airflow-tf {command}: {_naming_flags(str(err), args)}")
 
 
 # -- prepare ------------------------------------------------------------------------------
@@ -118,11 +172,7 @@ def _vocabularies_arg(text: str) -> Any:
     (inline or @FILE); ``prepare_dataset`` checks them against the input's columns."""
     if not text.lstrip().startswith(("{", "[", "@")):
         return text
-    value = _json_arg("--vocabularies")(text)
-    if not isinstance(value, dict | list):
-        raise argparse.ArgumentTypeError(
-            f"--vocabularies: {value!r} is neither an object of sizes ({{\"user\": 50000}}) nor a list of columns")
-    return value
+    return json_argument('an object of sizes (\'{"user": 50000}\') or a list of columns', (dict, list))(text)
 
 
 def _renamed_flags(command: str, args: argparse.Namespace) -> None:
@@ -149,7 +199,7 @@ def _cmd_prepare(args: argparse.Namespace, out: TextIO) -> int:
             cache=args.cache, partition_key=args.partition_key, progress=None if args.quiet else show,
         )
     except DataError as err:
-        raise SystemExit(f"airflow-tf prepare: {_naming_flags(str(err), args)}") from err
+        raise _fail("prepare", err, args) from err
     _print_json(summary, out)
     return 0
 
@@ -233,7 +283,7 @@ def _cmd_run(args: argparse.Namespace, out: TextIO) -> int:
         print(f"airflow-tf run: {sig}: group {name} torn down; task logs in {logs['dir']}", file=sys.stderr)
         return 128 + signal.Signals[str(sig)].value
     except (SpecError, BackendError, ValueError) as err:  # includes a dataset without _SUCCESS
-        raise SystemExit(f"airflow-tf run: {err}") from err
+        raise _fail("run", err, args) from err
     _record_launch(run_dir, spec, result.ref)
     _print_json(_run_summary(result, name, run_dir, logs["dir"], started=started, started_at=started_at), out)
     return 0 if result.outcome.succeeded else 1
@@ -259,7 +309,7 @@ def _run_spec(args: argparse.Namespace, name: str, run_dir: str) -> Any:
                                       progress_timeout=args.progress_timeout or None,
                                       health_timeout=args.health_timeout or None, pass_env=args.pass_env)
     except ValueError as err:  # SpecError and bad training options
-        raise SystemExit(f"airflow-tf run: {err}") from err
+        raise _fail("run", err, args) from err
 
 
 def _run_summary(result: Any, name: str, run_dir: str, logs_dir: str, *, started: float,
@@ -305,23 +355,12 @@ def _final_progress(run_dir: str) -> Any:
 
 
 # -- evaluate and export -------------------------------------------------------------------
-def _json_arg(what: str) -> Callable[[str], Any]:
-    """A JSON value given inline or as @FILE."""
-    def parse(text: str) -> Any:
-        try:
-            return json.loads(open(text[1:], encoding="utf-8").read() if text.startswith("@") else text)
-        except OSError as e:
-            raise argparse.ArgumentTypeError(f"cannot read {text[1:]}: {e.strerror}") from e
-        except json.JSONDecodeError as e:
-            raise argparse.ArgumentTypeError(f"{what}: not JSON ({e})") from e
-    return parse
-
-
 def _add_run_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", required=True,
                    help=f"the run directory of `airflow-tf run` (its {LAUNCH_FILE} gives the dataset and the "
                    "training options)")
-    p.add_argument("--launch", type=_json_arg("--launch"), default=None, metavar="JSON|@FILE",
+    p.add_argument("--launch", type=json_argument("a launch result object (a launch task's XCom)", dict),
+                   default=None, metavar="JSON|@FILE",
                    help=f"a launch result instead of <run-dir>/{LAUNCH_FILE} (a launch task's XCom)")
 
 
@@ -363,7 +402,8 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
         "not (see \"blessed\"); 2 when the options or the model are refused.",
     )
     _add_run_dir(p)
-    p.add_argument("--thresholds", type=_json_arg("--thresholds"), default=None, metavar="JSON|@FILE",
+    p.add_argument("--thresholds", type=json_argument('an object of metric bounds, e.g. \'{"mse": {"max": 1.0}}\'', dict),
+                   default=None, metavar="JSON|@FILE",
                    help='blessing thresholds, e.g. \'{"mse": {"max": 1.0}}\'')
     p.add_argument("--compare-to-served", action="store_true",
                    help="also require the model to be at least as good as the latest export of --model-name")
@@ -389,7 +429,7 @@ def _cmd_evaluate(args: argparse.Namespace, out: TextIO) -> int:
     try:
         result = requests.evaluate(request)
     except (ValueError, serving.EvaluationError) as e:
-        print(f"airflow-tf evaluate: refused: {e}", file=sys.stderr)
+        print(f"airflow-tf evaluate: refused: {_naming_flags(str(e), args)}", file=sys.stderr)
         return 2
     print("model " + ("BLESSED" if result["blessed"] else f"NOT blessed: {result['reasons']}"), file=sys.stderr)
     _print_json(result, out)
@@ -413,7 +453,8 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model-name", required=True, help="the served model's name, the directory under --serving-base")
     p.add_argument("--serving-base", default=None,
                    help="TensorFlow Serving's model base path (default <storage>/models, $AIRFLOW_TF_STORAGE)")
-    p.add_argument("--metrics", type=_json_arg("--metrics"), default=None, metavar="JSON|@FILE",
+    p.add_argument("--metrics", type=json_argument("an evaluation result object (the output of airflow-tf evaluate)",
+                                                   dict), default=None, metavar="JSON|@FILE",
                    help="the evaluation result (the output of `airflow-tf evaluate`; default the run's metrics.json)")
     p.add_argument("--force", action="store_true", help="export even an unblessed model")
     p.add_argument("--no-warmup-requests", dest="warmup_requests", action="store_false",
@@ -445,7 +486,7 @@ def _cmd_export(args: argparse.Namespace, out: TextIO) -> int:
         print(f"airflow-tf export: not exported: {e}", file=sys.stderr)
         return NOT_EXPORTED if args.on_unblessed == "skip" else 1
     except (ValueError, serving.ExportError) as e:
-        print(f"airflow-tf export: refused: {e}", file=sys.stderr)
+        print(f"airflow-tf export: refused: {_naming_flags(str(e), args)}", file=sys.stderr)
         return 2
     print(f"exported {result['model_name']} version {result['version']} to {result['path']}", file=sys.stderr)
     _print_json(result, out)
@@ -495,6 +536,11 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
                    help="PersistentVolumeClaim for checkpoints and event files, mounted at --runs-mount")
     p.add_argument("--runs-mount", default="/runs", help="where --runs-claim is mounted (default /runs)")
     p.add_argument("--worker-gpus", type=int, default=0, help="GPUs per worker (nvidia.com/gpu limit, >= 0)")
+    for resource, example in (("cpu", "ps=500m"), ("memory", "worker=2Gi")):
+        p.add_argument(f"--{resource}", action="append", default=[], type=_role_quantity(resource),
+                       metavar="ROLE=QUANTITY",
+                       help=f"{resource} request of each task of ROLE (ps, worker, chief, evaluator), e.g. {example}; "
+                       "repeatable. Default: what a task of that role measured (docs/reference/kubernetes.md)")
     p.add_argument("--service-account", default=None, help="service account of the training pods")
     p.add_argument("--queue-name", default=None,
                    help="Kueue LocalQueue (needs --workload jobset): labels the JobSet and creates it suspended "
@@ -508,9 +554,40 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_render)
 
 
+def _role_quantity(resource: str) -> Callable[[str], tuple[str, str]]:
+    """``ROLE=QUANTITY`` of ``--cpu``/``--memory``: a role and a positive Kubernetes quantity."""
+    from airflow_tf.cluster.memory import QUANTITY, quantity_value
+    from airflow_tf.cluster.spec import ROLES
+
+    example = "500m" if resource == "cpu" else "2Gi"
+
+    def parse(text: str) -> tuple[str, str]:
+        role, _, amount = text.partition("=")
+        if role not in ROLES:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected ROLE=QUANTITY with ROLE one of {', '.join(ROLES)}, "
+                                             f"e.g. worker={example}")
+        if not QUANTITY.match(amount.strip()) or not quantity_value(amount.strip()) > 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: {amount!r} is not a positive Kubernetes quantity "
+                                             f"(e.g. {role}={example})")
+        return role, amount.strip()
+    return parse
+
+
+def _role_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The per-role resources of ``--worker-gpus``, ``--cpu`` and ``--memory``."""
+    options: dict[str, dict[str, Any]] = {}
+    if args.worker_gpus:
+        options["worker"] = {"resources": {"limits": {"nvidia.com/gpu": str(args.worker_gpus)}}}
+    for resource in ("cpu", "memory"):
+        for role, amount in getattr(args, resource):
+            resources = options.setdefault(role, {}).setdefault("resources", {})
+            resources.setdefault("requests", {})[resource] = amount
+    return options
+
+
 def _cmd_render(args: argparse.Namespace, out: TextIO) -> int:
     from airflow_tf.backends.kubernetes.manifests import to_yaml
-    from airflow_tf.backends.kubernetes.workloads import render_workload
+    from airflow_tf.backends.kubernetes.render import render_workload
     from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, dns1123_label
 
     if args.rbac:
@@ -528,21 +605,18 @@ def _cmd_render(args: argparse.Namespace, out: TextIO) -> int:
     for key in ("service_account", "queue_name", "workload_priority_class", "pod_template", "shm_size"):
         if getattr(args, key) is not None:
             pod_defaults[key] = getattr(args, key)
-    worker: dict[str, Any] = {}
     if args.worker_gpus < 0:
         sys.stderr.write(f"airflow-tf render: --worker-gpus: {args.worker_gpus} is not a GPU count (>= 0)\n")
         return 2
-    if args.worker_gpus:
-        worker["resources"] = {"limits": {"nvidia.com/gpu": str(args.worker_gpus)}}
     try:
         steps = None if args.epochs else args.steps  # --epochs replaces the default target step
         training = TrainingConfig.from_namespace(args, run_dir=args.run_dir or f"{args.runs_mount}/{name}", steps=steps)
         spec = GroupSpec.for_training(name, training, ps=args.ps, workers=args.workers, image=args.image,
-                                      port=args.port, role_options={"worker": worker} if worker else None)
+                                      port=args.port, role_options=_role_options(args))
         objects = render_workload(args.workload, spec, args.namespace or "default", cluster_domain=args.cluster_domain,
                                   network_policy=args.network_policy, pod_defaults=pod_defaults)
     except (SpecError, ValueError) as e:
-        sys.stderr.write(f"airflow-tf render: {e}\n")
+        sys.stderr.write(f"airflow-tf render: {_naming_flags(str(e), args)}\n")
         return 2
     out.write(to_yaml(objects))
     return 0
@@ -559,7 +633,7 @@ def _render_rbac(args: argparse.Namespace, out: TextIO) -> int:
     try:
         objects = team_namespace(args.namespace, [parse_subject(text) for text in args.bind])
     except SpecError as e:
-        sys.stderr.write(f"airflow-tf render: {e}\n")
+        sys.stderr.write(f"airflow-tf render: {_naming_flags(str(e), args)}\n")
         return 2
     out.write(to_yaml(objects))
     return 0
@@ -567,7 +641,14 @@ def _render_rbac(args: argparse.Namespace, out: TextIO) -> int:
 
 # -- demo ---------------------------------------------------------------------------------
 def _add_demo(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run the demo end to end on the embedded default")
+    p = sub.add_parser(
+        "demo", help="run the example DAG tf_linear_regression end to end and call the model it exported",
+        description="Run the example DAG tf_linear_regression (prepare a dataset, train a parameter-server/"
+        "worker group, evaluate, export a SavedModel) through `airflow dags test` in a self-contained Airflow "
+        "home under --workdir (SQLite, local processes, local disk; nothing of your own Airflow settings), then "
+        "call the exported model's serving signature as TensorFlow Serving would and print a JSON summary "
+        "(model path and version, evaluation metrics, blessed, predictions). Takes a few minutes.",
+    )
     p.add_argument("--workdir", required=True, help="directory for data, runs, models and AIRFLOW_HOME")
     p.add_argument("--dags-folder", default=None, help="the example DAGs (default: the repository's dags/)")
     p.add_argument("--kubernetes-plane", default=None, metavar="DIR",
@@ -587,7 +668,8 @@ SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="airflow-tf", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="airflow-tf", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in SUBCOMMANDS:
         add(sub)

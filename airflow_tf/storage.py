@@ -116,12 +116,17 @@ def check_in_team_root(path: str, what: str) -> None:
     """Refuses ``path`` (``what`` names the argument) outside the current task's team root: the
     views would not count a run there as the team's, and the team's OS user should not be able
     to write there. Nothing to check without a team root, or for an object-storage URI."""
-    from airflow_tf.files import is_local, strip_file_scheme
+    from airflow_tf.files import UnsafePathError, is_local, plain_absolute_path
 
     root = team_root()
     if root is None or not is_local(path):
         return
-    local = os.path.normpath(os.path.abspath(strip_file_scheme(path)))
+    try:
+        # Not normalized by hand: ``mine/../x`` crossing a link named ``mine`` ends elsewhere.
+        local = plain_absolute_path(path)
+    except UnsafePathError as e:
+        raise ValueError(f"{what} {path}: {e}; give a plain absolute path under this team's storage root "
+                         f"{root}") from None
     if os.path.commonpath([local, root]) != root:
         raise ValueError(f"{what} {path} lies outside this team's storage root {root} ({TEAMS_SETTING}): "
                          f"leave {what} unset, or give a path under {root}")
@@ -137,6 +142,28 @@ def state_dir() -> str | None:
     task keeps it in its team's root: another team's tasks may not see or signal its groups."""
     root = team_root()
     return os.path.join(root, GROUPS) if root else _setting("state_dir", "AIRFLOW_TF_STATE_DIR")
+
+
+KEPT_LOG_BYTES_SETTING = "[airflow_tf] kept_log_bytes / $AIRFLOW_TF_KEPT_LOG_BYTES"
+DEFAULT_KEPT_LOG_BYTES = 10 * 1024 * 1024
+"""As the kubelet's default containerLogMaxSize: a pod's log holds no more than this either."""
+
+
+def kept_log_bytes() -> int:
+    """How much of each task's log is kept in its run directory when its group is deleted (the
+    end of it, whole lines): ``[airflow_tf] kept_log_bytes`` (``$AIRFLOW_TF_KEPT_LOG_BYTES``),
+    else 10 MiB. A ValueError names the setting when it is not a positive whole number."""
+    text = _setting("kept_log_bytes", "AIRFLOW_TF_KEPT_LOG_BYTES")
+    if not text:
+        return DEFAULT_KEPT_LOG_BYTES
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ValueError(f"{KEPT_LOG_BYTES_SETTING}: expected a positive whole number of bytes (e.g. 10485760 for "
+                         f"10 MiB), got {text!r:.100}")
+    return value
 
 
 def datasets_dir() -> str:

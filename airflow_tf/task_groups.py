@@ -53,6 +53,7 @@ def tf_training(
     on_unblessed: str = "skip",
     deferrable: bool | None = None,
     poke_interval: float = 5.0,
+    follow_logs: str | None = "chief",
     timeout: float = 24 * 3600.0,
     launch_retries: int = 2,
     launch_retry_delay: timedelta = timedelta(seconds=5),
@@ -97,6 +98,8 @@ def tf_training(
     :param on_unblessed: ``skip`` (default) or ``fail`` the export of an unblessed model.
     :param deferrable: wait on the triggerer; default ``[operators] default_deferrable``.
     :param poke_interval: seconds between status reads of the wait.
+    :param follow_logs: the task whose log the wait's task log follows as it is written
+        (``chief``, ``<role>-<index>``, or None: none); see the sensor.
     :param timeout: seconds the wait may last before the training counts as failed.
     :param launch_retries: retries of the launch (each re-attaches to the group).
     :param launch_retry_delay: delay before a retry of the launch.
@@ -114,7 +117,7 @@ def tf_training(
         if model_name is None:
             raise ValueError("approval=True needs model_name= (approval is of the export, and there is no export)")
         from airflow_tf.operators.approval import ApproveExportOperator as approve_class
-    wait_options: dict[str, Any] = {"poke_interval": poke_interval, "timeout": timeout}
+    wait_options: dict[str, Any] = {"poke_interval": poke_interval, "timeout": timeout, "follow_logs": follow_logs}
     if deferrable is not None:
         wait_options["deferrable"] = deferrable
     pooled: dict[str, Any] = {"pool": pool} if pool else {}

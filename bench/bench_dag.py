@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -40,9 +41,11 @@ class ProcessWatcher(threading.Thread):
             for proc in psutil.process_iter(["pid", "cmdline"]):
                 try:
                     cmdline = " ".join(proc.info["cmdline"] or [])
-                    if "airflow_tf.runtime" not in cmdline or self.marker not in cmdline:
+                    titled = re.match(r"airflow-tf ([a-z]+)-\d+ group=", cmdline)  # runtime/proctitle.py
+                    if not (titled or "airflow_tf.runtime" in cmdline) or self.marker not in cmdline:
                         continue
-                    role = json.loads(proc.environ().get("TF_CONFIG", "{}")).get("task", {}).get("type", "?")
+                    role = titled.group(1) if titled else (
+                        json.loads(proc.environ().get("TF_CONFIG", "{}")).get("task", {}).get("type", "?"))
                 except (psutil.Error, ValueError):
                     continue
                 self.last_seen[proc.info["pid"]] = (role, now)

@@ -90,7 +90,8 @@ def stacks(state_dir: Path) -> str:
             environ = (proc / "environ").read_bytes()
         except OSError:
             continue
-        if b"airflow_tf.runtime" in b" ".join(cmdline) and str(state_dir).encode() in environ:
+        ours = b"airflow_tf.runtime" in b" ".join(cmdline) or cmdline[0].startswith(b"airflow-tf ")  # titled
+        if ours and str(state_dir).encode() in environ:
             try:  # attaching to a TensorFlow process's ~100 threads takes minutes on a loaded machine
                 result = subprocess.run(["gdb", "-p", proc.name, "-batch", "-ex", "thread apply all bt 12"],
                                         capture_output=True, text=True, timeout=900)

@@ -29,7 +29,8 @@ KINDS = [  # (kind, pattern of the command line); the first match wins
     # A real node's own processes: the binaries themselves, not a path that holds their names.
     ("real node", r"/(kubelet|containerd|containerd-shim-runc-v2|pause)(\s|$)"),
     ("health question", r"-m airflow_tf\.runtime\.health\b"),
-    ("tensorflow task", r"-m airflow_tf\.runtime(\.forkserver)?(\s|$)"),
+    # A local group's task titles itself "airflow-tf worker-0 group=... run=..." (runtime/proctitle.py).
+    ("tensorflow task", r"-m airflow_tf\.runtime(\.forkserver)?(\s|$)|^airflow-tf [a-z]+-\d+ group="),
     ("export's load check", r"-m airflow_tf\.serving\.loading\b"),
     ("evaluate/export pod", r"-m airflow_tf\.serving(\s|$)"),
     ("postgres", r"^postgres|/postgres\b"),
@@ -78,7 +79,10 @@ def _command(args: list[str]) -> str:
 def _role(pid: str, command_line: str) -> str:
     """A task's role: from its ``TF_CONFIG``, or for a task its group's fork server forked (whose
     environment in ``/proc`` is the server's) from its name, ``worker-1``; the server itself is
-    ``fork server``."""
+    ``fork server``; a task that titled itself, from its title."""
+    titled = re.match(r"airflow-tf ([a-z]+)-\d+ group=", command_line)
+    if titled:
+        return titled.group(1)
     role = re.search(rb'"type":\s*"(\w+)"', _read(Path("/proc", pid, "environ")) or b"")
     if role:
         return role.group(1).decode()

@@ -35,6 +35,27 @@ def group_processes_of(state_dir: Path) -> list[int]:
     return list(_group_environments(state_dir))
 
 
+def titled_processes(run: Path) -> dict[int, str]:
+    """pid -> title of the live group tasks whose title names ``run``, or a run directory under
+    it, as their run; found as a cleanup script would, by the first string of ``/proc/<pid>/cmdline``
+    (``airflow-tf worker-0 group=<group> run=<run>``)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                title = f.read().split(b"\0", 1)[0].decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        named = title.partition(" run=")[2] if title.startswith("airflow-tf ") else ""
+        if named and (named == str(run) or named.startswith(f"{run}/")) and state not in ("Z", "X"):
+            found[int(entry)] = title
+    return found
+
+
 def task_pid(state_dir: Path, task: str) -> int:
     """The pid of the group task named ``task`` (``name-ps-0``), which must be running, as its
     group's state file says (a forked trainer's ``/proc`` environment is its fork server's)."""

@@ -84,8 +84,9 @@ def test_prepare_keeps_the_vocabularies_the_operator_keeps(clicks, tmp_path):
     ("usr", 1, "--vocabularies: 'usr' is not a column of the input (columns: user, item, clicked)"),
     ("clicked", 1, "--vocabularies: 'clicked' is the label"),
     ('{"user": 0}', 1, "--vocabularies: the size of 'user' must be a whole number >= 1"),
-    ('{"user": ', 2, "--vocabularies: not JSON"),
-    ("@missing.json", 2, "--vocabularies: cannot read missing.json"),
+    ('{"user": ', 2, "argument --vocabularies: '{\"user\": ' is not JSON (Expecting value at character 10); "
+                     "expected an object of sizes"),
+    ("@missing.json", 2, "argument --vocabularies: cannot read missing.json"),
 ])
 def test_prepare_refuses_a_bad_vocabularies_value_naming_the_flag(clicks, tmp_path, value, status, message):
     done = airflow_tf(tmp_path, "prepare", "--input", str(clicks), "--output", "cli", "--name", "clicks",

@@ -137,7 +137,8 @@ def test_evaluate_names_what_is_missing(tmp_path):
     assert done.returncode != 0 and "nowhere/launch.json does not exist" in done.stderr
     assert "--launch" in done.stderr
     done = airflow_tf(tmp_path, "evaluate", "--run-dir", "nowhere", "--thresholds", "{not json")
-    assert done.returncode == 2 and "--thresholds: not JSON" in done.stderr
+    assert done.returncode == 2 and "argument --thresholds: '{not json' is not JSON (Expecting property name enclosed in double quotes at " \
+        "character 2); expected an object of metric bounds" in done.stderr
 
 
 def test_zlib_compressed_dataset_through_training_and_evaluation(tmp_path, group_processes):

@@ -15,7 +15,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 # Files outside docs/ that send readers into the guide; mkdocs does not check their links.
-POINTING_IN = ["README.md", "CHANGELOG.md", "tests/README.md", "bench/README.md", "bench/results/*.md", "pyproject.toml",
+POINTING_IN = ["README.md", ".env.example", "CHANGELOG.md", "tests/README.md", "bench/README.md", "bench/results/*.md", "pyproject.toml",
                "docker-compose.yml", ".ci/run", "images/*/Dockerfile", "airflow_tf/**/*.py", "tests/**/*.py",
                "bench/*.py", "scripts/*", "dags/*.py"]
 GUIDE_REFERENCE = re.compile(r"\bdocs/((?:[\w-]+/)*[\w-]+\.md)(#[\w-]+)?")
@@ -159,3 +159,112 @@ def test_the_training_options_table_states_training_configs_defaults():
                 wrong.append(f"{name}: the table says {value}, TrainingConfig {expected!r}")
     assert not wrong, wrong
     assert {"model", "learning_rate", "batch_size", "seed", "on_nan", "mode"} <= set(checked), checked
+
+
+# -- what the guide tells a newcomer to type or expect -------------------------------------------------
+READER_PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
+def _texts() -> list[tuple[str, str]]:
+    return [(str(page.relative_to(ROOT)), page.read_text(encoding="utf-8")) for page in READER_PAGES]
+
+
+def test_image_names_in_the_docs_are_the_images_scripts_images_builds():
+    """``airflow-tf-training:0.1.0`` (behind any registry) in a page is an image ``scripts/images``
+    builds under that name and the package's version: a how-to that builds one name and launches
+    another fails here."""
+    import tomllib
+
+    built = set(re.findall(r'f"localhost/(airflow-tf-[\w-]+):\{version\}(-[\w-]+)?"',
+                           (ROOT / "scripts" / "images").read_text()))
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    names = {f"{name}:{version}{suffix}" for name, suffix in built}
+    assert {"airflow-tf-training:" + version, "airflow-tf-airflow:" + version} <= names
+    wrong, seen = [], 0
+    for where, text in _texts():
+        for match in re.finditer(r"(?<![\w.-])(airflow-tf-(?:train|airflow)[\w-]*:[\w.-]+)", text):
+            seen += 1
+            if match.group(1).rstrip(".") not in names:
+                wrong.append(f"{where}: {match.group(1)}")
+    assert seen > 5, "the check found the image names of the how-tos"
+    assert not wrong, f"images scripts/images does not build (it builds {sorted(names)}):\n" + "\n".join(wrong)
+
+
+def _cli_parsers() -> dict[str, object]:
+    import argparse
+
+    from airflow_tf.cli import SUBCOMMANDS
+
+    parser = argparse.ArgumentParser(prog="airflow-tf")
+    sub = parser.add_subparsers(dest="command")
+    for add in SUBCOMMANDS:
+        add(sub)
+    return dict(sub.choices)
+
+
+def test_every_airflow_tf_command_in_the_docs_uses_flags_the_command_has():
+    """Each ``airflow-tf <command> --flag ...`` a page shows (in a code block or inline, lines
+    joined at a trailing backslash) is a command ``airflow-tf`` has, with flags it takes."""
+    parsers = _cli_parsers()
+    wrong, checked = [], 0
+    for where, text in _texts():
+        text = text.replace("\\\n", " ")
+        for match in re.finditer(r"(?<![\w/.-])airflow-tf (\w+)((?: +(?:--[\w-]+(?:=\S+)?|[^\s`|;&]+))*)", text):
+            command, rest = match.group(1), match.group(2)
+            if command not in parsers:
+                if rest.strip().startswith("--") or command in ("run", "render", "prepare", "evaluate", "export"):
+                    wrong.append(f"{where}: airflow-tf {command}: no such command")
+                continue
+            known = parsers[command]._option_string_actions  # type: ignore[attr-defined]
+            for flag in re.findall(r"(?<!\S)(--[\w-]+)", rest):
+                checked += 1
+                if flag not in known:
+                    wrong.append(f"{where}: airflow-tf {command} {flag}: no such flag")
+    assert checked > 30, "the check found the commands of the guide"
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_kubernetes_how_to_lists_what_the_rendered_role_grants_and_says_render_prints_jobs(capsys):
+    """The how-to's RBAC summary names every resource of the Role ``airflow-tf render --rbac``
+    prints, and what ``render`` prints for a group."""
+    from airflow_tf.cli import main
+
+    assert main(["render", "--rbac", "--namespace", "team-a"]) == 0
+    role, = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d["kind"] == "Role"]
+    words = {"jobs": "Jobs", "pods": "pods", "pods/log": "their logs", "services": "Services", "events": "events",
+             "networkpolicies": "NetworkPolicies", "jobsets": "JobSets", "workloads": "Kueue Workloads"}
+    granted = {resource for rule in role["rules"] for resource in rule["resources"]}
+    assert granted <= set(words), f"a resource this test does not know the word for: {granted - set(words)}"
+    how_to = (DOCS / "how-to" / "kubernetes.md").read_text(encoding="utf-8")
+    summary = re.search(r"the Role of\s+`airflow_tf/rbac/role.yaml` \(([^)]*)\)", how_to)
+    assert summary, "the how-to summarises the Role"
+    text = " ".join(summary.group(1).split())
+    assert not [words[r] for r in granted if words[r] not in text], text
+    assert "prints the pods" not in how_to
+    assert re.search(r"airflow-tf render --name demo.*`\s+prints the Jobs", how_to, flags=re.S)
+
+
+def test_the_demos_sample_output_has_every_key_the_demo_prints():
+    """The getting-started page shows the JSON ``airflow-tf demo`` prints: every key of the
+    summary ``run_demo`` returns on local processes, in the order ``--sort-keys`` prints them."""
+    import ast
+    import json
+
+    tree = ast.parse((ROOT / "airflow_tf" / "demo.py").read_text())
+    run_demo = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "run_demo")
+    summary = next(n.value for n in ast.walk(run_demo) if isinstance(n, ast.Assign)
+                   and getattr(n.targets[0], "id", None) == "summary")
+    keys = [k.value for k in summary.keys]  # type: ignore[union-attr]
+    page = (DOCS / "tutorials" / "getting-started.md").read_text(encoding="utf-8")
+    sample = json.loads(re.search(r"```json\n(\{.*?\})\n```", page, flags=re.S).group(1))
+    assert list(sample) == sorted(keys)
+
+
+def test_the_operators_reference_reads_outside_the_built_site():
+    """reference/operators.md is mkdocstrings directives: its text names each of them, so the
+    page is not empty where the directives are not expanded (GitHub, an editor)."""
+    page = (DOCS / "reference" / "operators.md").read_text(encoding="utf-8")
+    prose = "\n".join(line for line in page.splitlines() if not line.startswith(":::"))
+    directives = re.findall(r"^::: ([\w.]+)$", page, flags=re.M)
+    assert len(directives) > 10
+    assert not [d for d in directives if d.rsplit(".", 1)[1] not in prose]

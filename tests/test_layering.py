@@ -14,7 +14,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "airflow_tf"
 TENSORFLOW = {"tensorflow", "keras", "tensorboard"}
 AIRFLOW_SIDE = ["operators", "sensors", "triggers", "backends", "data", "plugins", "task_groups.py", "storage.py",
-                "compat.py"]
+                "compat.py", "metrics.py"]
 
 
 def _modules(room: str) -> list[Path]:
@@ -105,6 +105,65 @@ def test_runtime_modules_import_each_other_without_a_cycle():
         graphlib.TopologicalSorter(graph).prepare()
     except graphlib.CycleError as exc:
         raise AssertionError(f"runtime modules import each other in a cycle: {' -> '.join(exc.args[1])}") from None
+
+
+def _package_modules() -> dict[str, Path]:
+    """Every module of the package by its dotted name (a package by its own name)."""
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Which modules of the package each one imports, deferred imports included (a circle closed
+    inside a function is still one the reader must hold). ``from pkg import name`` is an arrow to
+    ``pkg.name`` when that is a module. A package imported before its own submodule is Python's
+    order, not an arrow."""
+    modules = _package_modules()
+
+    def known(name: str) -> str:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+            else:
+                continue
+            for target in (known(t) for t in targets if t.split(".")[0] == "airflow_tf"):
+                if target and target != name and not name.startswith(target + "."):
+                    graph[name].add(target)
+    return graph
+
+
+def test_no_module_of_the_package_is_in_an_import_circle():
+    graph = _import_graph()
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        raise AssertionError(f"modules import each other in a circle: {' -> '.join(exc.args[1])}") from None
+
+
+def test_no_arrow_points_up_from_backends_data_or_cluster_to_the_airflow_facing_rooms():
+    # The arrows of docs/explanation/architecture.md: operators/sensors/triggers -> backends, data -> cluster.
+    above = ("airflow_tf.operators", "airflow_tf.sensors", "airflow_tf.triggers", "airflow_tf.plugins",
+             "airflow_tf.task_groups")
+    upward = [f"{name} imports {target}" for name, targets in sorted(_import_graph().items())
+              if name.startswith(("airflow_tf.backends", "airflow_tf.data", "airflow_tf.cluster", "airflow_tf.runtime"))
+              for target in sorted(targets) if target.startswith(above)]
+    assert upward == []
 
 
 ARCHITECTURE = PACKAGE.parent / "docs" / "explanation" / "architecture.md"

@@ -75,10 +75,13 @@ def test_a_run_dir_outside_the_teams_root_is_refused(two_teams):
     with in_task_of("team_a"):
         check_in_team_root(f"{two_teams['team_a']}/runs/mine", "run_dir")
         check_in_team_root("gs://bucket/runs/mine", "run_dir")  # object storage: the bucket's own permissions
-        for theirs in (f"{two_teams['team_b']}/runs/tf-b", f"{two_teams['team_a']}/../b/runs/tf-b",
-                       f"file://{two_teams['team_b']}/runs/tf-b"):
+        for theirs in (f"{two_teams['team_b']}/runs/tf-b", f"file://{two_teams['team_b']}/runs/tf-b"):
             with pytest.raises(ValueError, match=r"run_dir .* lies outside this team's storage root .*/a"):
                 check_in_team_root(theirs, "run_dir")
+        # A '..' is refused whichever side it lands on: behind a link it would resolve elsewhere.
+        for dotted in (f"{two_teams['team_a']}/../b/runs/tf-b", f"{two_teams['team_a']}/runs/x/../mine", "runs/mine"):
+            with pytest.raises(ValueError, match=r"run_dir .*: .*give a plain absolute path under .*/a"):
+                check_in_team_root(dotted, "run_dir")
 
 
 @pytest.mark.parametrize("setting, error", [

@@ -51,8 +51,8 @@ def test_recorded_times_merge_into_the_file_and_a_missing_file_is_no_times(tmp_p
 
 
 def test_the_tests_that_turn_the_hosts_forwarding_on_share_one_worker(tmp_path):
-    """The compose test and the real nodes' each put IPv4 forwarding back when done: side by side,
-    one would turn it off under the other."""
+    """The compose test and the real nodes' (the control plane's tests among them) each put IPv4
+    forwarding back when done: side by side, one would turn it off under the other."""
     class Item:
         def __init__(self, path, fixturenames=()):
             self.path, self.fixturenames = path, fixturenames
@@ -60,4 +60,5 @@ def test_the_tests_that_turn_the_hosts_forwarding_on_share_one_worker(tmp_path):
     tests = tmp_path
     groups = {xdist_groups.group_of(Item(tests / name, ("real_plane",)), tests) for name in xdist_groups.HOST_NETWORK}
     assert groups == {"host-network"}
-    assert xdist_groups.group_of(Item(tests / "k8s" / "test_kubernetes.py", ("plane",)), tests) == "k8s"
+    # The control plane's tests run on its real node: with them too, not beside them.
+    assert xdist_groups.group_of(Item(tests / "k8s" / "test_kubernetes.py", ("plane",)), tests) == "host-network"

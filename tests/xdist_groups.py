@@ -1,8 +1,14 @@
 """Keeping tests that share a costly fixture on one pytest-xdist worker.
 
 pytest-xdist's ``--dist loadgroup`` reads ``xdist_group`` marks by rewriting each item's node id,
-which pytest 9 no longer lets it do: the marks are silently ignored and every test goes to any
-worker, so a run started two Kubernetes planes and two Airflow stacks. Here the workers write
+which pytest 9.2 no longer lets it do: the marks are silently ignored and every test goes to any
+worker, so a run started two Kubernetes planes and two Airflow stacks (pytest-xdist issue #1386,
+with pytest-xdist 3.8.0, the pinned one; its fix, pull request #1388, was not released by
+2026-11). This works around it by overriding two private methods of xdist's
+``LoadScopeScheduling`` (``_assign_work_unit``, ``_split_scope``), which a release of xdist may
+rename: ``tests/test_xdist_groups.py`` would then fail. Once a release carrying #1386's fix is
+pinned, the groups can be ``xdist_group`` marks again and the longest-first order is all that
+stays here. Here the workers write
 each test's group (:func:`group_of`) to a file the controller names, and the controller's
 scheduler makes each group one unit of work. Units start longest first, by the times a run of the
 suite recorded in ``tests/durations.json`` (``./scripts/test --record-durations
@@ -32,25 +38,29 @@ UNKNOWN_SECONDS = 1.0
 SHARED_PER_FOLDER = {"stack": "stack", "k8s": "plane"}
 """The folders whose package-scoped fixture is started once per worker that asks for it: one
 Airflow stack (tests/stack) and one control plane (tests/k8s) per run when its tests share a worker."""
+GROUP_OF_FOLDER = {"stack": "stack", "k8s": "host-network"}
+"""The group of each of those folders' tests: the control plane of tests/k8s has a real node, so
+its tests run with the other files of :data:`HOST_NETWORK`."""
 
 
-HOST_NETWORK = ("stack/test_compose_stack.py", "k8s/test_real_nodes.py", "nodes/test_nodes.py",
-                "nodes/test_nodes_kueue.py")
+HOST_NETWORK = ("stack/test_compose_stack.py", "nodes/test_nodes.py", "nodes/test_nodes_kueue.py")
 """The files whose tests turn the host's IPv4 forwarding on and put it back after (netavark for
-Podman, the CNI bridges of the real nodes): one at a time, or one would put it back under the other."""
+Podman, the CNI bridges of the real nodes), with every test on the control plane of tests/k8s
+(its real node): one at a time, or one would put it back under the other, and each plane's
+check that ``down`` left the machine as it was would see the other's."""
 
 
 def group_of(item, tests: Path) -> str | None:
     """The group a test must share a worker with: the tests of tests/stack on its Airflow stack
     and those of tests/k8s on its control plane (:data:`SHARED_PER_FOLDER`), the tests of a file
-    whose fixtures outlive one test (trained groups, emulators, the multi-team stack), and the
+    whose fixtures outlive one test (trained groups, the multi-team stack), and the
     files of :data:`HOST_NETWORK` together; else none."""
     path = Path(str(item.path)).resolve()
     if any(path == tests / name for name in HOST_NETWORK):
         return "host-network"
     for folder, fixture in SHARED_PER_FOLDER.items():
         if path.is_relative_to(tests / folder) and fixture in getattr(item, "fixturenames", ()):
-            return folder
+            return GROUP_OF_FOLDER[folder]
     if _uses_shared_fixtures(item):
         return path.as_posix()
     return None

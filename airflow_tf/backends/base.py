@@ -85,6 +85,11 @@ class Backend(Protocol):
     def logs(self, ref: GroupRef, role: str, index: int, tail_lines: int | None = None) -> str:
         """The task's log (its last ``tail_lines`` lines), '' when there is none."""
 
+    def log_since(self, ref: GroupRef, role: str, index: int, cursor: dict[str, Any] | None = None,
+                  limit_bytes: int = 1 << 20) -> tuple[str, dict[str, Any]]:
+        """The task's whole log lines written since ``cursor`` (None: since its start), at most
+        about ``limit_bytes``, and the cursor after them (JSON). '' while there is nothing new."""
+
     def teardown(self, ref: GroupRef, roles: Iterable[str] | None = None) -> list[str]:
         """Stop and delete the tasks of ``roles`` (None: all, and the group itself).
         Tolerates tasks already gone; returns the names of what it deleted."""

@@ -9,7 +9,7 @@ from typing import Any
 
 def __getattr__(name: str) -> Any:
     from airflow_tf.backends.kubernetes import parts
-    from airflow_tf.operators.common import AirflowTFDeprecationWarning
+    from airflow_tf.deprecation import AirflowTFDeprecationWarning
 
     value = getattr(parts, name)  # AttributeError for a name the module never had
     warnings.warn(f"airflow_tf.backends.kubernetes_parts.{name} is deprecated: import it from "

@@ -38,16 +38,18 @@ from pathlib import Path
 from typing import Any
 
 from airflow_tf.cluster import GroupSpec, GroupStatus, Phase, TaskStatus
-from airflow_tf.cluster.names import task_name
+from airflow_tf.cluster.names import GROUP_ENV, RUN_ENV, task_name
 from airflow_tf.files import is_local, read_json, strip_file_scheme
+from airflow_tf.storage import kept_log_bytes
 
 from .base import BackendError, GroupRef, poll_watch
 from .options import BackendOption, check_options, optional, path_option
-from .local_files import STATE_DIR_ENV, GroupDir, archive_logs, default_state_dir, tail_text, write_group_file
+from .local_files import (STATE_DIR_ENV, GroupDir, archive_logs, default_state_dir, read_since, tail_text,
+                          write_group_file)
 from .local_memory import check_capacity, expected_memory_mb, resident_mb
 from .local_processes import (
-    KILL_WAIT, is_running, process_start_time, remove_temporary_directory, signal_process, stop_processes,
-    task_environment, wait_gone,
+    KILL_WAIT, STOP_GRACE, describe_process, is_running, marked_processes, process_start_time,
+    remove_temporary_directory, signal_process, stop_processes, task_environment, wait_gone,
 )
 
 SUPERVISOR_MODULE = "airflow_tf.backends.local_supervisor"
@@ -77,6 +79,9 @@ class LocalBackend:
     """
 
     name = "local"
+    keeps_logs = True
+    """Its groups' logs are copied into their run directories (bounded: ``[airflow_tf] kept_log_bytes``)
+    when they are deleted, by the backend itself."""
 
     OPTIONS = OPTIONS
 
@@ -138,7 +143,7 @@ class LocalBackend:
             # group_id: this attempt's identity, so a launcher can tell its own group from a
             # same-named one created by someone else (or by an earlier attempt).
             launched = {"spec": spec.to_dict(), "launched_at": time.time(), "attempt": attempt,
-                        "logs_dir": logs_dir, "group_id": uuid.uuid4().hex}
+                        "logs_dir": logs_dir, "kept_log_bytes": kept_log_bytes(), "group_id": uuid.uuid4().hex}
             write_group_file(staging / "spec.json", launched)
             try:
                 os.rename(staging, group.path)
@@ -245,7 +250,10 @@ class LocalBackend:
         return attempt
 
     def _start_supervisor(self, group: GroupDir, spec: GroupSpec) -> None:
-        env = dict(task_environment(spec.pass_env), **{STATE_DIR_ENV: str(self.state_dir), "PYTHONUNBUFFERED": "1"})
+        # Every process of the group inherits its name and run: ps and cleanup scripts read them
+        # in /proc/<pid>/environ, and a teardown finds the group's processes by them.
+        env = dict(task_environment(spec.pass_env), **{STATE_DIR_ENV: str(self.state_dir), "PYTHONUNBUFFERED": "1",
+                                                       GROUP_ENV: spec.name, RUN_ENV: spec.run_name()})
         with open(group.supervisor_log, "ab") as out:
             # The supervisor forks once more and its first process exits at once, so the
             # daemon is nobody's child here: no zombie in a long-lived launcher, and the
@@ -315,6 +323,15 @@ class LocalBackend:
             raise BackendError(f"{role!r} is not a role")
         return tail_text(group.log(role, index), tail_lines)
 
+    def log_since(self, ref: GroupRef, role: str, index: int, cursor: dict[str, Any] | None = None,
+                  limit_bytes: int = 1 << 20) -> tuple[str, dict[str, Any]]:
+        """The task's log lines written since ``cursor`` and the cursor after them (see
+        :class:`airflow_tf.backends.follow.LogFollower`): its log file, from the byte where the
+        last read stopped."""
+        if "/" in role or role.startswith("."):
+            raise BackendError(f"{role!r} is not a role")
+        return read_since(self._dir(ref.name).log(role, index), cursor, limit_bytes)
+
     def log_path(self, ref: GroupRef, role: str, index: int) -> Path:
         return self._dir(ref.name).log(role, index)
 
@@ -348,9 +365,13 @@ class LocalBackend:
             return []
         roles = None if roles is None else sorted(set(roles))
         state = self._wait_for_state(group)
+        processes = self._group_processes(group, roles)
         deleted = self._ask_supervisor(group, state, roles) if state else None
         if deleted is None:
             deleted = self._stop_without_supervisor(group, roles)
+        # The supervisor reaps the tasks it stops; what they started, and the tasks of a
+        # supervisor killed as stuck, end a moment later: the teardown returns once all are gone.
+        self._wait_processes_gone(ref.name, processes + self._group_processes(group, roles))
         if roles is None:
             archive_logs(group.path)
             self._remove(group)
@@ -394,6 +415,37 @@ class LocalBackend:
         signal_process(sup["pid"], sup["start_time"], signal.SIGKILL)
         self._wait_gone(sup["pid"], sup["start_time"])
         return None
+
+    def _group_processes(self, group: GroupDir, roles: list[str] | None) -> list[tuple[int, int | None]]:
+        """(pid, start time) of the group's live processes, or of its tasks of ``roles``: those its
+        state file names and, for the whole group, every process that carries its name and state
+        directory in its environment (its supervisor, fork server, tasks and what they started)."""
+        state = read_json(group.state, missing_ok=True) or {}
+        chosen = {t.name for t in GroupStatus.from_dict(state["status"]).tasks
+                  if roles is None or t.role in roles} if state else set()
+        found = [(p["pid"], p["start_time"]) for name, p in state.get("processes", {}).items() if name in chosen]
+        if roles is None:
+            found += [(state["supervisor"]["pid"], state["supervisor"]["start_time"])] if state else []
+            found += marked_processes({STATE_DIR_ENV: str(self.state_dir), GROUP_ENV: group.path.name})
+        return [p for p in dict.fromkeys(found) if is_running(*p)]
+
+    @staticmethod
+    def _wait_processes_gone(name: str, processes: list[tuple[int, int | None]]) -> None:
+        """Return once every one of ``processes`` is gone: those still running ``STOP_GRACE`` after
+        their group's teardown are killed; BackendError if any outlives that by ``KILL_WAIT``."""
+        if wait_gone(processes, STOP_GRACE):
+            return
+        left = [p for p in processes if is_running(*p)]
+        for pid, start_time in left:
+            signal_process(pid, start_time, signal.SIGKILL)
+        if wait_gone(left, KILL_WAIT):
+            return
+        still = "; ".join(f"pid {pid} ({describe_process(pid)})" for pid, start in left if is_running(pid, start))
+        raise BackendError(
+            f"training group {name!r} was torn down, but these of its processes still run {KILL_WAIT:g} s after "
+            f"SIGKILL: {still}. A process that does not die of SIGKILL is stuck in the kernel (state D: a hung "
+            "disk or network mount); free what it waits for, or reboot, then tear the group down again"
+        )
 
     @staticmethod
     def _wait_gone(pid: int, start_time: int | None, timeout: float = 5.0) -> None:

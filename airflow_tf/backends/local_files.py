@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from airflow_tf.files import atomic_open, read_json, write_json
+
+from .wait import kept_log
 
 STATE_DIR_ENV = "AIRFLOW_TF_STATE_DIR"
 
@@ -51,6 +52,25 @@ def tail_text(path: Path, lines: int | None) -> str:
     return "".join(kept)
 
 
+def read_since(path: Path, cursor: dict[str, Any] | None, limit: int) -> tuple[str, dict[str, Any]]:
+    """The whole lines of a log file written since ``cursor`` (at most ``limit`` bytes; a line
+    longer than that comes in pieces), and the cursor after them. A file replaced by another (a
+    new attempt's) is read from its start."""
+    cursor = dict(cursor or {})
+    try:
+        with open(path, "rb") as log_file:
+            info = os.fstat(log_file.fileno())
+            offset = int(cursor.get("offset", 0))
+            if cursor.get("inode") != info.st_ino or info.st_size < offset:
+                offset = 0
+            log_file.seek(offset)
+            data = log_file.read(limit)
+    except FileNotFoundError:
+        return "", cursor
+    end = data.rfind(b"\n") + 1 or (len(data) if len(data) >= limit else 0)
+    return data[:end].decode("utf-8", "replace"), {"inode": info.st_ino, "offset": offset + end}
+
+
 class GroupDir:
     """Paths of one group's directory."""
 
@@ -82,11 +102,14 @@ def archive_logs(path: Path) -> Path | None:
     name = saved["spec"]["name"]
     try:
         target.mkdir(parents=True, exist_ok=True)
+        limit = saved.get("kept_log_bytes")  # read at the launch, where a bad setting is reported
         for source in [*sorted(group.logs.glob("*.log")), group.supervisor_log]:
             copy = target / f"{name}-{source.name}"
             try:
                 with open(source, "rb") as log_file, atomic_open(copy, "wb", fsync=False) as kept:
-                    shutil.copyfileobj(log_file, kept)
+                    start = max(0, os.fstat(log_file.fileno()).st_size - limit) if limit else 0
+                    log_file.seek(start)
+                    kept.write(kept_log(log_file.read(), limit, start))
             except FileNotFoundError:  # no such log, or the group was deleted meanwhile (and archived)
                 continue
     except OSError as err:

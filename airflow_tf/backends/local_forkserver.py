@@ -75,9 +75,12 @@ class ForkedProcess:
 class ForkServer:
     """The group's fork server, started at once; it loads TensorFlow while the ps start."""
 
-    def __init__(self, python: str, supervisor: int, env: dict[str, str], preexec_fn: Callable[[], None]) -> None:
+    def __init__(self, python: str, supervisor: int, env: dict[str, str], preexec_fn: Callable[[], None], *,
+                 group: str = "-", run: str = "-") -> None:
+        # group= and run=: the server's command line names its group, and is long enough for the
+        # title each forked task writes over it.
         self.proc = subprocess.Popen(
-            [python, *FORK_SERVER_COMMAND[1:], str(supervisor)], env=env, stdin=subprocess.PIPE,
+            [python, *FORK_SERVER_COMMAND[1:], str(supervisor), f"group={group}", f"run={run}"], env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, start_new_session=True, preexec_fn=preexec_fn,  # noqa: PLW1509
         )
         self.pending = b""

@@ -1,5 +1,6 @@
 """Local processes of a group: telling a live process from a reused pid, signalling and stopping
-them, their CPU time, free loopback ports, and the minimal environment they start with."""
+them, their CPU time, free loopback ports, the minimal environment they start with, and the
+supervisor's record of each task and its current process (:class:`TaskProcess`)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
+from airflow_tf.cluster import Phase, TaskStatus
 from airflow_tf.cluster.spec import LAUNCH_FAILED
 
 STOP_GRACE = 1.0
@@ -43,6 +46,56 @@ class ChildProcess(Protocol):
     def wait(self) -> int: ...
 
     def send_signal(self, sig: int) -> None: ...
+
+
+@dataclass
+class TaskProcess:
+    """The supervisor's record of one task (role, index) and its current process."""
+
+    role: str
+    index: int
+    name: str
+    restart_policy: str
+    port: int = 0
+    phase: Phase = Phase.PENDING
+    restarts: int = 0
+    failures: int = 0
+    """Restarts charged to this task's ``backoff_limit``: its own failures, not the group
+    restarts another task's (a parameter server's) failure caused."""
+    exit_code: int | None = None
+    reason: str | None = None
+    code: str | None = None
+    proc: ChildProcess | None = None
+    start_time: int | None = None
+    deleted: bool = False
+    last_progress: float = 0.0
+    """Monotonic time of the task's last sign of progress (its start, a new global step, CPU time)."""
+    progress_mark: Any = None
+    """What progress is measured against: the chief's global step, else CPU time."""
+    start_step: int | None = None
+    stepping: bool = False
+    """The chief reported a step since it started (before that, starting up, it counts CPU time)."""
+    stalled: bool = False
+    answered: bool = False
+    """Its server answered a health question since it started (before that it is starting up)."""
+    unanswered: int = 0
+    """Health questions in a row it left unanswered."""
+    stuck: str | None = None
+    """Why the supervisor killed it as stuck (it stopped answering its health question)."""
+    started: float = 0.0
+    """Monotonic time its process started."""
+    start_ticks: int | None = None
+    """Its CPU time at the last question it left unanswered before its first answer."""
+    temporary: str | None = None
+    """The temporary directory of its current process, removed when that process ends."""
+
+    def status(self) -> TaskStatus:
+        return TaskStatus(self.role, self.index, self.name, self.phase, self.restarts, self.exit_code, self.reason,
+                          self.code)
+
+    @property
+    def terminal(self) -> bool:
+        return self.proc is None and self.phase in (Phase.SUCCEEDED, Phase.FAILED)
 
 
 def process_start_time(pid: int) -> int | None:
@@ -111,6 +164,38 @@ def wait_gone(procs: list[tuple[int, int | None]], timeout: float) -> bool:
     while (left := any(is_running(*p) for p in procs)) and time.monotonic() < deadline:
         time.sleep(0.02)
     return not left
+
+
+def marked_processes(marks: Mapping[str, str]) -> list[tuple[int, int | None]]:
+    """(pid, start time) of every live process, this one excepted, whose environment in ``/proc``
+    holds each ``name=value`` of ``marks``: what a local group's supervisor starts, and whatever
+    those start, carries the group's name and state directory there (a task the fork server
+    forked shows the server's, which carries them too). Others' processes are not readable."""
+    wanted = {f"{name}={value}".encode() for name, value in marks.items()}
+    found: list[tuple[int, int | None]] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = set(f.read().split(b"\0"))
+        except OSError:  # gone, or not ours
+            continue
+        if wanted <= environ and (start := process_start_time(int(entry))) is not None:
+            found.append((int(entry), start))
+    return found
+
+
+def describe_process(pid: int) -> str:
+    """``pid``'s state and command line (its title), as ps shows them, for an error message."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read().rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "gone"
+    return f"state {state}: {command[:200]}"
 
 
 def cpu_ticks(pid: int) -> int | None:

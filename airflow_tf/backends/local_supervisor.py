@@ -24,7 +24,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,6 @@ from airflow_tf.cluster import (
     GroupSpec,
     GroupStatus,
     Phase,
-    TaskStatus,
     cluster_def,
     describe_failure,
     group_outcome,
@@ -40,6 +38,7 @@ from airflow_tf.cluster import (
     task_name,
     tf_config_json,
 )
+from airflow_tf.cluster.names import GROUP_ENV, RUN_ENV, TASK_ENV
 from airflow_tf.cluster.progress import describe, parse_progress
 from airflow_tf.cluster.status import GROUP_RESTARTED, ReasonCode
 from airflow_tf.cluster.spec import TASK_TEMPORARY_DIRECTORY, TRAINERS_ON_THIS_MACHINE
@@ -50,7 +49,7 @@ from .local_forkserver import ForkedProcess, ForkServer, ForkServerError, forkab
 from .local_network import isolate_network, isolation_warning
 from .local_processes import (
     STOP_GRACE,
-    ChildProcess,
+    TaskProcess,
     die_with_parent,
     free_ports,
     is_running,
@@ -68,56 +67,6 @@ PR_SET_CHILD_SUBREAPER = 36
 PROGRESS_TAIL_BYTES = 64 * 1024
 
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-@dataclass
-class TaskProcess:
-    """The supervisor's record of one task (role, index) and its current process."""
-
-    role: str
-    index: int
-    name: str
-    restart_policy: str
-    port: int = 0
-    phase: Phase = Phase.PENDING
-    restarts: int = 0
-    failures: int = 0
-    """Restarts charged to this task's ``backoff_limit``: its own failures, not the group
-    restarts another task's (a parameter server's) failure caused."""
-    exit_code: int | None = None
-    reason: str | None = None
-    code: str | None = None
-    proc: ChildProcess | None = None
-    start_time: int | None = None
-    deleted: bool = False
-    last_progress: float = 0.0
-    """Monotonic time of the task's last sign of progress (its start, a new global step, CPU time)."""
-    progress_mark: Any = None
-    """What progress is measured against: the chief's global step, else CPU time."""
-    start_step: int | None = None
-    stepping: bool = False
-    """The chief reported a step since it started (before that, starting up, it counts CPU time)."""
-    stalled: bool = False
-    answered: bool = False
-    """Its server answered a health question since it started (before that it is starting up)."""
-    unanswered: int = 0
-    """Health questions in a row it left unanswered."""
-    stuck: str | None = None
-    """Why the supervisor killed it as stuck (it stopped answering its health question)."""
-    started: float = 0.0
-    """Monotonic time its process started."""
-    start_ticks: int | None = None
-    """Its CPU time at the last question it left unanswered before its first answer."""
-    temporary: str | None = None
-    """The temporary directory of its current process, removed when that process ends."""
-
-    def status(self) -> TaskStatus:
-        return TaskStatus(self.role, self.index, self.name, self.phase, self.restarts, self.exit_code, self.reason,
-                          self.code)
-
-    @property
-    def terminal(self) -> bool:
-        return self.proc is None and self.phase in (Phase.SUCCEEDED, Phase.FAILED)
 
 
 class Supervisor(TaskWatch):
@@ -161,7 +110,7 @@ class Supervisor(TaskWatch):
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         if any(forkable(self.spec, role) for role in self.spec.roles):
             self.forkserver = ForkServer(sys.executable, self.pid, dict(os.environ, PYTHONUNBUFFERED="1"),
-                                         self.child_setup())
+                                         self.child_setup(), group=self.spec.name, run=self.spec.run_name())
         self.start(self.tasks, new_ports=True)
         self.write_state()
         while self.running:
@@ -226,8 +175,8 @@ class Supervisor(TaskWatch):
     def launch(self, task: TaskProcess, cluster: dict[str, list[str]]) -> None:
         role_spec = self.spec.roles[task.role]
         env = dict(os.environ, **role_spec.env)
-        env.update(TF_CONFIG=tf_config_json(cluster, task.role, task.index), PYTHONUNBUFFERED="1",
-                   AIRFLOW_TF_GROUP=self.spec.name, AIRFLOW_TF_TASK=task.name)
+        env.update({"TF_CONFIG": tf_config_json(cluster, task.role, task.index), "PYTHONUNBUFFERED": "1",
+                    GROUP_ENV: self.spec.name, RUN_ENV: self.spec.run_name(), TASK_ENV: task.name})
         # Every task of the group runs on this machine: the trainers share its cores.
         env[TRAINERS_ON_THIS_MACHINE] = str(self.spec.replicas("worker") + self.spec.replicas("chief"))
         task.temporary = temporary_directory(env.get("TMPDIR"))

@@ -9,15 +9,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airflow_tf.cluster import GroupSpec, Phase
 from airflow_tf.cluster.spec import HEALTH_ANSWERED, HEALTH_STARTUP_SECS, HealthBounds
 
-from .local_processes import STOP_GRACE, cpu_ticks, kill_group
-
-if TYPE_CHECKING:
-    from .local_supervisor import TaskProcess
+from .local_processes import STOP_GRACE, TaskProcess, cpu_ticks, kill_group
 
 STARTUP_ALLOWANCE = 30.0
 """Seconds the health asker may take to start (Python and gRPC on a loaded machine) before its

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,15 +117,39 @@ def timeout_event(ref: GroupRef, status: GroupStatus, success_policy: str, bound
     }
 
 
-def save_logs(backend: Backend, ref: GroupRef, spec: GroupSpec, directory: str | os.PathLike) -> Path:
-    """Copy every task's log to ``<directory>/<task name>.log`` (before the group is deleted)."""
+def kept_log(data: bytes, limit: int | None, dropped: int = 0) -> bytes:
+    """A log as kept in the run directory: at most ``limit`` bytes (None: all), its last whole
+    lines. ``data`` is the end of the log, ``dropped`` the bytes before it not read; when any are
+    left out, a first line says how many and which setting bounds it."""
+    if limit is None or (not dropped and len(data) <= limit):
+        return data
+    header = ("[airflow-tf: the first {} bytes of this log are left out: [airflow_tf] kept_log_bytes is "
+              f"{limit}]\n")
+    room = max(0, limit - len(header.format(" " * 20)))
+    if len(data) > room:
+        dropped, data = dropped + len(data) - room, data[-room:] if room else b""
+    cut = data.find(b"\n") + 1  # the first line was cut into
+    return header.format(dropped + cut).encode() + data[cut:]
+
+
+def keep_logs(backend: Backend, ref: GroupRef, tasks: Iterable[tuple[str, int]], directory: str | os.PathLike,
+              limit: int | None = None) -> Path:
+    """Copy each task's log to ``<directory>/<group>-<role>-<index>.log`` (before the group is
+    deleted), its end only when it is longer than ``limit`` bytes (:func:`kept_log`)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    for role, index in spec.tasks():
+    for role, index in tasks:
         text = backend.logs(ref, role, index)
         if text:
-            atomic_write_text(directory / f"{ref.name}-{role}-{index}.log", text, fsync=False)
+            data = kept_log(text.encode("utf-8", "replace"), limit)
+            atomic_write_text(directory / f"{ref.name}-{role}-{index}.log", data.decode("utf-8", "replace"),
+                              fsync=False)
     return directory
+
+
+def save_logs(backend: Backend, ref: GroupRef, spec: GroupSpec, directory: str | os.PathLike) -> Path:
+    """Copy every task's log to ``<directory>/<task name>.log`` (before the group is deleted)."""
+    return keep_logs(backend, ref, spec.tasks(), directory)
 
 
 @dataclass

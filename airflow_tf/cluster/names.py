@@ -83,3 +83,18 @@ def task_name(group: str, role: str, index: int) -> str:
             f"task name {name!r} is not a valid DNS-1123 label; shorten the group name {group!r}"
         )
     return name
+
+
+PROCESS_TITLE = "airflow-tf"
+"""The first word of a local group's process titles: ``pgrep -af '^airflow-tf '`` lists them."""
+GROUP_ENV, RUN_ENV, TASK_ENV = "AIRFLOW_TF_GROUP", "AIRFLOW_TF_RUN", "AIRFLOW_TF_TASK"
+"""The environment variables that name a local process's group, run and task."""
+
+
+def process_title(task: str, group: str, run: str) -> str:
+    """What ``ps``, ``top -c`` and ``/proc/<pid>/cmdline`` show for a task of a local group:
+    ``airflow-tf worker-0 group=<group> run=<run>``. Words are separated by one space and ``run=``
+    comes last, running to the end of the title, so a run directory may hold spaces; a control
+    character (which would break the line a script reads) shows as ``?``."""
+    title = f"{PROCESS_TITLE} {task} group={group} run={run or '-'}"
+    return "".join(c if c.isprintable() else "?" for c in title)

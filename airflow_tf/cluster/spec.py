@@ -125,7 +125,9 @@ class RoleSpec:
     command: list[str] | None = None
     """None runs ``python -m airflow_tf.runtime`` with the group's training options."""
     resources: dict[str, dict[str, str]] = field(default_factory=dict)
-    """``{"requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}`` as in Kubernetes."""
+    """``{"requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}`` as in Kubernetes. The
+    Kubernetes backend requests a measured default CPU and memory for what this leaves out
+    (``airflow_tf.backends.kubernetes.default_requests``)."""
     env: dict[str, str] = field(default_factory=dict)
     restart_policy: str = "ExitCode"
     kubernetes: dict[str, Any] = field(default_factory=dict)
@@ -207,6 +209,14 @@ class GroupSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def run_name(self) -> str:
+        """Which run the group trains, as its processes name it: its run directory, else the
+        Airflow DAG and run that launched it (``<dag_id>/<run_id>``), else ``-``."""
+        if self.training is not None and self.training.run_dir:
+            return self.training.run_dir
+        dag, run = self.labels.get("airflow.dag_id"), self.labels.get("airflow.run_id")
+        return f"{dag}/{run}" if dag and run else "-"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GroupSpec:

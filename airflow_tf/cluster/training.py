@@ -10,7 +10,9 @@ import argparse
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from airflow_tf.files import strip_file_scheme, training_location_problem
@@ -300,6 +302,30 @@ def argument_parser() -> argparse.ArgumentParser:
     return parser
 
 
+INTERNAL_OPTIONS = ("code_dir",)
+"""Options the launch sets (the run's snapshot of the model code): flags, left out of ``--help``."""
+
+
+def json_argument(expected: str, kind: type | tuple[type, ...] | None = None) -> Callable[[str], Any]:
+    """An argparse ``type`` reading JSON given inline or as ``@FILE``; what is not JSON (or not
+    of ``kind``) is refused with where it went wrong and ``expected`` (argparse adds the flag)."""
+    def parse(text: str) -> Any:
+        try:
+            source = Path(text[1:]).read_text(encoding="utf-8") if text.startswith("@") else text
+        except OSError as e:
+            raise argparse.ArgumentTypeError(f"cannot read {text[1:]}: {e.strerror}; expected {expected}") from e
+        try:
+            value = json.loads(source)
+        except json.JSONDecodeError as e:
+            where = f"line {e.lineno} column {e.colno}" if "\n" in source else f"character {e.pos + 1}"
+            raise argparse.ArgumentTypeError(f"{text if len(text) <= 80 else text[:77] + '...'!r} is not JSON "
+                                             f"({e.msg} at {where}); expected {expected}") from e
+        if kind is not None and not isinstance(value, kind):
+            raise argparse.ArgumentTypeError(f"{text!r} is JSON but not {expected}")
+        return value
+    return parse
+
+
 def add_training_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> None:
     """Every training option as a command-line flag (the runtime's, ``airflow-tf run``'s and
     ``airflow-tf render``'s), made from its declaration: ``--learning-rate`` for
@@ -310,6 +336,8 @@ def add_training_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> 
         # argparse formats help with %: a literal one is doubled.
         settings: dict[str, Any] = {"dest": option.name,
                                     "help": option.metadata["doc"].replace("``", "").replace("%", "%%")}
+        if option.name in INTERNAL_OPTIONS:
+            settings["help"] = argparse.SUPPRESS
         kind = _kind(option)
         if option.name in ("dataset", "run_dir"):
             parser.add_argument(flag, required=option.name not in defaults, **settings)
@@ -320,7 +348,8 @@ def add_training_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> 
         settings["default"] = option.default_factory() if option.default_factory is not dataclasses.MISSING \
             else option.default
         if kind == "dict":
-            settings.update(type=json.loads, metavar="JSON")
+            settings.update(type=json_argument('a JSON object, e.g. \'{"hidden_units": [64, 32]}\'', dict),
+                            metavar="JSON|@FILE")
         elif kind in ("int", "float"):
             settings["type"] = int if kind == "int" else float
         if "choices" in option.metadata:

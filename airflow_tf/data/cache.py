@@ -75,6 +75,7 @@ def _cached_summary(root: Path | str, manifest: dict[str, Any], started: float,
         "shards": {split: len(info["shards"]) for split, info in splits.items()},
         "compression": manifest.get("compression"),
         "schema": json.loads(_read_text(root, version, SCHEMA_FILE, storage_options=storage_options)),
-        "rows": manifest["source"]["rows"], "seconds": round(time.monotonic() - started, 3), "rows_per_sec": None,
+        "rows": manifest["source"]["rows"], "sources": manifest["source"].get("files", []),
+        "seconds": round(time.monotonic() - started, 3), "rows_per_sec": None,
         "cached": True, "fingerprint": manifest["fingerprint"],
     }

@@ -216,14 +216,26 @@ def open_inputs(  # noqa: PLR0917  public signature: callers pass these position
             "with a schema, declare those columns' dtype as string there"
         )
     paths = resolve_inputs(inputs, storage_options)
-    keep = 4 * block_bytes if keep_bytes is None else keep_bytes
-    readers: list[FileReader] = []
-    kept = 0
+    readers = _open_readers(paths, declared, string_columns, block_bytes,
+                            4 * block_bytes if keep_bytes is None else keep_bytes, on_file, schema_only)
+    schema = _schema_of(readers, declared, allow_nan, string_columns)
+    if all(r.estimated_rows == 0 for r in readers):
+        names = ", ".join(str(r.path) for r in readers)
+        raise InputDataError(f"input has no rows (only headers) in {names}; add data rows")
+    return Inputs(paths, readers, schema)
+
+
+def _open_readers(paths: list[InputPath], declared: Schema | None, string_columns: list[str], block_bytes: int,  # noqa: PLR0917
+                  keep: int, on_file: Callable[[int, int], None] | None, schema_only: bool) -> list[FileReader]:
+    """Each file opened in order, its first block kept while the kept ones fit in ``keep`` bytes
+    (none kept for a plan: ``schema_only`` reads the first blocks side by side)."""
     if schema_only:
         with ThreadPoolExecutor(max_workers=min(len(paths), usable_cpus()), thread_name_prefix="airflow-tf-open") as pool:
             first_blocks = list(pool.map(functools.partial(
                 _open_file, declared=declared, string_columns=string_columns, block_bytes=block_bytes,
                 read_ahead=False), paths))
+    readers: list[FileReader] = []
+    kept = 0
     for i, path in enumerate(paths):
         # Only a reader that will be kept reads ahead: the others are read again in their turn.
         reader = first_blocks[i] if schema_only else _open_file(
@@ -239,15 +251,17 @@ def open_inputs(  # noqa: PLR0917  public signature: callers pass these position
         readers.append(reader)
         if on_file:
             on_file(i + 1, len(paths))
-    if declared is not None:
-        _check_declared(readers, declared)
-        schema = declared
-        if allow_nan:
-            schema = Schema(tuple(FeatureSpec(f.name, f.dtype, f.shape, f.allow_nan or f.dtype == "float32")
-                                  for f in declared.features), declared.label_name)
-    else:
-        schema = _infer(readers, allow_nan, string_columns)
-    if all(r.estimated_rows == 0 for r in readers):
-        names = ", ".join(str(r.path) for r in readers)
-        raise InputDataError(f"input has no rows (only headers) in {names}; add data rows")
-    return Inputs(paths, readers, schema)
+    return readers
+
+
+def _schema_of(readers: list[FileReader], declared: Schema | None, allow_nan: bool,
+               string_columns: list[str]) -> Schema:
+    """The declared schema (checked against the files; ``allow_nan`` for every float feature), or
+    the one inferred from them."""
+    if declared is None:
+        return _infer(readers, allow_nan, string_columns)
+    _check_declared(readers, declared)
+    if not allow_nan:
+        return declared
+    return Schema(tuple(FeatureSpec(f.name, f.dtype, f.shape, f.allow_nan or f.dtype == "float32")
+                        for f in declared.features), declared.label_name)

@@ -16,6 +16,7 @@ from .errors import DataError, SchemaError
 from .schema import Schema
 
 COMPRESSIONS = ("gzip", "zlib")
+MAX_SHARDS = 10_000  # train files per split at most: each is a file every reader opens
 # Parameters renamed in 0.2 (old -> new); the old names work until 0.3.0, with a warning.
 RENAMED = {"target_shard_mb": "target_shard_mib", "workers": "encode_threads"}
 
@@ -109,11 +110,8 @@ class PrepareOptions:
     def _check(self) -> None:
         if not 0 <= self.eval_fraction < 1:
             raise DataError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
-        if self.shards is not None:
-            from .sharding import MAX_SHARDS  # only here: it loads NumPy, and the operators import this module
-
-            if not 1 <= self.shards <= MAX_SHARDS:
-                raise DataError(f"shards must be between 1 and {MAX_SHARDS:,}, got {self.shards}")
+        if self.shards is not None and not 1 <= self.shards <= MAX_SHARDS:
+            raise DataError(f"shards must be between 1 and {MAX_SHARDS:,}, got {self.shards}")
         if self.shards is not None and self.target_shard_mib is not None:
             raise DataError("give either shards or target_shard_mib, not both")
         if self.target_shard_mib is not None and not self.target_shard_mib > 0:

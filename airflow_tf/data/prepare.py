@@ -86,8 +86,8 @@ def prepare_dataset(  # noqa: PLR0917  the public signature of 0.1.0 (positional
     numeric column with a value that does not parse is an error). ``encode_threads`` threads
     encode in parallel (default: the cores this process may use). Returns a summary:
     ``dataset_uri`` (the version directory), ``name``, ``version``, ``counts`` and ``shards``
-    per split, ``compression``, ``schema`` (as a dict), ``rows``, ``seconds`` and
-    ``rows_per_sec``. Raises a :class:`DataError` naming the file, line and column of bad
+    per split, ``compression``, ``schema`` (as a dict), ``rows``, ``sources`` (the input files
+    read: absolute paths or URIs), ``seconds`` and ``rows_per_sec``. Raises a :class:`DataError` naming the file, line and column of bad
     input; nothing is committed then.
 
     With ``cache=True`` (and no ``version``) the input's content and the options are
@@ -190,6 +190,7 @@ def prepare_dataset(  # noqa: PLR0917  the public signature of 0.1.0 (positional
         "compression": options.compression,
         "schema": inputs.schema.to_dict(),
         "rows": total,
+        "sources": [object_store.identity(p) for p in inputs.paths],  # the lineage's inputs
         "seconds": round(seconds, 3),
         "rows_per_sec": rate(total, seconds),
         "cached": False,

@@ -10,11 +10,11 @@ import numpy as np
 from .encode import record_lengths
 from .errors import DataError
 from .inputs import Block
+from .options import MAX_SHARDS
 from .schema import Schema
 
 DEFAULT_TARGET_SHARD_MIB = 128.0
 MIN_ROWS_PER_SHARD = 100  # fewer rows per file only add per-file overhead for every reader
-MAX_SHARDS = 10_000
 
 
 def mean_record_bytes(block: Block, schema: Schema) -> float:

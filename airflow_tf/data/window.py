@@ -63,6 +63,29 @@ def _window_root(output: str | os.PathLike, name: str) -> Path:
     return Path(strip_file_scheme(output)) / path_component(str(name))
 
 
+def _check_alike(chosen: list[tuple[str, str]], manifests: list[dict], schemas: list[str]) -> None:
+    """A window is one dataset: every partition with the first one's schema and compression."""
+    for (key, _), manifest, schema in zip(chosen, manifests, schemas, strict=True):
+        if json.loads(schema) != json.loads(schemas[0]):
+            raise DataError(f"partition {key!r} has another schema than partition {chosen[0][0]!r}; "
+                            "a window needs one schema: prepare the partitions with the same schema")
+        if manifest.get("compression") != manifests[0].get("compression"):
+            raise DataError(f"partition {key!r} is compressed differently from partition {chosen[0][0]!r}; "
+                            "a window needs one compression")
+
+
+def _joined_splits(chosen: list[tuple[str, str]], manifests: list[dict]) -> dict[str, Any]:
+    """Each split's shards of every chosen partition (each naming the version it lies in), and
+    their examples summed."""
+    splits: dict[str, Any] = {}
+    for (_, v), manifest in zip(chosen, manifests, strict=True):
+        for split, info in manifest["splits"].items():
+            entry = splits.setdefault(split, {"examples": 0, "shards": []})
+            entry["shards"] += [{**shard, "version": shard.get("version", v)} for shard in info["shards"]]
+            entry["examples"] += info["examples"]
+    return splits
+
+
 def make_window(  # noqa: PLR0917  public signature: callers pass these positionally
     output: str | os.PathLike,
     name: str,
@@ -83,26 +106,14 @@ def make_window(  # noqa: PLR0917  public signature: callers pass these position
     chosen = _chosen_partitions(root, available, last, partitions)
     manifests = [json.loads((root / v / SUCCESS_FILE).read_text(encoding="utf-8")) for _, v in chosen]
     schemas = [(root / v / SCHEMA_FILE).read_text(encoding="utf-8") for _, v in chosen]
-    for (key, _), manifest, schema in zip(chosen, manifests, schemas, strict=True):
-        if json.loads(schema) != json.loads(schemas[0]):
-            raise DataError(f"partition {key!r} has another schema than partition {chosen[0][0]!r}; "
-                            "a window needs one schema: prepare the partitions with the same schema")
-        if manifest.get("compression") != manifests[0].get("compression"):
-            raise DataError(f"partition {key!r} is compressed differently from partition {chosen[0][0]!r}; "
-                            "a window needs one compression")
+    _check_alike(chosen, manifests, schemas)
     version_name = version or path_component(f"window-{chosen[0][0]}--{chosen[-1][0]}")
     if path_component(version_name) != version_name:
         raise DataError(f"version {version_name!r} is not a valid directory name")
     final = root / version_name
     if final.exists() and not overwrite:
         raise DatasetExistsError(f"dataset version {final} already exists; choose another version or overwrite it")
-    splits: dict[str, Any] = {}
-    for (_, v), manifest in zip(chosen, manifests, strict=True):
-        for split, info in manifest["splits"].items():
-            entry = splits.setdefault(split, {"examples": 0, "shards": []})
-            for shard in info["shards"]:
-                entry["shards"].append({**shard, "version": shard.get("version", v)})
-            entry["examples"] += info["examples"]
+    splits = _joined_splits(chosen, manifests)
     from .versions import commit  # the same atomic commit as a prepared version
 
     temporary = root / f".tmp-{version_name}-{uuid.uuid4().hex[:12]}"

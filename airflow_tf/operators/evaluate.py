@@ -13,9 +13,11 @@ from airflow.providers.common.compat.sdk import AirflowFailException, AirflowSki
 from airflow_tf.backends.base import ComponentRefusedError
 from airflow_tf.cluster.results import EvaluationResult, ExportResult, LaunchResult
 from airflow_tf.cluster.training import parse_bool
+from airflow_tf.metrics import send_evaluation, send_export_version, task_tags
 from airflow_tf.storage import models_dir
 
 from .common import check_name, is_template, model_asset, no_retry_for
+from .lineage import LineageMethods, evaluation_lineage, export_lineage
 
 
 def _launch_result(value: Any) -> LaunchResult:
@@ -39,7 +41,7 @@ def _run_component(launch: LaunchResult, component: str, options: dict[str, Any]
     return backend_for(ref).run_component(ref, component, request)
 
 
-class EvaluateModelOperator(BaseOperator):
+class EvaluateModelOperator(LineageMethods, BaseOperator):
     """Evaluates the final checkpoint on the eval split; writes ``metrics.json`` and a
     training-curve PNG in the run directory; returns (XCom) an
     :class:`~airflow_tf.cluster.results.EvaluationResult` as a dict: the metrics and ``blessed``.
@@ -59,6 +61,7 @@ class EvaluateModelOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("launch", "thresholds", "serving_base", "model_name")
     ui_color = "#a5d6a7"
+    _lineage = evaluation_lineage
 
     def __init__(self, *, launch: Any, thresholds: dict[str, Any] | None = None, compare_to_served: bool = False,
                  serving_base: str | None = None, model_name: str | None = None,
@@ -89,10 +92,12 @@ class EvaluateModelOperator(BaseOperator):
                           "none yet (the first export is compared with thresholds only)")
         self.log.info("evaluation of %s: %s", launch.run_dir, result.metrics)
         self.log.info("model %s", "BLESSED" if result.blessed else f"NOT blessed: {result.reasons}")
-        return result.to_dict()
+        send_evaluation(result.metrics, task_tags(context, model=self.model_name), blessed=result.blessed)
+        self._lineage_result = result.to_dict()
+        return self._lineage_result
 
 
-class ExportSavedModelOperator(BaseOperator):
+class ExportSavedModelOperator(LineageMethods, BaseOperator):
     """Exports the evaluated checkpoint as ``<serving_base>/<model_name>/<version>/`` (a
     SavedModel with a ``serving_default`` signature on the raw features), atomically, after
     loading it back and checking its predictions. Only a blessed model is exported: an
@@ -117,6 +122,7 @@ class ExportSavedModelOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("launch", "metrics", "serving_base", "model_name")
     ui_color = "#90caf9"
+    _lineage = export_lineage
 
     def __init__(self, *, launch: Any, model_name: str, metrics: Any = None, serving_base: str | None = None,
                  force: bool = False, on_unblessed: str = "skip", warmup_requests: bool = True,
@@ -153,9 +159,11 @@ class ExportSavedModelOperator(BaseOperator):
         with no_retry_for(ValueError, ComponentRefusedError, serving.NotBlessedError, what="export refused"):
             result = ExportResult.from_dict(_run_component(launch, "export", options))
         self.log.info("exported %s version %s to %s", self.model_name, result.version, result.path)
+        send_export_version(result.version, task_tags(context, model=self.model_name))
         asset = model_asset(self.model_name)
         if any(getattr(outlet, "name", None) == asset.name for outlet in self.outlets):
             context["outlet_events"][asset].extra = {
                 "version": result.version, "path": result.path, "metrics": result.metrics,
             }
-        return result.to_dict()
+        self._lineage_result = result.to_dict()
+        return self._lineage_result

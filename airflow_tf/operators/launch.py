@@ -22,6 +22,7 @@ from airflow_tf.plugins.links import TensorBoardLink
 from airflow_tf.storage import check_in_team_root, runs_dir, team_of
 
 from .common import deprecated, is_template, launch_labels, no_retry_for, resolved_backend
+from .lineage import LineageMethods, training_lineage
 
 # Every TrainingConfig option a DAG author sets is an explicit parameter of the operator, so
 # Airflow's .partial()/.expand() validation sees it; dataset, run_dir and sync are group-level
@@ -50,7 +51,7 @@ def _whole(value: Any, name: str, low: int) -> int:
     return number
 
 
-class LaunchTFClusterOperator(BaseOperator):
+class LaunchTFClusterOperator(LineageMethods, BaseOperator):
     """Launches a TensorFlow training group and returns (XCom) a
     :class:`~airflow_tf.cluster.results.LaunchResult` as a dict.
 
@@ -104,6 +105,7 @@ class LaunchTFClusterOperator(BaseOperator):
     template_fields_renderers: ClassVar[dict[str, str]] = {"model_kwargs": "json", "backend_options": "json"}
     operator_extra_links = (TensorBoardLink(),)
     ui_color = "#ffcc80"
+    _lineage = training_lineage
 
     # The training options' defaults are TrainingConfig's (model_kwargs: None stands for its empty dict).
     def __init__(self, *, dataset: Any, model: str = TrainingConfig.model,
@@ -292,6 +294,7 @@ class LaunchTFClusterOperator(BaseOperator):
         # Last: until the group is handed over, a launch killed now (before its XCom exists)
         # takes its group down with it instead of leaving it running unreferenced.
         backend.hand_over(ref)
+        self._lineage_result = result
         return result
 
     def on_kill(self) -> None:

@@ -14,6 +14,7 @@ from airflow_tf.deprecation import renamed
 from airflow_tf.storage import datasets_dir
 
 from .common import check_name, dataset_asset, flag, is_template, no_retry_for
+from .lineage import LineageMethods, prepare_lineage
 
 
 def _optional(value: Any, kind: type) -> Any:
@@ -58,7 +59,7 @@ def storage_options(aws_conn_id: str | None, gcp_conn_id: str | None) -> dict[st
     return options or None
 
 
-class PrepareTFRecordsOperator(BaseOperator):
+class PrepareTFRecordsOperator(LineageMethods, BaseOperator):
     """Converts CSV, Parquet or NumPy ``.npz`` files into a sharded TFRecord dataset version
     (``<output>/<name>/<version>/{train,eval}/part-*.tfrecord``, ``schema.json``, ``_SUCCESS``)
     and returns (XCom) ``{"dataset_uri", "schema", "counts", ...}``, which the launch,
@@ -120,6 +121,7 @@ class PrepareTFRecordsOperator(BaseOperator):
     )
     template_fields_renderers: ClassVar[dict[str, str]] = {"schema": "json", "vocabularies": "json"}
     ui_color = "#c5e1a5"
+    _lineage = prepare_lineage
 
     # The prepare options' defaults are PrepareOptions' (schema, string_columns: None stands for none).
     def __init__(self, *, input: Any, name: str, output: str | None = None, version: Any = None,
@@ -206,6 +208,7 @@ class PrepareTFRecordsOperator(BaseOperator):
             if summary.get("partition") is not None:
                 event.extra["partition"] = summary["partition"]
                 emit_partition(event, summary["partition"])
+        self._lineage_result = summary
         return summary
 
 

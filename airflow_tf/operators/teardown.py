@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 from collections.abc import Iterable, Sequence
 
@@ -12,7 +13,9 @@ from airflow.providers.common.compat.sdk import AirflowFailException
 
 from airflow_tf.backends import GroupRef, backend_for, get_backend
 from airflow_tf.cluster import group_outcome, group_name, label_value
-from airflow_tf.storage import team_of
+from airflow_tf.backends.wait import keep_logs
+from airflow_tf.files import is_local, strip_file_scheme
+from airflow_tf.storage import kept_log_bytes, runs_dir, team_of
 
 from .common import deprecated, launch_labels, resolved_backend
 
@@ -40,7 +43,8 @@ def _task_id(task: Any, what: str) -> str | None:
 
 
 class TeardownTFClusterOperator(BaseOperator):
-    """Copies the tasks' logs into this task's log, then deletes them.
+    """Copies the tasks' logs into this task's log (their last ``log_tail_lines``) and into the run
+    directory (whole, up to ``[airflow_tf] kept_log_bytes`` each), then deletes them.
 
     Use it as the launch's teardown (``teardown.as_teardown(setups=launch)``) so it runs when
     the sensor fails or the run is killed; :func:`airflow_tf.task_groups.tf_training` wires
@@ -118,6 +122,33 @@ class TeardownTFClusterOperator(BaseOperator):
             return [GroupRef.coerce(value)]
         return [GroupRef.coerce(item) for item in value if item]
 
+    def _run_dirs(self) -> dict[str, str]:
+        """The run directory of each group whose launch result was given, by group name."""
+        value = self.group
+        items = [value] if isinstance(value, dict) else list(value or []) if not isinstance(value, GroupRef) else []
+        return {GroupRef.coerce(item).name: item["run_dir"] for item in items
+                if isinstance(item, dict) and isinstance(item.get("run_dir"), str) and item["run_dir"]}
+
+    def _keep_logs(self, backend: Any, ref: GroupRef, tasks: list[tuple[str, int]]) -> None:
+        """Every task's whole log (its end beyond ``[airflow_tf] kept_log_bytes``) into the run
+        directory, before its pods go, for a backend that does not keep them itself (the local
+        one does, in ``<run_dir>/logs/attempt-<N>/``). A group whose launch did not return is kept
+        in the default run directory, when there is one."""
+        if getattr(backend, "keeps_logs", False):
+            return
+        run_dir = self._run_dirs().get(ref.name) or os.path.join(runs_dir(), ref.name)
+        if not is_local(run_dir) or not os.path.isdir(strip_file_scheme(run_dir)):
+            self.log.warning("not keeping the logs of group %s: its run directory %s is not a directory here",
+                             ref.name, run_dir)
+            return
+        target = os.path.join(strip_file_scheme(run_dir), "logs", f"{backend.name}-{ref.uid or ref.name}")
+        try:
+            keep_logs(backend, ref, tasks, target, kept_log_bytes())
+        except OSError as err:
+            self.log.warning("could not keep the logs of group %s in %s: %s", ref.name, target, err)
+            return
+        self.log.info("kept the logs of group %s in %s", ref.name, target)
+
     def _refs(self, context: Any) -> list[GroupRef]:
         refs = {ref.name: ref for ref in self._given_refs()}
         if self.launch_task_id:
@@ -154,6 +185,7 @@ class TeardownTFClusterOperator(BaseOperator):
                 roles = ["ps"]
                 self.log.info("on_finish_action=%s: keeping the trainers of group %s, deleting its parameter servers",
                               self.on_finish_action, ref.name)
+        self._keep_logs(backend, ref, [(task.role, task.index) for task in status.tasks])
         for task in status.tasks:  # logs first, whatever is deleted
             text = backend.logs(ref, task.role, task.index, self.log_tail_lines)
             self.log.info("---- log of %s (%s, last %d lines) ----\n%s", task.name, task.phase.value,

@@ -1,4 +1,4 @@
-"""A group's fork server: ``python -m airflow_tf.runtime.forkserver <supervisor pid>``.
+"""A group's fork server: ``python -m airflow_tf.runtime.forkserver <supervisor pid> group=<g> run=<r>``.
 
 Loading TensorFlow and Keras is most of a trainer's start (about 4 s of CPU, and more on a busy
 machine), paid again by every worker of a group and by every restart of one. The local
@@ -164,8 +164,11 @@ def become_task(args: list[str], env: dict[str, str], log: str, title: str, pare
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not args[0].isdigit():
-        print("usage: python -m airflow_tf.runtime.forkserver <supervisor pid>", file=sys.stderr)
+    # group= and run= only name the server in ps, and make its command line long enough for
+    # the title each task writes over it (airflow_tf.runtime.proctitle).
+    if not args or not args[0].isdigit() or not all(a.startswith(("group=", "run=")) for a in args[1:]):
+        print("usage: python -m airflow_tf.runtime.forkserver <supervisor pid> [group=<group> run=<run>]",
+              file=sys.stderr)
         return 2
     parent = int(args[0])
     # Requests arrive on stdin and answers leave on stdout; whatever else writes to them (a

@@ -25,6 +25,7 @@ from airflow_tf.cluster.training import TrainingConfig
 
 from .errors import ModelError, NonFiniteError, TaskConfigError, failure_reason
 from .logs import log, log_exit
+from .proctitle import name_task_process
 from .startup import import_tensorflow, import_tensorflow_server
 from .task import Task, grpc_default_options, session_config, task_from_env
 
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TaskConfigError) as exc:
         print(f"airflow_tf.runtime: error: {exc}", file=sys.stderr, flush=True)
         return CONFIG_ERROR
+    name_task_process(task.type, task.index)
     set_tensorflow_environment(task.type)
     log(f"airflow-tf task start role={task.type} index={task.index} pid={os.getpid()} "
         f"cluster={json.dumps(task.cluster, sort_keys=True, separators=(',', ':'))}")

@@ -227,10 +227,7 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
             single = chain_steps(1, one_step, global_step)
             chain = chain_steps(chain_length, one_step, global_step) if chain_length > 1 else None
             variables = checkpoint_variables(model, tables)
-            kept = KeptVariables({name: v for name, v in variables.items() if on_task(v, task.device)}) if keep else None
-            if kept is not None:
-                variables.update(kept.copies)
-                single, chain = kept.pushing(single), chain and kept.pushing(chain)
+            kept, single, chain = _kept_on_task(variables, task, single, chain) if keep else (None, single, chain)
         nan_policy = NanPolicy(config.on_nan)
         # Saving and restoring run on this task, so only the chief needs the run directory.
         with tf.device(task.device):
@@ -245,12 +242,8 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
         # A model of one input of n floats is fed the in-memory share's rows whole, or by feature.
         spec = dataset.element_spec
         fed_rows = not isinstance(spec[0] if isinstance(spec, tuple) else spec, dict)
-        log(f"airflow-tf train role={task.type} index={task.index} chief={task.is_chief} "
-            f"mode={'sync' if config.sync else 'async'} replicas_to_aggregate={aggregate} "
-            f"trainers={trainers} shard={task.trainer_index}/{trainers} towers={len(devices)} target_step={target} "
-            f"variables={'kept (copies on the ps)' if kept is not None else 'on the ps'} "
-            f"intra_op_threads={intra_op_threads(task, config)} input={'whole_rows' if fed_rows else 'by_feature'} "
-            f"start={start or 'from the chief'}")
+        log(_start_line(config, task, aggregate=aggregate, towers=len(devices), target=target, kept=kept is not None,
+                        fed_rows=fed_rows, start=start))
 
         calls = StepsPerCall(single, chain, target=target, trainers=trainers, fixed=fixed)
         bound = StepBoundHook(global_step, config.operation_timeout_secs,
@@ -265,39 +258,80 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
             progress = Progress(target=target, examples_per_step=examples_per_step, run_dir=config.run_dir,
                                 every_secs=config.log_every_secs, summary_every_steps=config.summary_every_steps,
                                 learning_rate=config.learning_rate, stalls=lambda: bound.stalls)
-            creator = tf.compat.v1.train.ChiefSessionCreator(
-                scaffold=scaffold, master=server.target, config=tf_config, checkpoint_dir=config.run_dir
-            )
-        else:
-            creator = WorkerSessionCreator(scaffold, server.target, tf_config, WORKER_POLL_SECS, WORKER_MAX_WAIT_SECS)
-        training = TrainingHook(
-            global_step, target, calls, [nan_policy],  # the NaN policy before the saver: a NaN step is never saved
-            saver=tf.compat.v1.train.CheckpointSaverHook(config.run_dir, save_secs=config.checkpoint_every_secs,
-                                                         saver=saver) if progress is not None else None,
-            reporters=[progress] if progress is not None else [])
+        training = _training_hook(config, global_step, target, calls, nan_policy=nan_policy, saver=saver,
+                                  progress=progress)
         hooks = ([PullHook(kept)] if kept is not None else []) + _hooks(task, bound, training, sync_optimizer)
 
-        try:
-            session = tf.compat.v1.train.MonitoredSession(
-                session_creator=QuickCloseCreator(creator), hooks=hooks, stop_grace_period_secs=STOP_GRACE_SECS
-            )
-        except tf.errors.NotFoundError as exc:
-            if not (task.is_chief and resume_from):
-                raise
-            raise restore_refused(resume_from, exc) from None
-        with session:
-            while not session.should_stop():
-                try:
-                    session.run(training.next_op())
-                except tf.errors.OutOfRangeError as exc:
-                    # The input repeats forever, so it ends only when this trainer's share holds no
-                    # record; MonitoredSession would take the end as done and report a success. Other
-                    # ends (sync mode's token queue closed by the chief at exit) stay its to handle.
-                    if getattr(exc.op, "type", None) != "IteratorGetNext":
-                        raise
-                    raise DataError(
-                        f"the train split of {config.dataset} gave {task.type} {task.index} (share "
-                        f"{task.trainer_index + 1} of {trainers}) no record: {EMPTY_SHARE_REMEDY}") from None
+        session = _open_session(_session_creator(config, task, scaffold, server.target, tf_config), hooks, task,
+                                resume_from)
+        _run_to_target(session, training, config, task)
         tf.compat.v1.summary.FileWriterCache.clear()  # closes the event files
 
     return task_result(task, training.last_step, nan_policy, progress, config.run_dir)
+
+
+def _kept_on_task(variables: dict, task: Task, single, chain):
+    """A sole trainer keeps copies of its variables on itself, pushed to the ps by each step:
+    the copies join the checkpoint's variables; returns them and the pushing step ops."""
+    kept = KeptVariables({name: v for name, v in variables.items() if on_task(v, task.device)})
+    variables.update(kept.copies)
+    return kept, kept.pushing(single), chain and kept.pushing(chain)
+
+
+def _training_hook(config: TrainingConfig, global_step, target: int, calls: StepsPerCall, *, nan_policy: NanPolicy,
+                   saver: FiniteSaver, progress: Progress | None) -> TrainingHook:
+    """The hook that runs the steps; the chief's (the one with ``progress``) also saves and reports."""
+    return TrainingHook(
+        global_step, target, calls, [nan_policy],  # the NaN policy before the saver: a NaN step is never saved
+        saver=tf.compat.v1.train.CheckpointSaverHook(config.run_dir, save_secs=config.checkpoint_every_secs,
+                                                     saver=saver) if progress is not None else None,
+        reporters=[progress] if progress is not None else [])
+
+
+def _start_line(config: TrainingConfig, task: Task, *, aggregate: int, towers: int, target: int, kept: bool,
+                fed_rows: bool, start: Start | None) -> str:
+    """The task's log line saying how it trains."""
+    trainers = len(task.trainers)
+    return (f"airflow-tf train role={task.type} index={task.index} chief={task.is_chief} "
+            f"mode={'sync' if config.sync else 'async'} replicas_to_aggregate={aggregate} "
+            f"trainers={trainers} shard={task.trainer_index}/{trainers} towers={towers} target_step={target} "
+            f"variables={'kept (copies on the ps)' if kept else 'on the ps'} "
+            f"intra_op_threads={intra_op_threads(task, config)} input={'whole_rows' if fed_rows else 'by_feature'} "
+            f"start={start or 'from the chief'}")
+
+
+def _session_creator(config: TrainingConfig, task: Task, scaffold, master: str, tf_config):
+    """The chief creates (and restores) the session; the other trainers wait for it."""
+    if task.is_chief:
+        return tf.compat.v1.train.ChiefSessionCreator(
+            scaffold=scaffold, master=master, config=tf_config, checkpoint_dir=config.run_dir
+        )
+    return WorkerSessionCreator(scaffold, master, tf_config, WORKER_POLL_SECS, WORKER_MAX_WAIT_SECS)
+
+
+def _open_session(creator, hooks: list, task: Task, resume_from: str | None):
+    try:
+        return tf.compat.v1.train.MonitoredSession(
+            session_creator=QuickCloseCreator(creator), hooks=hooks, stop_grace_period_secs=STOP_GRACE_SECS
+        )
+    except tf.errors.NotFoundError as exc:
+        if not (task.is_chief and resume_from):
+            raise
+        raise restore_refused(resume_from, exc) from None
+
+
+def _run_to_target(session, training: TrainingHook, config: TrainingConfig, task: Task) -> None:
+    """Run the training steps until the hooks stop the session (the target step reached)."""
+    with session:
+        while not session.should_stop():
+            try:
+                session.run(training.next_op())
+            except tf.errors.OutOfRangeError as exc:
+                # The input repeats forever, so it ends only when this trainer's share holds no
+                # record; MonitoredSession would take the end as done and report a success. Other
+                # ends (sync mode's token queue closed by the chief at exit) stay its to handle.
+                if getattr(exc.op, "type", None) != "IteratorGetNext":
+                    raise
+                raise DataError(
+                    f"the train split of {config.dataset} gave {task.type} {task.index} (share "
+                    f"{task.trainer_index + 1} of {len(task.trainers)}) no record: {EMPTY_SHARE_REMEDY}") from None

@@ -12,13 +12,16 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.providers.common.compat.sdk import AirflowException, AirflowSensorTimeout, AirflowTaskTimeout
 
 from airflow_tf.backends import GroupRef, backend_for
+from airflow_tf.backends.follow import LogFollower, check_follow_logs
 from airflow_tf.backends.wait import (
     completion_event,
     group_failure_message,
     still_waiting_message,
     waiting_message,
 )
+from airflow_tf.cluster import GroupStatus
 from airflow_tf.cluster.training import parse_bool
+from airflow_tf.metrics import TrainingMetrics, task_tags
 from airflow_tf.triggers.worker_completion import WorkerCompletionTrigger
 
 
@@ -54,6 +57,14 @@ class WorkerCompletionSensor(BaseSensorOperator):
     :param deferrable: wait on the triggerer; default ``[operators] default_deferrable``.
     :param log_tail_lines: lines of the failed task's log quoted in the failure.
     :param poke_interval: seconds between status reads (poke mode).
+    :param follow_logs: the task whose log this task's log follows as it is written: ``chief``
+        (default: the lead trainer), a task as ``<role>-<index>`` (``worker-1``), or None for
+        none. Poke mode reads it at each poke; deferrable, the trigger reads it every
+        ``logging_interval`` seconds and its lines reach this task's log through the triggerer.
+    :param logging_interval: seconds between reads of the followed log while deferred.
+
+    Each status read also sends the training's metrics through Airflow's ``Stats``
+    (docs/reference/metrics.md).
     """
 
     template_fields: Sequence[str] = ("group", "success_policy")
@@ -61,8 +72,17 @@ class WorkerCompletionSensor(BaseSensorOperator):
 
     def __init__(self, *, group: Any, success_policy: str | None = None,
                  deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-                 log_tail_lines: int = 30, poke_interval: float = 5.0, **kwargs: Any) -> None:
+                 log_tail_lines: int = 30, poke_interval: float = 5.0, follow_logs: str | None = "chief",
+                 logging_interval: float = 5.0, **kwargs: Any) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
+        self.follow_logs = check_follow_logs(follow_logs)
+        if isinstance(logging_interval, bool) or not isinstance(logging_interval, (int, float)) \
+                or not 0 < logging_interval <= 3600:
+            raise ValueError(f"logging_interval: expected seconds between reads of the followed log (more than 0, "
+                             f"at most 3600), got {logging_interval!r}")
+        self.logging_interval = float(logging_interval)
+        self._follower: LogFollower | None = None
+        self._metrics: TrainingMetrics | None = None
         self.group = group
         self.success_policy = success_policy
         self.deferrable = parse_bool(deferrable, "deferrable")
@@ -80,12 +100,26 @@ class WorkerCompletionSensor(BaseSensorOperator):
         ref = self._ref()
         backend = backend_for(ref)
         status = backend.status(ref)
+        if self._metrics is None:
+            self._metrics = TrainingMetrics(task_tags(context, group=ref.name))
+        self._metrics.observe(status)
         event = completion_event(backend, ref, status, self._policy(ref), self.log_tail_lines)
+        self._follow(backend, ref, status, drain=event is not None)
         if event is None:
             self._last_waiting = waiting_message(status, self._policy(ref))
             self.log.info("group %s: %s", ref.name, self._last_waiting)
             self._record_replacements(context, status.replacements())
         return event
+
+    def _follow(self, backend: Any, ref: GroupRef, status: GroupStatus, *, drain: bool) -> None:
+        """Copy the followed task's new log lines into this task's log."""
+        if self.follow_logs is None:
+            return
+        if self._follower is None:
+            self._follower = LogFollower(backend, ref, self.follow_logs)
+        name, lines = self._follower.read(status, drain=drain)
+        for line in lines:
+            self.log.info("[%s] %s", name, line)
 
     def _record_replacements(self, context: Any, replacements: list[str]) -> None:
         """Push the replacements for the Training view when they differ from the last pushed."""
@@ -138,6 +172,10 @@ class WorkerCompletionSensor(BaseSensorOperator):
         self.defer(
             trigger=WorkerCompletionTrigger(group=ref.to_dict(), success_policy=self._policy(ref),
                                             log_tail_lines=self.log_tail_lines,
+                                            follow_logs=self.follow_logs, logging_interval=self.logging_interval,
+                                            log_cursor=self._follower.state() if self._follower else None,
+                                            metrics=self._metrics.state() if self._metrics else None,
+                                            metric_tags=self._metrics.tags if self._metrics else None,
                                             deadline=None if bound is None else time.time() + bound[0],
                                             deadline_label=bound[1] if bound else ""),
             method_name="execute_complete",

@@ -66,23 +66,29 @@ def validate_thresholds(thresholds: Mapping[str, Any] | str | None,
             raise BlessingConfigError(
                 f"thresholds[{metric!r}]: {metric!r} is not {what}; choose from {', '.join(known)}"
             )
-        if not isinstance(bounds, Mapping) or not bounds or set(bounds) - set(_BOUNDS):
-            raise BlessingConfigError(
-                f"thresholds[{metric!r}]: expected {{\"min\": number}} and/or {{\"max\": number}}, got {bounds!r}"
-            )
-        entry: dict[str, float] = {}
-        for bound, value in bounds.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise BlessingConfigError(
-                    f"thresholds[{metric!r}][{bound!r}]: must be a finite number, got {value!r}"
-                )
-            entry[bound] = float(value)
-        if "min" in entry and "max" in entry and entry["min"] > entry["max"]:
-            raise BlessingConfigError(
-                f"thresholds[{metric!r}]: min {entry['min']} is greater than max {entry['max']}; no model can pass"
-            )
+        entry = _checked_bounds(metric, bounds)
         checked[metric] = entry
     return checked
+
+
+def _checked_bounds(metric: str, bounds: Any) -> dict[str, float]:
+    """One metric's ``{"min"|"max": number}``, each a finite number, min not over max."""
+    if not isinstance(bounds, Mapping) or not bounds or set(bounds) - set(_BOUNDS):
+        raise BlessingConfigError(
+            f"thresholds[{metric!r}]: expected {{\"min\": number}} and/or {{\"max\": number}}, got {bounds!r}"
+        )
+    entry: dict[str, float] = {}
+    for bound, value in bounds.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise BlessingConfigError(
+                f"thresholds[{metric!r}][{bound!r}]: must be a finite number, got {value!r}"
+            )
+        entry[bound] = float(value)
+    if "min" in entry and "max" in entry and entry["min"] > entry["max"]:
+        raise BlessingConfigError(
+            f"thresholds[{metric!r}]: min {entry['min']} is greater than max {entry['max']}; no model can pass"
+        )
+    return entry
 
 
 def baseline_metric_for(task: str, metric: str | None) -> tuple[str, str]:

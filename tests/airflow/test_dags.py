@@ -14,6 +14,7 @@ import pytest
 from airflow_tf.demo import dag_run_state as run_state
 from airflow_tf.demo import predict
 from airflow_tf.demo import task_states as _task_states
+from processes import titled_processes
 
 pytestmark = pytest.mark.slow
 
@@ -177,6 +178,8 @@ def test_a_mapped_sweep_trains_one_group_per_learning_rate_and_exports_the_best(
     metadata = json.loads((export / "1" / "assets.extra" / "airflow_tf.json").read_text())
     assert metadata["run_dir"] == best["run_dir"], (metadata["run_dir"], evaluations)
     assert metadata["training_config"]["learning_rate"] in (0.002, 0.02)
+    # At once, as a cleanup script would look: no task titled with either group's run is left.
+    assert titled_processes(tmp_path / "storage" / "runs") == {}, "no ps or worker of either group is left"
     assert not group_processes(tmp_path / "groups"), "no process of the group is left"
 
 

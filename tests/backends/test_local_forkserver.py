@@ -16,6 +16,7 @@ import pytest
 from airflow_tf.backends.local import LocalBackend
 from airflow_tf.backends.local_forkserver import ForkServer, ForkServerError, forkable
 from airflow_tf.cluster import GroupSpec, TrainingConfig
+from processes import environ_of
 
 SESSION_READY = re.compile(r"airflow-tf session ready global_step=(\d+)")
 
@@ -71,10 +72,10 @@ def test_forked_trainers_restart_die_with_their_supervisor_and_a_lost_fork_serve
                    what="both workers to train")
         for index in (0, 1):
             worker = pids[f"fs-worker-{index}"]
-            assert "-m airflow_tf.runtime.forkserver" in _proc(worker, "cmdline"), "a trainer is forked"
+            assert "TF_CONFIG" not in environ_of(worker), "a trainer is forked: /proc shows the server's environment"
             assert _proc(worker, "comm") == f"worker-{index}", "ps and top name a forked task by its role"
             assert _parent(worker) == supervisor, "the supervisor reaps a forked task as its own child"
-        assert "-m airflow_tf.runtime --dataset" in _proc(pids["fs-ps-0"], "cmdline"), "a ps starts by itself"
+        assert "TF_CONFIG" in environ_of(pids["fs-ps-0"]), "a ps starts by itself, with its own environment"
 
         # A killed worker is forked again, its exit status read as for any child.
         os.kill(pids["fs-worker-1"], signal.SIGKILL)
@@ -90,7 +91,7 @@ def test_forked_trainers_restart_die_with_their_supervisor_and_a_lost_fork_serve
         os.kill(again, signal.SIGKILL)
         plain = wait_until(lambda: (p := backend.processes(ref).get("fs-worker-1")) not in (None, again) and p, 120,
                            what="worker 1 restarted again")
-        assert "-m airflow_tf.runtime --dataset" in _proc(plain, "cmdline")
+        assert "TF_CONFIG" in environ_of(plain), "started by itself"
         logged = len(backend.logs(ref, "worker", 1))
         wait_until(lambda: SESSION_READY.search(backend.logs(ref, "worker", 1)[logged:]), 300,
                    what="worker 1 to train again")
@@ -198,3 +199,12 @@ def test_while_the_fork_server_loads_the_supervisor_runs_the_ps_and_answers_a_te
     finally:
         backend.teardown(ref)
     wait_until(lambda: not group_processes(local_state_dir), 30, what="the group's processes to end")
+
+
+def test_the_fork_server_refuses_arguments_other_than_its_supervisor_group_and_run(capsys):
+    from airflow_tf.runtime.forkserver import main
+
+    for args in ([], ["x"], ["12", "--group", "g"], ["12", "group=g", "steps=3"]):
+        assert main(args) == 2, args
+        assert "usage: python -m airflow_tf.runtime.forkserver <supervisor pid> [group=<group> run=<run>]" in \
+            capsys.readouterr().err

@@ -379,3 +379,27 @@ def test_status_of_an_unknown_group(local_state_dir, group_processes, wait_until
     assert backend.status(ref).exists is False
     assert backend.logs(ref, "worker", 0) == ""
     assert backend.teardown(ref) == []
+
+
+def test_a_teardown_returns_only_once_what_a_task_left_behind_is_gone_too(local_state_dir, wait_until):
+    """A task that started a process of its own in another session, deaf to SIGTERM: stopping the
+    task's process group leaves it running, so the teardown finds it by the group's name in its
+    environment and kills it before it returns."""
+    leave_one_behind = program(f"""
+        import subprocess, time
+        left = subprocess.Popen([{sys.executable!r}, "-c", "import signal, time\\n"
+                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN)\\ntime.sleep(600)"],
+                                start_new_session=True)
+        print("left", left.pid, flush=True)
+        time.sleep(600)
+    """)
+    backend = LocalBackend()
+    ref = backend.launch(group("left", leave_one_behind, workers=1))
+    try:
+        found = wait_until(lambda: re.search(r"^left (\d+)$", backend.logs(ref, "worker", 0), re.M), SETTLE,
+                           what="the worker to start its own process")
+        left = (int(found.group(1)), process_start_time(int(found.group(1))))
+        assert is_running(*left)
+    finally:
+        assert backend.teardown(ref) == ["left-ps-0", "left-worker-0"]
+    assert not is_running(*left), "the teardown returned while a process of the group still ran"

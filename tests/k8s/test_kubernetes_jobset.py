@@ -26,7 +26,8 @@ from airflow_tf.backends.kubernetes.jobs import render_group
 from airflow_tf.backends.kubernetes.jobset import JobSetGroup, queue_reason, render_jobset
 from airflow_tf.backends.kubernetes.manifests import USER_ERROR_EXIT_CODES
 from airflow_tf.backends.kubernetes.status import assess
-from airflow_tf.backends.kubernetes.workloads import check_launch_options, render_workload
+from airflow_tf.backends.kubernetes.render import render_workload
+from airflow_tf.backends.kubernetes.workloads import check_launch_options
 from airflow_tf.cli import main
 from airflow_tf.cluster import GroupSpec, Phase, SpecError, TrainingConfig, group_name, group_outcome
 
@@ -309,7 +310,8 @@ def test_a_queue_with_the_jobs_form_is_refused_at_render_saying_why_and_naming_j
     code = main(["render", "--name", "demo", "--image", "tf:2.21", "--queue-name", "team-a"])
     out, err = capsys.readouterr()
     assert code == 2 and out == "", "no manifest is printed"
-    assert re.search(QUEUE_REFUSED, err)
+    assert "--queue-name: 'team-a' needs --workload jobset: with --workload jobs every role is a Job of its own" in err, \
+        "the command line names its own flags"
 
 
 def test_a_queue_with_the_jobs_form_is_refused_at_launch_before_any_api_call():

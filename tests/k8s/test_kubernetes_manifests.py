@@ -10,6 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from airflow_tf.backends.kubernetes.default_requests import ROLE_REQUESTS
 from airflow_tf.backends.kubernetes.jobs import render_group
 from airflow_tf.backends.kubernetes.labels import GROUP_LABEL
 from airflow_tf.backends.kubernetes.manifests import to_yaml
@@ -60,7 +61,8 @@ def test_render_output_validates_against_the_kubernetes_schemas(capsys):
             kubernetes_validate.validate(document, version, strict=True)
     assert jobs(documents)["demo-worker"]["spec"]["completions"] == 3
     worker = pods(documents)["demo-worker"]
-    assert worker["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    assert worker["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "1"},
+                                                            "requests": ROLE_REQUESTS["worker"]}
     mounts = {m["mountPath"]: m["readOnly"] for m in worker["spec"]["containers"][0]["volumeMounts"]}
     assert mounts == {"/data": True, "/runs": False}
     assert {v["persistentVolumeClaim"]["claimName"] for v in worker["spec"]["volumes"]} == {"tf-data", "tf-runs"}
@@ -79,7 +81,7 @@ def test_a_schema_violation_is_caught_by_the_validation():
 
 def test_render_refuses_bad_input_naming_the_field(capsys):
     assert main(["render", "--name", "x", "--ps", "0", "--workers", "1", "--image", "i"]) == 2
-    assert "roles.ps.replicas" in capsys.readouterr().err
+    assert "  --ps: parameter-server training needs at least one ps task" in capsys.readouterr().err
 
 
 def test_tf_config_names_every_task_by_its_stable_dns_name_and_port():
@@ -94,6 +96,8 @@ def test_tf_config_names_every_task_by_its_stable_dns_name_and_port():
         config = json.loads(env_of(pod)["TF_CONFIG"])
         # One TF_CONFIG per Job: the index comes from JOB_COMPLETION_INDEX.
         assert config == {"cluster": expected_cluster, "task": {"type": name.rsplit("-", 1)[1]}}
+        # As a local task: the runtime titles the container's process after its group and run.
+        assert (env_of(pod)["AIRFLOW_TF_GROUP"], env_of(pod)["AIRFLOW_TF_RUN"]) == ("tf-demo", training().run_dir)
         # <job>-<index> is the pod's hostname in an Indexed Job; the Service is its subdomain.
         assert pod["spec"]["subdomain"] == service["metadata"]["name"] == "tf-demo"
         assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
@@ -190,6 +194,8 @@ def test_gpu_requested_without_a_limit_and_a_missing_image_are_refused():
         render_group(spec(image=None), "ml")
     with pytest.raises(SpecError, match=r"roles\.worker\.env\.TF_CONFIG"):
         render_group(spec(role_options={"worker": {"env": {"TF_CONFIG": "{}"}}}), "ml")
+    with pytest.raises(SpecError, match=r"roles\.ps\.env\.AIRFLOW_TF_GROUP: set by the backend"):
+        render_group(spec(role_options={"ps": {"env": {"AIRFLOW_TF_GROUP": "another"}}}), "ml")
 
 
 def test_hostile_dag_id_gives_valid_unique_names_and_cannot_add_yaml_keys():
@@ -235,17 +241,17 @@ def test_invalid_namespace_is_refused():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--image", "registry.example/tf:2.21\n  command: [sh]"], "image: 'registry.example/tf:2.21\\n  command: [sh]' "
+    (["--image", "registry.example/tf:2.21\n  command: [sh]"], "--image: 'registry.example/tf:2.21\\n  command: [sh]' "
                                                                "is not a container image reference"),
     (["--image", "Registry/TF:latest"], "is not a container image reference"),
     (["--image", "tf:2.21; rm -rf /"], "is not a container image reference"),
     (["--worker-gpus", "-1"], "--worker-gpus: -1 is not a GPU count (>= 0)"),
-    (["--service-account", "Trainer Account"], "service_account: 'Trainer Account' is not a valid service account name"),
+    (["--service-account", "Trainer Account"], "--service-account: 'Trainer Account' is not a valid service account name"),
     (["--service-account", "../admin"], "is not a valid service account name"),
-    (["--cluster-domain", "cluster.local."], "cluster_domain: 'cluster.local.' is not a valid cluster domain"),
+    (["--cluster-domain", "cluster.local."], "--cluster-domain: 'cluster.local.' is not a valid cluster domain"),
     (["--cluster-domain", "evil.com:53 #"], "is not a valid cluster domain"),
-    (["--queue-name", "team a"], "queue_name: 'team a' is not a Kueue LocalQueue name"),
-    (["--shm-size", "-1Gi"], "shm_size: '-1Gi' is not a Kubernetes quantity"),
+    (["--queue-name", "team a"], "--queue-name: 'team a' is not a Kueue LocalQueue name"),
+    (["--shm-size", "-1Gi"], "--shm-size: '-1Gi' is not a Kubernetes quantity"),
 ])
 def test_render_refuses_hostile_values_with_a_clear_error_and_no_manifest(capsys, argv, message):
     base = {"--name": "demo", "--image": "tf:2.21"}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import json
 import logging
 import math
@@ -53,7 +54,8 @@ from .one_off import (
 )
 from .one_off import name_of as _name
 from .one_off import now as _now
-from .workloads import DEFAULT_WORKLOAD, WORKLOADS, check_workload, render_workload
+from .render import render_workload
+from .workloads import DEFAULT_WORKLOAD, WORKLOADS, check_workload
 
 log = logging.getLogger(__name__)
 
@@ -329,14 +331,15 @@ class KubernetesBackend(OneOffJobs):
             raise
         return True
 
-    def _read_log(self, namespace: str, pod: str, container: str, tail_lines: int | None) -> str:
+    def _read_log(self, namespace: str, pod: str, container: str, tail_lines: int | None, **since: Any) -> str:
+        """``since``: the API's since_seconds, timestamps and limit_bytes, when given."""
         from kubernetes.client.exceptions import ApiException
 
         try:
             # Raw bytes, decoded here: the generated client turns a 'str' body into the
             # repr of bytes, or into a number when the log happens to parse as JSON.
             response = self._core.read_namespaced_pod_log(pod, namespace, container=container, tail_lines=tail_lines,
-                                                          _preload_content=False)
+                                                          _preload_content=False, **since)
             return response.data.decode("utf-8", errors="replace")
         except ApiException as e:
             if e.status in (400, 404):  # not started yet, or gone
@@ -443,6 +446,42 @@ class KubernetesBackend(OneOffJobs):
         pods = self._list("pods", namespace, f"{group_selector(ref.name, role)},{INDEX_LABEL}={index}")
         pod = latest_pods(pods).get((role, index))
         return "" if pod is None else self._read_log(namespace, _name(pod), role, tail_lines)
+
+    def log_since(self, ref: GroupRef, role: str, index: int, cursor: dict[str, Any] | None = None,
+                  limit_bytes: int = 1 << 20) -> tuple[str, dict[str, Any]]:
+        """The task's log lines written since ``cursor`` and the cursor after them (see
+        :class:`airflow_tf.backends.follow.LogFollower`): its latest pod's log from the API, with
+        timestamps, from a little before the last line read (``since_seconds``: the node's clock
+        may run ahead of this one's); the lines up to that one are skipped. A new pod (the task
+        restarted) is read from its start."""
+        namespace = self._ns(ref)
+        pods = self._list("pods", namespace, f"{group_selector(ref.name, role)},{INDEX_LABEL}={index}")
+        pod = latest_pods(pods).get((role, index))
+        cursor = dict(cursor or {})
+        if pod is None or (pod.get("status") or {}).get("phase") not in STARTED_PHASES:
+            return "", cursor
+        name = _name(pod)
+        if cursor.get("pod") != name:
+            cursor = {"pod": name, "time": None}
+        since = {"timestamps": True, "limit_bytes": limit_bytes}
+        if cursor["time"]:
+            behind = _now().timestamp() - _log_time(cursor["time"]) / 1e9
+            since["since_seconds"] = max(1, math.ceil(behind) + LOG_CLOCK_SLACK_SECONDS)
+        text = self._read_log(namespace, name, role, None, **since)
+        read = text.splitlines()
+        if len(text.encode()) >= limit_bytes and len(read) > 1:
+            read.pop()  # cut at limit_bytes: read again, whole, next time
+        lines = []
+        for line in read:
+            stamp, _, rest = line.partition(" ")
+            try:
+                moment = _log_time(stamp)
+            except ValueError:  # no timestamp: the part of a line longer than limit_bytes
+                continue
+            if cursor["time"] is None or moment > _log_time(cursor["time"]):
+                lines.append(rest)
+                cursor["time"] = stamp
+        return "".join(f"{line}\n" for line in lines), cursor
 
     def teardown(self, ref: GroupRef, roles: Iterable[str] | None = None) -> list[str]:
         """Delete the group (the root Job first: garbage collection removes what it owns),
@@ -631,6 +670,21 @@ class _WatchedGroup:
         await self._read_progress()
         jobset = await read_view(self.api, self.namespace, self.ref.name) if is_jobset(self.ref) else {}
         return assess(self.ref.name, jobs, pods, now, scheduler_messages=messages, progress=self.progress, **jobset)
+
+
+LOG_CLOCK_SLACK_SECONDS = 60
+"""How far before the last line read a log is read again (its lines up to that one skipped):
+room for a node's clock ahead of the Airflow worker's."""
+
+
+def _log_time(stamp: str) -> int:
+    """A kubelet log timestamp (RFC 3339 in UTC, up to nine fraction digits, trailing zeros
+    trimmed) in nanoseconds since the epoch: lines a few nanoseconds apart stay apart."""
+    head, _, fraction = stamp.rstrip("Z").partition(".")
+    if not stamp.endswith("Z") or (fraction and not fraction.isdigit()):
+        raise ValueError(f"not a log timestamp: {stamp!r}")
+    moment = datetime.datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp()) * 1_000_000_000 + int((fraction + "0" * 9)[:9])
 
 
 def _event_selector(pod: str) -> str:

@@ -28,6 +28,7 @@ from jinja2 import FileSystemLoader, StrictUndefined
 from jinja2.sandbox import SandboxedEnvironment
 
 from airflow_tf.cluster import GroupSpec, RoleSpec, SpecError, cluster_def, label_value, task_name
+from airflow_tf.cluster.names import GROUP_ENV, RUN_ENV
 from airflow_tf.cluster.spec import HEALTH_STARTUP_SECS
 
 from .labels import (
@@ -40,6 +41,7 @@ from .labels import (
     SCHEDULE_TIMEOUT,
     SUCCESS_POLICY,
 )
+from .default_requests import ROLE_REQUESTS, with_default_requests
 from .restricted import restricted_pod
 from .pod_options import (
     LABEL_KEY,
@@ -68,7 +70,7 @@ container (a fraction of a second on an idle node)."""
 USER_ERROR_EXIT_CODES = list(range(1, 129))
 """Exit codes of a program error under the ``ExitCode`` policy; above 128 is death by a signal."""
 
-_RESERVED_ENV = ("TF_CONFIG", "JOB_COMPLETION_INDEX")
+_RESERVED_ENV = ("TF_CONFIG", "JOB_COMPLETION_INDEX", GROUP_ENV, RUN_ENV)
 
 
 def group_selector(group: str, role: str | None = None) -> str:
@@ -262,13 +264,23 @@ def roles_of(spec: GroupSpec, pod_defaults: dict[str, Any] | None) -> dict[str, 
     """The roles that have tasks, validated: pod settings, then resources, then reserved variables."""
     options = {role: pod_options(role, {**(pod_defaults or {}), **(spec.roles[role].kubernetes or {})})
                for role in spec.roles if spec.replicas(role)}
-    roles = {role: Role(role, spec.roles[role], opts, check_resources(role, spec.roles[role].resources))
+    roles = {role: Role(role, spec.roles[role], opts, with_default_requests(
+                 check_resources(role, spec.roles[role].resources), role_requests(spec, role), opts.pod_template, role))
              for role, opts in options.items()}
     for role in roles.values():
         clash = [var for var in _RESERVED_ENV if var in role.spec.env or var in role.options.secret_env]
         if clash:
             raise SpecError(f"roles.{role.name}.env.{clash[0]}: set by the backend for every task; remove it")
     return roles
+
+
+def role_requests(spec: GroupSpec, role: str) -> dict[str, str]:
+    """The default requests of a task of ``role``; a ps's memory is the group's
+    ``training.ps_memory_limit`` when set (what its variables were sized against)."""
+    requests = dict(ROLE_REQUESTS[role])
+    if role == "ps" and spec.training is not None and spec.training.ps_memory_limit is not None:
+        requests["memory"] = str(spec.training.ps_memory_limit)
+    return requests
 
 
 @dataclass(frozen=True)
@@ -299,7 +311,10 @@ def task_env(group: Group, role: Role) -> list[dict]:
     # The index comes from JOB_COMPLETION_INDEX (set by the Job controller): one
     # TF_CONFIG for every pod of the Job.
     tf_config = json.dumps({"cluster": group.cluster, "task": {"type": role.name}}, sort_keys=True)
-    return [{"name": "TF_CONFIG", "value": tf_config}, *_process_env(role.spec.env, role.options, role.resources)]
+    # The group and run, as a local task has them: the runtime titles its process after them.
+    identity = [{"name": GROUP_ENV, "value": group.spec.name}, {"name": RUN_ENV, "value": group.spec.run_name()}]
+    return [{"name": "TF_CONFIG", "value": tf_config}, *identity,
+            *_process_env(role.spec.env, role.options, role.resources)]
 
 
 def _process_env(env: dict[str, Any], opts: PodOptions, resources: dict[str, dict[str, str]]) -> list[dict]:

@@ -117,14 +117,7 @@ class OneOffJobs:
                                    "(deleted outside airflow-tf); run the task again")
             return pod
         text = self._read_log(namespace, name_of(pod), container, ONE_OFF_LOG_TAIL_LINES) if pod else ""
-        task = _task_status(pod, now(), {}, name, 0) if pod else None
-        detail = (task.reason or (f"exit code {task.exit_code}" if task.exit_code is not None else None)) if task else None
-        phase = ((pod.get("status") or {}).get("phase") or "Pending") if pod else None
-        detail = detail.removeprefix(f"pod {name_of(pod)}: ") if detail and pod else detail
-        error = ComponentRefusedError if task and task.exit_code == REFUSED_EXIT else BackendError
-        raise error(f"{what} Job {name} failed (pod {name_of(pod) if pod else 'none'}: "
-                    f"{detail or _job_condition_text(job)}{f', phase {phase}' if phase else ''}); "
-                    f"last lines of its log:\n{text.rstrip() or '(empty)'}")
+        raise _one_off_failure(what, name, job, pod, text)
 
     def one_off_result(self, pod: dict, container: str) -> dict[str, Any]:
         """The JSON object a one-off Job's container wrote to its termination message, or, when
@@ -279,3 +272,18 @@ class _LogFollower:
         for line in lines[start:]:
             self.emit(line)
         self.seen = (self.seen + lines[start:])[-PROGRESS_TAIL_LINES * 4:]
+
+
+def _one_off_failure(what: str, name: str, job: dict, pod: dict | None, log_tail: str) -> BackendError:
+    """The error of a one-off Job that failed: its pod, phase and reason (or the Job's condition)
+    and the last lines of its log; ComponentRefusedError when the container exited with REFUSED_EXIT."""
+    if pod is None:
+        return BackendError(f"{what} Job {name} failed (pod none: {_job_condition_text(job)}); "
+                            f"last lines of its log:\n{log_tail.rstrip() or '(empty)'}")
+    task = _task_status(pod, now(), {}, name, 0)
+    detail = task.reason or (f"exit code {task.exit_code}" if task.exit_code is not None else None)
+    detail = detail.removeprefix(f"pod {name_of(pod)}: ") if detail else None
+    phase = (pod.get("status") or {}).get("phase") or "Pending"
+    error = ComponentRefusedError if task.exit_code == REFUSED_EXIT else BackendError
+    return error(f"{what} Job {name} failed (pod {name_of(pod)}: {detail or _job_condition_text(job)}, phase {phase}); "
+                 f"last lines of its log:\n{log_tail.rstrip() or '(empty)'}")

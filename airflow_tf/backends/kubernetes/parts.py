@@ -26,6 +26,7 @@ from ..base import BackendError
 from .backend import KubernetesBackend
 from .one_off import TERMINATION_MESSAGE_PATH, one_off_job
 from .labels import COMPONENT_LABEL, PREFIX
+from .default_requests import PART_REQUESTS, with_default_requests
 from .manifests import DEFAULT_TTL_SECONDS_AFTER_FINISHED, one_off_pod_template
 from .pod_options import KUBERNETES_ENV_NAME, check_image, check_namespace, check_resources, pod_options
 
@@ -65,7 +66,8 @@ class KubernetesPartOptions:
     in_cluster: bool | None = None
     cluster_context: str | None = None
     resources: dict[str, Any] = field(default_factory=dict)
-    """``{requests: {cpu, memory}, limits: {...}}`` of each part's container."""
+    """``{requests: {cpu, memory}, limits: {...}}`` of each part's container; a request not given
+    (nor implied by a limit) is :data:`~.default_requests.PART_REQUESTS`'s."""
     env: dict[str, str] = field(default_factory=dict)
     """Plain environment variables of the parts (Secrets go in ``secret_env``/``env_from``)."""
     pod: dict[str, Any] = field(default_factory=dict)
@@ -178,7 +180,8 @@ def part_job(options: KubernetesPartOptions, namespace: str, *, plan: str, index
     command = part_command(plan, index, TERMINATION_MESSAGE_PATH, encode_threads=encode_threads, progress_every=progress_every)
     template = one_off_pod_template(
         container=PART_COMPONENT, image=options.image, command=command, env=dict(options.env), options=settings,
-        resources=check_resources("part", options.resources, f"{WHERE}.resources"))
+        resources=with_default_requests(check_resources("part", options.resources, f"{WHERE}.resources"),
+                                        PART_REQUESTS, settings.pod_template, PART_COMPONENT))
     return one_off_job(part_job_name(dataset, token, index), namespace, container=PART_COMPONENT, template=template,
                        command=command, timeout=options.timeout_seconds, ttl=options.ttl_seconds_after_finished,
                        labels={**settings.labels, COMPONENT_LABEL: PART_COMPONENT,

@@ -10,13 +10,13 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from airflow_tf.cluster import SpecError
+from airflow_tf.cluster.memory import QUANTITY, quantity_value
 
 from .labels import (
     KUEUE_PRIORITY_LABEL,
@@ -45,7 +45,6 @@ _IMAGE = re.compile(
     r"(?::[\w][\w.-]{0,127})?"
     r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
 )
-_QUANTITY = re.compile(r"^\+?(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
 _VOLUME_SOURCES = ("claim", "secret", "config_map", "empty_dir")
 
 
@@ -101,32 +100,15 @@ class PodOptions:
     pod_template: dict | None = None
 
 
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": Decimal(10**3),
-            "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18)}
-
-
 def _quantity(amount: Any, where: str, errors: list[str]) -> str:
     """A Kubernetes resource quantity (never negative) as its string, or an error added."""
     text = str(amount).strip() if not isinstance(amount, bool) and isinstance(amount, (str, int, float)) else ""
     if isinstance(amount, float) and not math.isfinite(amount):
         text = ""
-    match = _QUANTITY.match(text)
+    match = QUANTITY.match(text)
     if not match:
         errors.append(f"{where}: {amount!r} is not a Kubernetes quantity (>= 0, e.g. 2, 500m, 4Gi)")
     return text
-
-
-def quantity_value(text: str) -> Decimal:
-    match = _QUANTITY.match(text)
-    if not match:
-        raise ValueError(text)
-    number, suffix = Decimal(match["number"]), match["suffix"] or ""
-    if suffix in _BINARY:
-        return number * _BINARY[suffix]
-    if suffix in _DECIMAL:
-        return number * _DECIMAL[suffix]
-    return number * (Decimal(10) ** int(suffix[1:])) if suffix else number
 
 
 def _is_str_map(value: Any) -> bool:
@@ -419,7 +401,7 @@ def check_resources(role: str, resources: dict[str, Any], where: str | None = No
                 errors.append(f"{where}.{kind}.{name}: not a resource name (e.g. cpu, memory, nvidia.com/gpu)")
                 continue
             text = _quantity(amount, f"{where}.{kind}.{name}", errors)
-            if name in GPU_RESOURCES and _QUANTITY.match(text) and quantity_value(text) != int(quantity_value(text)):
+            if name in GPU_RESOURCES and QUANTITY.match(text) and quantity_value(text) != int(quantity_value(text)):
                 errors.append(f"{where}.{kind}.{name}: {amount!r} GPUs; a GPU count is a whole number >= 0")
             out[kind][name] = text
     for gpu in GPU_RESOURCES:

@@ -101,18 +101,24 @@ def _pod_problems(pod: dict, spec: dict, context: dict) -> list[str]:
     problems = [f"spec.{key}: true; host namespaces are forbidden (unset or false)"
                 for key in ("hostNetwork", "hostPID", "hostIPC") if spec.get(key)]
     problems += [f"spec.securityContext.{p}" for p in _context_problems(context)]
+    problems += _volume_problems(spec)
+    problems += [f"spec.securityContext.sysctls {sysctl.get('name')!r}: not a safe sysctl; allowed: "
+                 + ", ".join(sorted(SAFE_SYSCTLS))
+                 for sysctl in context.get("sysctls") or [] if sysctl.get("name") not in SAFE_SYSCTLS]
+    problems += [f"metadata.annotations {key}: {value!r}; allowed: runtime/default, localhost/*"
+                 for key, value in ((pod.get("metadata") or {}).get("annotations") or {}).items()
+                 if key.startswith(APPARMOR_ANNOTATION) and value != "runtime/default"
+                 and not str(value).startswith("localhost/")]
+    return problems
+
+
+def _volume_problems(spec: dict) -> list[str]:
+    problems = []
     for i, volume in enumerate(spec.get("volumes") or []):
         kinds = [k for k in volume if k != "name"]
         if not any(k in ALLOWED_VOLUMES for k in kinds):
             problems.append(f"spec.volumes[{i}] {volume.get('name')!r}: {'/'.join(kinds) or 'no source'} volumes are "
                             f"forbidden; allowed: {', '.join(ALLOWED_VOLUMES)}")
-    for sysctl in context.get("sysctls") or []:
-        if sysctl.get("name") not in SAFE_SYSCTLS:
-            problems.append(f"spec.securityContext.sysctls {sysctl.get('name')!r}: not a safe sysctl; allowed: "
-                            + ", ".join(sorted(SAFE_SYSCTLS)))
-    for key, value in ((pod.get("metadata") or {}).get("annotations") or {}).items():
-        if key.startswith(APPARMOR_ANNOTATION) and value != "runtime/default" and not str(value).startswith("localhost/"):
-            problems.append(f"metadata.annotations {key}: {value!r}; allowed: runtime/default, localhost/*")
     return problems
 
 
@@ -140,7 +146,13 @@ def _context_problems(context: dict) -> list[str]:
 
 def _container_problems(c: dict, pod_context: dict) -> list[str]:
     context = c.get("securityContext") or {}
-    problems = [f"securityContext.{p}" for p in _context_problems(context)]
+    return ([f"securityContext.{p}" for p in _context_problems(context)] + _privilege_problems(context, pod_context)
+            + _capability_problems(context) + _host_endpoint_problems(c))
+
+
+def _privilege_problems(context: dict, pod_context: dict) -> list[str]:
+    """Privilege, escalation, root and seccomp: the container's own setting, else its pod's."""
+    problems = []
     if context.get("privileged"):
         problems.append("securityContext.privileged: true; must be unset or false")
     if context.get("allowPrivilegeEscalation") is not False:
@@ -152,16 +164,26 @@ def _container_problems(c: dict, pod_context: dict) -> list[str]:
             and (pod_context.get("seccompProfile") or {}).get("type") is None:
         problems.append("securityContext.seccompProfile: unset under a pod that sets none; "
                         "must be RuntimeDefault or Localhost")
+    if context.get("procMount") not in (None, "Default"):
+        problems.append(f"securityContext.procMount: {context['procMount']!r}; must be unset or Default")
+    return problems
+
+
+def _capability_problems(context: dict) -> list[str]:
     capabilities = context.get("capabilities") or {}
+    problems = []
     if "ALL" not in (capabilities.get("drop") or []):
         problems.append(f"securityContext.capabilities.drop: {capabilities.get('drop')!r}; must include ALL")
     added = [cap for cap in capabilities.get("add") or [] if cap != "NET_BIND_SERVICE"]
     if added:
         problems.append(f"securityContext.capabilities.add: {added!r}; only NET_BIND_SERVICE may be added")
-    if context.get("procMount") not in (None, "Default"):
-        problems.append(f"securityContext.procMount: {context['procMount']!r}; must be unset or Default")
-    problems += [f"ports[{j}].hostPort: {port['hostPort']}; host ports are forbidden (unset or 0)"
-                 for j, port in enumerate(c.get("ports") or []) if port.get("hostPort")]
+    return problems
+
+
+def _host_endpoint_problems(c: dict) -> list[str]:
+    """Host ports, and probes or hooks aimed at another host."""
+    problems = [f"ports[{j}].hostPort: {port['hostPort']}; host ports are forbidden (unset or 0)"
+                for j, port in enumerate(c.get("ports") or []) if port.get("hostPort")]
     handlers = [(probe, c.get(probe)) for probe in _PROBES]
     handlers += [(f"lifecycle.{hook}", (c.get("lifecycle") or {}).get(hook)) for hook in ("postStart", "preStop")]
     problems += [f"{name}.{kind}.host: {(handler.get(kind) or {})['host']!r}; must be unset"

@@ -239,53 +239,86 @@ def assess(group: str, jobs: list[dict], pods: list[dict], now: dt.datetime, *,
     ``queue_reason``: why Kueue has not admitted a suspended JobSet (its Workload's condition)."""
     if not jobs and jobset is None:
         return GroupStatus(name=group, exists=False)
+    form = _Form(group, jobs, jobset, queue_reason)
     by_role = {(_meta(j).get("labels") or {}).get(ROLE_LABEL): j for j in jobs}
-    if jobset is not None:
-        root = jobset
-    else:
-        root = next((j for j in jobs if _annotation(j, ROOT_ANNOTATION, "") == "true"), jobs[0])
-    expected = json.loads(_annotation(root, REPLICAS, "{}"))
-    jobset_failed = _jobset_condition(jobset, "Failed") if jobset is not None else None
-    jobset_finished = jobset is not None and bool(jobset_failed or _jobset_condition(jobset, "Completed"))
-    queue = (_meta(jobset).get("labels") or {}).get(KUEUE_QUEUE_LABEL) if jobset is not None else None
     attempts = _Attempts(pods)
     tasks: list[TaskStatus] = []
     stopped: set[str] = set()  # tasks Kubernetes stopped because another one failed
     failure = None
-
-    for role in sorted(expected):
+    for role, count in sorted(form.expected.items()):
         job = by_role.get(role)
-        job_name = f"{group}-{role}" if jobset is None else _jobset_job_name(jobset, role)
         if job is None:
-            if jobset is not None and not jobset_finished:
-                tasks += [TaskStatus(role=role, index=index, name=f"{job_name}-{index}", phase=Phase.PENDING,
-                                     reason=_waiting_for_jobset(jobset, role, queue_reason))
-                          for index in range(int(expected[role]))]
-            elif role in TRAINERS and jobset is None:
-                failure = f"Job {group}-{role} not found: it was deleted outside airflow-tf; launch the group again"
-            # Parameter servers are gone after a ps-only teardown, and every Job still running
-            # once its JobSet finished (its controller deletes them): fine.
+            waiting, missing = form.without_job(role, count)
+            tasks += waiting
+            failure = missing or failure
             continue
-        role_job = _RoleJob.read(job_name, job, queue,
-                                 None if jobset is None else _waiting_for_jobset(jobset, role, queue_reason, made=True))
-        for index in range(int(expected[role])):
+        role_job = _RoleJob.read(form.job_name(role), job, form.queue, form.waiting(role))
+        for index in range(count):
             task, was_stopped = _assess_task(group, role, index, role_job, attempts=attempts, now=now,
                                               scheduler_messages=scheduler_messages or {},
-                                              name=None if jobset is None else f"{job_name}-{index}")
+                                              name=form.task_name(role, index))
             if task is not None:
                 tasks.append(task)
                 if was_stopped:
                     stopped.add(task.name)
-        if role_job.failed and not any(t.phase is Phase.FAILED and t.name not in stopped
-                                       for t in tasks if t.role == role):
+        if role_job.failed and not _failed_on_its_own(tasks, stopped, role):
             failure = failure or f"Job {role_job.name} failed: {role_job.failure()}"
-    if jobset_failed is not None and failure is None and not any(
-            t.phase is Phase.FAILED and t.name not in stopped for t in tasks):
-        reason, message = jobset_failed.get("reason") or "Failed", jobset_failed.get("message") or ""
-        failure = f"JobSet {_meta(jobset or {}).get('name')} failed: {reason}" + (f": {message}" if message else "")
+    if failure is None and not _failed_on_its_own(tasks, stopped):
+        failure = form.jobset_failure()
     # The task that failed comes before those stopped because of it: it is the reason.
     tasks.sort(key=lambda t: (t.name in stopped, t.role, t.index))
     return GroupStatus(name=group, tasks=tasks, failure=failure, progress=progress)
+
+
+def _failed_on_its_own(tasks: list[TaskStatus], stopped: set[str], role: str | None = None) -> bool:
+    """Some task (of ``role``) failed, not stopped because another one did."""
+    return any(t.phase is Phase.FAILED and t.name not in stopped for t in tasks if role is None or t.role == role)
+
+
+class _Form:
+    """What differs between the workload forms when a group is read: the Jobs form (one Job per
+    role, the root Job carrying the group's shape) or one JobSet (its controller names the Jobs,
+    Kueue admits it whole, it fails or completes as one)."""
+
+    def __init__(self, group: str, jobs: list[dict], jobset: dict | None, queue_reason: str | None) -> None:
+        self.group, self.jobset, self.queue_reason = group, jobset, queue_reason
+        root = jobset if jobset is not None else next(
+            (j for j in jobs if _annotation(j, ROOT_ANNOTATION, "") == "true"), jobs[0])
+        self.expected = {role: int(count) for role, count in json.loads(_annotation(root, REPLICAS, "{}")).items()}
+        self.queue = (_meta(jobset).get("labels") or {}).get(KUEUE_QUEUE_LABEL) if jobset is not None else None
+        self.failed = _jobset_condition(jobset, "Failed") if jobset is not None else None
+        self.finished = jobset is not None and bool(self.failed or _jobset_condition(jobset, "Completed"))
+
+    def job_name(self, role: str) -> str:
+        return f"{self.group}-{role}" if self.jobset is None else _jobset_job_name(self.jobset, role)
+
+    def task_name(self, role: str, index: int) -> str | None:
+        """A JobSet's task's pod host; None: the Jobs form's ``<group>-<role>-<index>``."""
+        return None if self.jobset is None else f"{self.job_name(role)}-{index}"
+
+    def waiting(self, role: str) -> str | None:
+        """Why a JobSet's role whose Job exists has not started (suspended, or after the roles before it)."""
+        return None if self.jobset is None else _waiting_for_jobset(self.jobset, role, self.queue_reason, made=True)
+
+    def without_job(self, role: str, count: int) -> tuple[list[TaskStatus], str | None]:
+        """A role with no Job: a JobSet's tasks waiting for it, or the group's failure when a
+        trainer's Job of the Jobs form was deleted. Parameter servers are gone after a ps-only
+        teardown, and every Job still running once its JobSet finished (its controller deletes
+        them): fine."""
+        if self.jobset is not None and not self.finished:
+            reason = _waiting_for_jobset(self.jobset, role, self.queue_reason)
+            return [TaskStatus(role=role, index=index, name=f"{self.job_name(role)}-{index}", phase=Phase.PENDING,
+                               reason=reason) for index in range(count)], None
+        if role in TRAINERS and self.jobset is None:
+            return [], f"Job {self.group}-{role} not found: it was deleted outside airflow-tf; launch the group again"
+        return [], None
+
+    def jobset_failure(self) -> str | None:
+        """The JobSet's own failure (its condition's reason and message), when no task's explains it."""
+        if self.failed is None:
+            return None
+        reason, message = self.failed.get("reason") or "Failed", self.failed.get("message") or ""
+        return f"JobSet {_meta(self.jobset or {}).get('name')} failed: {reason}" + (f": {message}" if message else "")
 
 
 def _assess_task(group: str, role: str, index: int, job: _RoleJob, *, attempts: _Attempts, now: dt.datetime,

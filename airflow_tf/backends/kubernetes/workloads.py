@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from airflow_tf.cluster import GroupSpec, SpecError
+from airflow_tf.cluster import SpecError
 
 WORKLOADS = {
     "jobs": "one Indexed Job per role (default)",
@@ -85,15 +85,3 @@ def check_launch_options(backend_options: Any, role_options: Any = None) -> None
     refuse_queue_without_jobset(workload, (queue for queue, _ in pairs), (priority for _, priority in pairs))
     for queue, priority in pairs:
         refuse_priority_without_queue(priority, queue)
-
-
-def render_workload(workload: str, spec: GroupSpec, namespace: str, **options: Any) -> list[dict]:
-    """Every object of the group in the form ``workload``, in creation order (the root first)."""
-    check_workload(workload)
-    if workload == "jobset":
-        from .jobset import render_jobset
-
-        return render_jobset(spec, namespace, **options)
-    from .jobs import render_group
-
-    return render_group(spec, namespace, **options)
