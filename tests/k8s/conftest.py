@@ -21,6 +21,19 @@ from .plane import CLUSTER_ENV, Plane, host_state, other_nodes_run
 from .scripted import scripted  # noqa: F401 (a fixture)
 
 
+PLANE_SETUP_TIMEOUT = 1800
+"""Seconds a test of the plane may take: the first one to ask starts it, with its node's import of
+the training image (5 to 12 minutes on a loaded 2-core machine), inside its own timeout."""
+
+
+def pytest_collection_modifyitems(items) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if (Path(str(item.path)).is_relative_to(here) and "plane" in getattr(item, "fixturenames", ())
+                and item.get_closest_marker("timeout") is None):
+            item.add_marker(pytest.mark.timeout(PLANE_SETUP_TIMEOUT))
+
+
 @pytest.fixture(scope="package")
 def plane(tmp_path_factory):
     configured = os.environ.get(CLUSTER_ENV)
