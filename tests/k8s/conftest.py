@@ -27,11 +27,13 @@ the training image (5 to 12 minutes on a loaded 2-core machine), inside its own 
 
 
 def pytest_collection_modifyitems(items) -> None:
+    """The tests on the plane are slow ones: their pods really run, from the training image."""
     here = Path(__file__).parent
     for item in items:
-        if (Path(str(item.path)).is_relative_to(here) and "plane" in getattr(item, "fixturenames", ())
-                and item.get_closest_marker("timeout") is None):
-            item.add_marker(pytest.mark.timeout(PLANE_SETUP_TIMEOUT))
+        if Path(str(item.path)).is_relative_to(here) and "plane" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(PLANE_SETUP_TIMEOUT))
 
 
 @pytest.fixture(scope="package")

@@ -1,9 +1,9 @@
-"""A Kubernetes group's logs on a real node (``scripts/kube up DIR --nodes 1``, the training image
-loaded): the chief's log followed through the API as it is written (``log_since``: timestamps and
+"""A Kubernetes group's logs on a real node (the package's plane, ``scripts/kube up DIR --nodes 1``, the
+training image loaded): the chief's log followed through the API as it is written (``log_since``: timestamps and
 ``sinceSeconds``), every line once, in order, while the chief runs; and the teardown keeping every
 pod's log in the run directory, bounded by ``[airflow_tf] kept_log_bytes``, before the pods go.
 
-The test-played kubelet of the other Kubernetes tests serves no timestamps: these need a real one."""
+The package's plane has the real node (tests/k8s/conftest.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from airflow_tf.cluster import GroupSpec, TrainingConfig, group_outcome
 from airflow_tf.operators import TeardownTFClusterOperator
 
 from .plane import wait_for
-from .test_real_nodes import namespace, real_plane, storage, training_image  # noqa: F401 - fixtures
+from .scripted import training_image
+from .test_real_nodes import storage
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="a kubelet and containerd run as root")]
 
@@ -26,10 +27,10 @@ KEPT_LOG_BYTES = 3000
 
 
 def test_the_chief_log_is_followed_live_and_every_pod_log_is_kept_bounded_before_teardown(
-        real_plane, namespace, linear_dataset, tmp_path, monkeypatch):  # noqa: F811 - fixtures
-    dataset, runs, pod_defaults = storage(namespace, linear_dataset, tmp_path)
-    backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=str(namespace.kubeconfig),
-                          namespace=namespace.ns, pod_defaults=pod_defaults)
+        plane, kube, linear_dataset, tmp_path, monkeypatch):
+    dataset, runs, pod_defaults = storage(kube, linear_dataset, tmp_path)
+    backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=str(kube.kubeconfig),
+                          namespace=kube.ns, pod_defaults=pod_defaults)
     config = TrainingConfig(dataset=dataset, run_dir="/runs/linear", steps=3000, batch_size=32, learning_rate=0.1,
                             checkpoint_every_secs=1.0, log_every_secs=0.25)
     ref = backend.launch(GroupSpec.for_training("linear", config, ps=1, workers=1, image=training_image()))
@@ -67,4 +68,4 @@ def test_the_chief_log_is_followed_live_and_every_pod_log_is_kept_bounded_before
     assert worker.splitlines()[-1] == followed[-1], "the end of the chief's log is kept"
     ps = (kept / f"{ref.name}-ps-0.log").read_text()
     assert len(ps.encode()) <= KEPT_LOG_BYTES and ps_last in ps
-    wait_for(lambda: namespace.gone("pods"), 60, "the group's pods to be gone")
+    wait_for(lambda: kube.gone("pods"), 60, "the group's pods to be gone")
