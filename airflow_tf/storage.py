@@ -206,9 +206,4 @@ def configured_backend_options() -> dict:
     if not isinstance(options, dict):
         raise ValueError(f"[airflow_tf] backend_options / $AIRFLOW_TF_BACKEND_OPTIONS: expected a JSON object, "
                          f"got {type(options).__name__} {text!r}")
-    from airflow_tf.backends import BACKENDS, check_backend_options
-
-    backend = configured_backend()
-    if backend not in BACKENDS:  # reported by whoever uses it, naming [airflow_tf] backend
-        return options
-    return check_backend_options(backend, options, "[airflow_tf] backend_options / $AIRFLOW_TF_BACKEND_OPTIONS")
+    return options  # each key checked by its user against the backend's options (operators.common)

@@ -79,8 +79,8 @@ def resolved_backend(backend: str | None, options: dict[str, Any] | None,
                          f"{', '.join(BACKENDS)}")
     name = backend or configured
     if options is None and name == configured:
-        resolved = configured_backend_options()
         where = "[airflow_tf] backend_options / $AIRFLOW_TF_BACKEND_OPTIONS"
+        resolved = check_backend_options(configured, configured_backend_options(), where)
     else:
         where = "backend_options (the task's argument)"
         resolved = check_backend_options(name, dict(options or {}), where)

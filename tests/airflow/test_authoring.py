@@ -80,7 +80,7 @@ def test_the_teardown_takes_the_launch_object_not_its_id():
 
 def test_the_provider_config_section_is_listed_by_airflow(tmp_path):
     assert set(get_provider_info()["config"]["airflow_tf"]["options"]) == {"storage", "backend", "backend_options",
-                                                                            "teams", "state_dir"}
+                                                                            "teams", "state_dir", "kept_log_bytes"}
     airflow = str(Path(sys.executable).with_name("airflow"))
     env = {"AIRFLOW_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "AIRFLOW__AIRFLOW_TF__STORAGE": "/shared/tf"}
     listed = subprocess.run([airflow, "config", "list", "--section", "airflow_tf"], env=env,
