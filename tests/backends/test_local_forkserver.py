@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from airflow_tf.backends.local import LocalBackend
-from airflow_tf.backends.local_forkserver import ForkServer, ForkServerError, forkable
+from airflow_tf.backends.local.forkserver import ForkServer, ForkServerError, forkable
 from airflow_tf.cluster import GroupSpec, TrainingConfig
 from processes import environ_of
 
@@ -178,7 +178,7 @@ def test_while_the_fork_server_loads_the_supervisor_runs_the_ps_and_answers_a_te
         local_state_dir, linear_dataset, tmp_path, group_processes, wait_until):
     """The fork server frozen before it has loaded: the ps runs, the trainers wait for the server,
     and the supervisor still answers a teardown itself, without being killed as unresponsive."""
-    from airflow_tf.backends.local_processes import is_running, process_start_time
+    from airflow_tf.backends.local.processes import is_running, process_start_time
 
     backend = LocalBackend()
     ref = backend.launch(GroupSpec.for_training("fs", _config(tmp_path, linear_dataset, 10_000_000), ps=1, workers=2))

@@ -1,4 +1,4 @@
-"""The supervisor of one local training group: ``python -m airflow_tf.backends.local_supervisor <group dir>``.
+"""The supervisor of one local training group: ``python -m airflow_tf.backends.local.supervisor <group dir>``.
 
 Started (detached) by :meth:`LocalBackend.launch`. It picks free ports on 127.0.0.1, starts
 every task with its TF_CONFIG, applies the restart policies and the backoff limits,
@@ -9,7 +9,7 @@ progress, writes the state file atomically, and stops tasks on teardown requests
 No orphans: every task is started with ``PR_SET_PDEATHSIG = SIGKILL`` from this (single-
 threaded) process, so if the supervisor dies, even by SIGKILL, the kernel kills its tasks.
 
-The trainers are forked by the group's fork server (:mod:`.local_forkserver`), which loads
+The trainers are forked by the group's fork server (:mod:`.forkserver`), which loads
 TensorFlow once for all of them and their restarts; the supervisor is their subreaper, so they
 are its children as the tasks it starts itself are. While the server loads, the supervisor's loop
 goes on (the ps run, teardowns are answered); the trainers start once it says it is ready.
@@ -44,10 +44,10 @@ from airflow_tf.cluster.status import GROUP_RESTARTED, ReasonCode
 from airflow_tf.cluster.spec import TASK_TEMPORARY_DIRECTORY, TRAINERS_ON_THIS_MACHINE
 from airflow_tf.files import read_json
 
-from .local_files import STATE_DIR_ENV, GroupDir, archive_logs, tail_text, write_group_file
-from .local_forkserver import ForkedProcess, ForkServer, ForkServerError, forkable
-from .local_network import isolate_network, isolation_warning
-from .local_processes import (
+from .files import STATE_DIR_ENV, GroupDir, archive_logs, tail_text, write_group_file
+from .forkserver import ForkedProcess, ForkServer, ForkServerError, forkable
+from .network import isolate_network, isolation_warning
+from .processes import (
     STOP_GRACE,
     TaskProcess,
     die_with_parent,
@@ -58,7 +58,7 @@ from .local_processes import (
     remove_temporary_directory,
     temporary_directory,
 )
-from .local_watch import TaskWatch
+from .watch import TaskWatch
 
 TICK = 0.25
 """Longest sleep between checks; child exits and teardown requests wake the loop at once."""
@@ -442,7 +442,7 @@ class Supervisor(TaskWatch):
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m airflow_tf.backends.local_supervisor <group directory>", file=sys.stderr)
+        print("usage: python -m airflow_tf.backends.local.supervisor <group directory>", file=sys.stderr)
         return 2
     group = GroupDir(Path(args[0]))
     if not group.exists():

@@ -14,7 +14,7 @@ from typing import Any
 from airflow_tf.cluster import GroupSpec, Phase
 from airflow_tf.cluster.spec import HEALTH_ANSWERED, HEALTH_STARTUP_SECS, HealthBounds
 
-from .local_processes import STOP_GRACE, TaskProcess, cpu_ticks, kill_group
+from .processes import STOP_GRACE, TaskProcess, cpu_ticks, kill_group
 
 STARTUP_ALLOWANCE = 30.0
 """Seconds the health asker may take to start (Python and gRPC on a loaded machine) before its
