@@ -58,7 +58,7 @@ from .processes import (
     remove_temporary_directory,
     temporary_directory,
 )
-from .watch import TaskWatch
+from .watch import HealthQuestions, ProgressWatchdog
 
 TICK = 0.25
 """Longest sleep between checks; child exits and teardown requests wake the loop at once."""
@@ -69,7 +69,7 @@ PROGRESS_TAIL_BYTES = 64 * 1024
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class Supervisor(TaskWatch):
+class Supervisor:
     def __init__(self, group: GroupDir) -> None:
         self.group = group
         saved = read_json(group.spec)
@@ -90,9 +90,11 @@ class Supervisor(TaskWatch):
         self.start_time = process_start_time(self.pid)
         self.running = True
         self.last_written: Any = None
-        self.health = self.spec.health_bounds()
-        self.asking = None
-        self.next_question = 0.0
+        # What watches the running tasks; each replaces a task it finds stalled or stuck.
+        self.watchdog = ProgressWatchdog(self.spec, self.tasks, self.chief, self.replace)
+        bounds = self.spec.health_bounds()
+        self.health = None if bounds is None else HealthQuestions(
+            self.spec, self.tasks, self.chief, bounds, child_setup=self.child_setup, replace=self.replace)
         self.forkserver: ForkServer | None = None
         self.waiting: list[tuple[TaskProcess, dict[str, list[str]]]] = []
         """Tasks to fork once the fork server has loaded (the loop goes on meanwhile)."""
@@ -124,18 +126,25 @@ class Supervisor(TaskWatch):
             self.check_deadline()
             self.check_owner()
             self.read_progress()
-            self.note_chief_steps()
-            self.check_progress()
-            self.check_health()
+            self.watch()
             self.stop_when_done()
             if all(t.terminal or t.deleted for t in self.tasks):
                 self.running = False
             self.write_state()
-        self.stop_asking()
+        if self.health is not None:
+            self.health.close()
         if self.forkserver is not None:
             self.forkserver.close()
         self.write_state()
         archive_logs(self.group.path)
+
+    def watch(self) -> None:
+        step = (self.progress or {}).get("global_step")
+        self.watchdog.note_chief_steps(step)
+        if self.running:
+            self.watchdog.check(step)
+        if self.running and self.health is not None:
+            self.health.check()
 
     # -- tasks ------------------------------------------------------------------------------
     def start(self, tasks: list[TaskProcess], new_ports: bool = False) -> None:
@@ -242,6 +251,13 @@ class Supervisor(TaskWatch):
                 proc.wait()
             self.ended(t, proc.returncode)
 
+    def replace(self, task: TaskProcess, grace: float = STOP_GRACE) -> None:
+        """Stop ``task`` (a watch found it stalled or stuck) and restart it under its restart
+        policy, as if it had exited."""
+        self.stop([task], grace)
+        assert task.exit_code is not None  # stop() reaped it
+        self.exited(task, task.exit_code)
+
     def reap(self) -> None:
         for task in self.tasks:
             if task.proc is None or task.proc.poll() is None:
@@ -262,8 +278,8 @@ class Supervisor(TaskWatch):
         """Reap what exited here without being one of ours (a process a task started and left
         behind, reparented to this subreaper); ours are reaped by their handles."""
         ours = {t.proc.pid for t in self.tasks if t.proc is not None}
-        ours.update(p.pid for p in (self.asking[0] if self.asking else None,
-                                    self.forkserver.proc if self.forkserver else None) if p is not None)
+        ours.update(pid for pid in (self.health.asker_pid if self.health else None,
+                                    self.forkserver.proc.pid if self.forkserver else None) if pid is not None)
         while True:
             try:
                 exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
