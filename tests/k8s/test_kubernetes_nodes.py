@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import json
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -16,7 +18,7 @@ from airflow_tf.backends.kubernetes import KubernetesBackend
 from airflow_tf.backends.kubernetes.jobs import render_group
 from airflow_tf.backends.kubernetes.jobset import render_jobset
 from airflow_tf.backends.kubernetes.labels import GROUP_LABEL, ROLE_LABEL
-from airflow_tf.backends.kubernetes.nodes import lost_pods
+from airflow_tf.backends.kubernetes.nodes import failed_on_lost_node, lost_pods
 from airflow_tf.backends.kubernetes.status import assess
 from airflow_tf.cluster import Phase
 
@@ -123,3 +125,54 @@ def test_the_backend_renders_with_its_node_settings():
     assert "PodDisruptionBudget" in [o["kind"] for o in objects]
     assert {node_tolerations(p)[UNREACHABLE] for p in pods(objects).values()} == {12}
     assert all("affinity" not in p["spec"] for p in pods(objects).values())
+
+
+# A group (ps=1, workers=2) on a three-node plane whose node-1 was killed: its pods as the API
+# server returned them (see the file's _about).
+LOST = json.loads((Path(__file__).with_name("node_lost_pods.json")).read_text())
+
+
+def at(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(f"2026-11-29T{text}+00:00")
+
+
+def tasks(pods: list[dict], now: dt.datetime) -> dict[str, tuple[Phase, str | None]]:
+    status = assess("lose", copy.deepcopy(LOST["jobs"]), copy.deepcopy(pods), now)
+    return {t.name: (t.phase, t.reason) for t in status.tasks}
+
+
+def test_a_pod_evicted_from_a_lost_node_is_released_only_once_its_grace_period_is_long_over():
+    evicted = [LOST["ps_evicted"], LOST["worker0_evicted"], LOST["worker1"]]
+    # The ps's grace period (5 s) ended at 10:25:24, a worker's (30 s) at 10:25:49.
+    assert lost_pods(evicted, at("10:25:30")) == []
+    assert [p["metadata"]["name"] for p in lost_pods(evicted, at("10:25:34"))] == ["lose-ps-0-v7pdd"]
+    assert [p["metadata"]["name"] for p in lost_pods(evicted, at("10:26:00"))] == ["lose-ps-0-v7pdd",
+                                                                                  "lose-worker-0-4tbrw"]
+    # Not a pod being deleted for another reason (a teardown), nor one already terminal.
+    running = copy.deepcopy(LOST["worker1"])
+    running["metadata"]["deletionTimestamp"] = "2026-11-29T10:25:00Z"
+    assert lost_pods([running, LOST["ps_failed"]], at("10:30:00")) == []
+
+
+def test_the_release_marks_that_very_pod_failed_naming_its_node():
+    patch = failed_on_lost_node(LOST["ps_evicted"])
+    assert patch["metadata"] == {"uid": LOST["ps_evicted"]["metadata"]["uid"]}, "a newer pod of the name is spared"
+    assert patch["status"]["phase"] == "Failed"
+    assert "node node-1" in patch["status"]["message"]
+
+
+def test_the_status_says_a_task_waits_on_a_lost_node_then_where_it_runs_again_and_after_how_long():
+    waiting = tasks([LOST["ps_evicted"], LOST["worker0_evicted"], LOST["worker1"]], at("10:25:30"))
+    assert waiting["lose-ps-0"] == (Phase.RESTARTING, "ps-0 lost with node node-1: evicted 12 s ago, "
+                                                      "waiting for its replacement")
+    assert waiting["lose-worker-0"][0] is Phase.RESTARTING, "a trainer too"
+    assert waiting["lose-worker-1"] == (Phase.RUNNING, None)
+    pending = tasks([LOST["ps_failed"], LOST["ps_replacement"], LOST["worker0_evicted"],
+                     LOST["worker0_replacement_pending"], LOST["worker1"]], at("10:26:36"))
+    assert pending["lose-worker-0"] == (Phase.PENDING, "worker-0 lost with node node-1, replacement pending on node-3 "
+                                                      "(ContainerCreating)")
+    moved = tasks([LOST["ps_failed"], LOST["ps_replacement"], LOST["worker0_evicted"], LOST["worker0_replacement"],
+                   LOST["worker1"]], at("10:26:40"))
+    # From the eviction (10:25:18) to the new container running (10:26:27, 10:26:38).
+    assert moved["lose-ps-0"] == (Phase.RUNNING, "ps-0 lost with node node-1, replaced on node-3 after 69 s")
+    assert moved["lose-worker-0"] == (Phase.RUNNING, "worker-0 lost with node node-1, replaced on node-3 after 80 s")

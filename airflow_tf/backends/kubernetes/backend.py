@@ -37,7 +37,7 @@ from ..base import BackendError, GroupRef
 from ..options import BackendOption, BackendOptionError, boolean, check_options, mapping, optional, path_option, seconds, text, whole_seconds
 from .labels import COMPONENT_LABEL, ROLE_LABEL, ROOT_ANNOTATION, SUCCESS_POLICY
 from .manifests import DEFAULT_PS_MAX_LIFETIME_SECONDS, DEFAULT_TTL_SECONDS_AFTER_FINISHED, group_selector, owned_by
-from .nodes import DEFAULT_UNREACHABLE_TOLERATION_SECONDS, lost_pods, node_of
+from .nodes import DEFAULT_UNREACHABLE_TOLERATION_SECONDS, disruption, failed_on_lost_node, lost_pods, node_of
 from .pod_options import check_cluster_domain, check_image, check_namespace, pod_options
 from .status import (
     INDEX_LABEL,
@@ -370,21 +370,25 @@ class KubernetesBackend(OneOffJobs):
         return True
 
     def _force_delete(self, namespace: str, pod: dict) -> None:
-        """Delete a pod stuck on a lost node at once (grace 0): its kubelet is gone, so only this
-        lets its Job replace it (:mod:`.nodes`). The uid precondition spares a newer pod of the same name."""
+        """Release a pod stuck on a lost node (:mod:`.nodes`) as the pod garbage collector does: mark
+        it ``Failed`` (its Job, which replaces only terminal pods, replaces it at once, the
+        disruption not counted) and delete it at once (grace 0). Both carry the pod's uid, which
+        spares a newer pod of the same name."""
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
-        body = client.V1DeleteOptions(grace_period_seconds=0,
-                                      preconditions=client.V1Preconditions(uid=pod["metadata"].get("uid")))
+        name, uid = _name(pod), pod["metadata"].get("uid")
         try:
-            with self._api(f"force-delete pod {_name(pod)} in namespace {namespace}"):
-                self._core.delete_namespaced_pod(_name(pod), namespace, body=body)
+            with self._api(f"mark pod {name} Failed in namespace {namespace}"):
+                self._core.patch_namespaced_pod_status(name, namespace, failed_on_lost_node(pod))
+            with self._api(f"force-delete pod {name} in namespace {namespace}"):
+                self._core.delete_namespaced_pod(name, namespace, body=client.V1DeleteOptions(
+                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)))
         except BackendError as e:
             if isinstance(e.__cause__, ApiException) and e.__cause__.status in (404, 409):
                 return  # gone, or replaced, meanwhile
             raise
-        log.warning(_FORCE_DELETED, _name(pod), node_of(pod))
+        log.warning(_FORCE_DELETED, name, node_of(pod))
 
     def _read_log(self, namespace: str, pod: str, container: str, tail_lines: int | None, **since: Any) -> str:
         """``since``: the API's since_seconds, timestamps and limit_bytes, when given."""
@@ -672,6 +676,9 @@ class _WatchedGroup:
         self.batch = async_client.BatchV1Api(api)
         self.namespace, self.selector = namespace, selector
         self.pods: dict[str, dict] = {}
+        self.moved: dict[str, dict] = {}
+        """Pods Kubernetes disrupted (node lost, drain) and then removed, as last seen: once its Job
+        replaced it the pod is gone from the API, and the status still says where the task moved."""
         self.resource_version: str | None = None
         self.progress: dict[str, Any] | None = None
         self._progress_read_at: float | None = None
@@ -689,6 +696,8 @@ class _WatchedGroup:
             return False
         name = _name(pod)
         if kind == "DELETED":
+            if disruption(pod) is not None:
+                self.moved[name] = pod
             return self.pods.pop(name, None) is not None
         self.pods[name] = pod
         return True
@@ -725,6 +734,7 @@ class _WatchedGroup:
         body = async_client.V1DeleteOptions(grace_period_seconds=0,
                                             preconditions=async_client.V1Preconditions(uid=pod["metadata"].get("uid")))
         try:
+            await self.core.patch_namespaced_pod_status(_name(pod), self.namespace, failed_on_lost_node(pod))
             await self.core.delete_namespaced_pod(_name(pod), self.namespace, body=body)
         except async_client.exceptions.ApiException as e:
             if e.status in (404, 409):
@@ -741,6 +751,7 @@ class _WatchedGroup:
         pods = list(self.pods.values())
         for pod in lost_pods(pods, now):
             await self._force_delete(pod)
+        pods += [pod for name, pod in self.moved.items() if name not in self.pods]
         messages = {}
         for pod in overdue_unschedulable(pods, now):
             events = await self.core.list_namespaced_event(self.namespace, field_selector=_event_selector(pod))
@@ -750,8 +761,8 @@ class _WatchedGroup:
         return assess(self.ref.name, jobs, pods, now, scheduler_messages=messages, progress=self.progress, **jobset)
 
 
-_FORCE_DELETED = ("force-deleted pod %s: its node %s was judged lost and Kubernetes evicted the pod, which its "
-                  "kubelet cannot confirm; its Job replaces it on another node")
+_FORCE_DELETED = ("pod %s marked Failed and force-deleted: its node %s was judged lost and Kubernetes evicted the "
+                  "pod, which its kubelet cannot confirm; its Job replaces it on another node")
 
 LOG_CLOCK_SLACK_SECONDS = 60
 """How far before the last line read a log is read again (its lines up to that one skipped):

@@ -11,6 +11,11 @@ marking them with a ``DisruptionTarget`` condition (reason ``DeletionByTaintMana
 kubelet cannot confirm the deletion, so they stay ``Terminating``, and a Job with a
 ``podFailurePolicy`` replaces a pod only once it is terminal (``podReplacementPolicy: Failed``,
 the only one allowed with a policy): without help the task would wait for the node forever.
+A force deletion alone does not help (seen on a real plane): the pod keeps the Job's tracking
+finalizer and its ``Running`` phase, so the Job still waits. The backend therefore does what the pod
+garbage collector does for pods on a node marked out of service: it marks the pod ``Failed`` (the
+Job controller replaces it within a second or so, the disruption not counted, and removes its
+finalizer) and deletes it with grace 0, so nothing is left ``Terminating``.
 """
 
 from __future__ import annotations
@@ -117,6 +122,17 @@ def stuck_on_lost_node(pod: dict, now: dt.datetime) -> bool:
 def lost_pods(pods: list[dict], now: dt.datetime) -> list[dict]:
     """The group's pods to force-delete now (see :func:`stuck_on_lost_node`)."""
     return [p for p in pods if stuck_on_lost_node(p, now)]
+
+
+def failed_on_lost_node(pod: dict) -> dict:
+    """The status patch that marks a pod stuck on a lost node ``Failed``, as the pod garbage
+    collector marks the pods it removes: the Job controller replaces a pod only once it is terminal
+    (a force deletion alone leaves it ``Running`` behind the Job's tracking finalizer). The uid
+    makes the patch fail (409) on a newer pod of the same name."""
+    return {"metadata": {"uid": (pod.get("metadata") or {}).get("uid")},
+            "status": {"phase": "Failed", "reason": "NodeLost",
+                       "message": f"node {node_of(pod)} judged lost; marked Failed by airflow-tf so that its Job "
+                                  "replaces the pod"}}
 
 
 def node_of(pod: dict) -> str:
