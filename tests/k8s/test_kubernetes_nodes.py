@@ -176,3 +176,29 @@ def test_the_status_says_a_task_waits_on_a_lost_node_then_where_it_runs_again_an
     # From the eviction (10:25:18) to the new container running (10:26:27, 10:26:38).
     assert moved["lose-ps-0"] == (Phase.RUNNING, "ps-0 lost with node node-1, replaced on node-3 after 69 s")
     assert moved["lose-worker-0"] == (Phase.RUNNING, "worker-0 lost with node node-1, replaced on node-3 after 80 s")
+
+
+# A group on node-2, drained with kubectl drain (see the file's _about).
+DRAINED = json.loads((Path(__file__).with_name("node_drained_pods.json")).read_text())
+
+
+def test_a_drained_task_says_it_was_evicted_then_where_it_runs_again_and_after_how_long():
+    def drained(pods, now):
+        status = assess("drain", copy.deepcopy(DRAINED["jobs"]), copy.deepcopy(pods), at(now))
+        return {t.name: (t.phase, t.reason) for t in status.tasks}
+
+    gap = drained([DRAINED["ps_evicted"], DRAINED["worker0"], DRAINED["worker1"]], "10:32:40")
+    assert gap["drain-ps-0"] == (Phase.RESTARTING, "Evicted: pod drain-ps-0-hch69 evicted from node node-2 through "
+                                                   "the Eviction API (a drain?) (exit code 137 (SIGKILL))")
+    pending = drained([DRAINED["ps_evicted"], DRAINED["ps_replacement_pending"], DRAINED["worker0"],
+                       DRAINED["worker1"]], "10:32:50")
+    assert pending["drain-ps-0"] == (Phase.PENDING, "ps-0 evicted from node-2 (drain), replacement pending (waiting for "
+                                                    "a node: 0/3 nodes are available: 1 node(s) were unschedulable, 2 "
+                                                    "node(s) had untolerated taint(s). preemption: 0/3 nodes are "
+                                                    "available: 3 Preemption is not helpful for scheduling.)")
+    # From the eviction (10:32:27) to the new container running (10:33:17): node-2, the only node
+    # left, was uncordoned at 10:33:13.
+    moved = drained([DRAINED["ps_evicted"], DRAINED["ps_replacement"], DRAINED["worker0"], DRAINED["worker1"]],
+                    "10:33:20")
+    assert moved["drain-ps-0"] == (Phase.RUNNING, "ps-0 evicted from node-2 (drain), replaced on node-2 after 50 s")
+    assert moved["drain-worker-0"] == (Phase.RUNNING, None), "the workers' old pods are not in this list"

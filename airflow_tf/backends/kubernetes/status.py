@@ -336,8 +336,8 @@ def _assess_task(group: str, role: str, index: int, job: _RoleJob, *, attempts: 
     if lost is not None:
         return TaskStatus(role=role, index=index, name=name, phase=Phase.RESTARTING, restarts=restarts,
                           reason=lost), False
-    if _meta(pod).get("deletionTimestamp") and role not in TRAINERS:
-        return None, False
+    if _meta(pod).get("deletionTimestamp") and role not in TRAINERS and disruption(pod) is None:
+        return None, False  # torn down: not a ps evicted (a drain) or lost with its node
     task = _task_status(pod, now, scheduler_messages, name, restarts)
     _fail_after_oom(task, attempts.earlier((role, index)), now)
     if _stopped_by_failed_job(task, pod, job):
@@ -405,7 +405,7 @@ def _moved(previous: dict, current: dict) -> str | None:
            else f"{task} evicted from {node_of(previous)} (drain)")
     started = _started(current)
     if started is None or (current.get("status") or {}).get("phase") != "Running":
-        return f"{how}, replacement pending" + (f" on {node}" if node else " (no node yet)")
+        return f"{how}, replacement pending" + (f" on {node}" if node else "")
     return f"{how}, replaced on {node} after {_seconds(evicted[1], started)}"
 
 
@@ -530,7 +530,11 @@ def _failed(task: TaskStatus, pod: dict) -> None:
         task.code = ReasonCode.DEADLINE_EXCEEDED
     elif kind == "terminated":
         task.exit_code = int(state.get("exitCode", 1))
-        if disrupted:
+        if disrupted and (disruption(pod) or ("", None))[0] == EVICTION_API:
+            task.reason = (f"Evicted: pod {pod_name} evicted from node {node_of(pod)} through the Eviction API "
+                           f"(a drain?) ({describe_exit(task.exit_code)})")
+            task.code = ReasonCode.EVICTED
+        elif disrupted:
             task.reason = f"Preempted: pod {pod_name} was disrupted ({describe_exit(task.exit_code)})"
             task.code = ReasonCode.PREEMPTED
         elif state.get("reason") == "OOMKilled":
