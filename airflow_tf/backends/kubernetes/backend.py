@@ -491,8 +491,8 @@ class KubernetesBackend(OneOffJobs):
         jobs = self._group_jobs(namespace, ref.name)
         pods = [p for p in self._list("pods", namespace, group_selector(ref.name))
                 if COMPONENT_LABEL not in (p["metadata"].get("labels") or {})]
-        for pod in lost_pods(pods, now):
-            self._force_delete(namespace, pod)
+        for lost in lost_pods(pods, now):
+            self._force_delete(namespace, lost)
         messages = {}
         for pod in overdue_unschedulable(pods, now):
             with self._api(f"list events of pod {pod}"):
@@ -749,8 +749,8 @@ class _WatchedGroup:
                             (await self.batch.list_namespaced_job(self.namespace, label_selector=self.selector)).items)
                 if COMPONENT_LABEL not in (j["metadata"].get("labels") or {})]
         pods = list(self.pods.values())
-        for pod in lost_pods(pods, now):
-            await self._force_delete(pod)
+        for lost in lost_pods(pods, now):
+            await self._force_delete(lost)
         pods += [pod for name, pod in self.moved.items() if name not in self.pods]
         messages = {}
         for pod in overdue_unschedulable(pods, now):
