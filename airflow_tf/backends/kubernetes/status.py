@@ -406,7 +406,7 @@ def _moved(previous: dict, current: dict) -> str | None:
     started = _started(current)
     if started is None or (current.get("status") or {}).get("phase") != "Running":
         return f"{how}, replacement pending" + (f" on {node}" if node else "")
-    return f"{how}, replaced on {node} after {_seconds(evicted[1], started)}"
+    return f"{how}, replaced on {node_of(current)} after {_seconds(evicted[1], started)}"
 
 
 def _replaced(previous: dict, job: _RoleJob, now: dt.datetime) -> str:
