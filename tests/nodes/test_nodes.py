@@ -12,10 +12,7 @@ from __future__ import annotations
 import json
 import re
 import os
-import shutil
 import signal
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,15 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from airflow_tf.demo import DEMO_NAMESPACE, REPO_DAGS, ClusterRecorder, kubernetes_env, run_demo
+from airflow_tf.demo import DEMO_NAMESPACE, ClusterRecorder, kubernetes_env, run_demo
 
 from serving_check import WARMUP, serve_both_ways
 from .host import (NOTHING, container_pid, down, leftovers, plane_env, processes, real_nodes, shared_storage,
                    up_with_nodes)
+from .scheduled import ScheduledRun, progress
 from k8s.plane import wait_for
-
-sys.path.insert(0, str(REPO_DAGS.parent / "scripts"))
-from airflow_stack import USERNAME, AirflowStack  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="a kubelet and containerd run as root")]
 
@@ -80,71 +75,6 @@ def test_the_demo_dag_trains_on_kubernetes_end_to_end(node_plane, tmp_path):
     serve_both_ways(export, export / WARMUP, tmp_path)
 
 
-class _ScheduledRun:
-    """The demo DAG triggered on a real Airflow (API server, scheduler, DAG processor,
-    triggerer: ``scripts/airflow_stack.py``) whose deployment backend is the plane, driven
-    through its REST API as a user's client would (each ``airflow`` CLI call would cost seconds
-    of CPU that the training competes for)."""
-
-    DAG = "tf_linear_regression"
-
-    def __init__(self, home: Path, plane: Path, steps: int) -> None:
-        # PostgreSQL runs as the 'postgres' user, which cannot enter pytest's private tmp dirs.
-        self.postgres = Path(tempfile.mkdtemp(prefix="airflow-tf-pg-"))
-        self.postgres.chmod(0o755)
-        self.stack = AirflowStack(home, REPO_DAGS, postgres_dir=self.postgres / "data", env=kubernetes_env(plane),
-                                  umask=0o002)
-        self.conf = {"steps": steps, "rows": 5000}
-
-    def call(self, method: str, path: str, expect: tuple[int, ...] = (200,), **kwargs):
-        response = self.session.request(method, f"{self.stack.url}/api/v2{path}", timeout=60, **kwargs)
-        assert response.status_code in expect, f"{method} /api/v2{path}: {response.status_code} {response.text[:2000]}"
-        return response
-
-    def trigger(self) -> str:
-        import requests
-
-        self.stack.start()
-        token = requests.post(f"{self.stack.url}/auth/token", json={"username": USERNAME,
-                              "password": self.stack.password}, timeout=60)
-        assert token.status_code == 201, f"POST /auth/token: {token.status_code} {token.text}"
-        self.session = requests.Session()
-        self.session.headers["Authorization"] = f"Bearer {token.json()['access_token']}"
-        wait_for(lambda: self.call("GET", f"/dags/{self.DAG}", expect=(200, 404)).status_code == 200, 300,
-                 f"the DAG processor to parse {self.DAG}", interval=1)
-        assert self.call("PATCH", f"/dags/{self.DAG}", json={"is_paused": False}).json()["is_paused"] is False
-        run = self.call("POST", f"/dags/{self.DAG}/dagRuns", json={"logical_date": None, "conf": self.conf}).json()
-        self.run_id = run["dag_run_id"]
-        return self.run_id
-
-    def state(self) -> str | None:
-        state = self.call("GET", f"/dags/{self.DAG}/dagRuns/{self.run_id}").json()["state"]
-        return state if state in ("success", "failed") else None
-
-    def task_logs(self) -> str:
-        return "\n".join(path.read_text(errors="replace") for path in sorted(
-            (self.stack.home / "logs").rglob(f"run_id={self.run_id}/**/*.log")))
-
-    def stop(self) -> None:
-        self.stack.stop()
-        shutil.rmtree(self.postgres, ignore_errors=True)
-
-
-def _progress(runs: Path, earlier: set[str]) -> dict:
-    """The training's progress.json, with the step of its newest checkpoint (the run directories
-    in ``earlier`` are other tests' trainings on the same plane)."""
-    for run in runs.glob("tf-*"):
-        if run.name in earlier:
-            continue
-        try:
-            progress = json.loads((run / "progress.json").read_text())
-            newest = re.search(r'^model_checkpoint_path: "model\.ckpt-(\d+)"', (run / "checkpoint").read_text(), re.M)
-        except (OSError, ValueError):  # not written yet, or being replaced
-            continue
-        return {**progress, "checkpoint_step": int(newest.group(1)) if newest else None}
-    return {}
-
-
 @pytest.mark.timeout(1200)  # a real Airflow, two faults and their recoveries: about 8 minutes under load
 def test_a_killed_and_a_frozen_ps_are_replaced_and_the_dag_trains_to_its_final_step(node_plane, tmp_path):
     """A ps container's process SIGKILLed on the node: the Job controller makes a new pod. The
@@ -164,14 +94,14 @@ def test_a_killed_and_a_frozen_ps_are_replaced_and_the_dag_trains_to_its_final_s
     env = plane_env(directory)
     core = client.CoreV1Api(config.new_client_from_config(config_file=env["KUBECONFIG"]))
     runs = Path(env["AIRFLOW_TF_KUBE_STORAGE"]) / "runs"
-    dag_run = _ScheduledRun(tmp_path / "airflow", directory, steps)
+    dag_run = ScheduledRun(tmp_path / "airflow", directory, steps)
     try:
         _faults_during(dag_run, core, runs, steps, directory)
     finally:
         dag_run.stop()
 
 
-def _faults_during(dag_run: _ScheduledRun, core, runs: Path, steps: int, directory: Path) -> None:
+def _faults_during(dag_run: ScheduledRun, core, runs: Path, steps: int, directory: Path) -> None:
     earlier = {run.name for run in runs.glob("tf-*")}
     replaced = [pod.metadata.name for pod in  # another test's, were one still going
                 core.list_namespaced_pod(DEMO_NAMESPACE, label_selector="airflow-tf/role=ps").items]
@@ -186,13 +116,13 @@ def _faults_during(dag_run: _ScheduledRun, core, runs: Path, steps: int, directo
         return None
 
     def step() -> int:
-        return int(_progress(runs, earlier).get("global_step") or 0)
+        return int(progress(runs, earlier).get("global_step") or 0)
 
     for fault in (signal.SIGKILL, signal.SIGSTOP):
         ps = wait_for(lambda: running_ps(set(replaced)), 240, "a running ps")
         # A checkpoint first, so the replacement has something to restore.
         checkpointed = wait_for(lambda: (lambda p: p if (p.get("checkpoint_step") or 0) > 500 else None)(
-            _progress(runs, earlier)), 240, "a checkpoint of the training")
+            progress(runs, earlier)), 240, "a checkpoint of the training")
         # The container's first process (python, the image's entrypoint), as the node's containerd runs it.
         pid = container_pid(directory, ps.spec.node_name, ps.status.container_statuses[0].container_id)
         at = step()
@@ -209,7 +139,7 @@ def _faults_during(dag_run: _ScheduledRun, core, runs: Path, steps: int, directo
     state = wait_for(dag_run.state, 600, "the DAG run's end", interval=2)
     logs = dag_run.task_logs()
     assert state == "success", logs[-4000:]
-    final = _progress(runs, earlier)
+    final = progress(runs, earlier)
     # The final checkpoint is at or past the final step. Its name is the global step the chief read
     # just before saving: the other worker's last step may land after that read (async training),
     # so the final global step can be one past the name.
