@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,24 @@ RECOVERY_BOUND = 420
 later (the backend's toleration), released 10 s past a worker's 30 s grace, a new pod, TensorFlow
 started and the session made again, under the load of the other tests."""
 READY_BOUND = 180
+
+
+class Moving:
+    """Whether the training moves again once a task is replaced: its step grew between two reads
+    after :meth:`start` (after a restore from a checkpoint it starts below the step read before,
+    which the old chief may have written)."""
+
+    def __init__(self, read: Callable[[], int]) -> None:
+        self.read: Callable[[], int] = read
+        self.last: int | None = None
+
+    def start(self) -> None:
+        self.last = self.read()
+
+    def __call__(self) -> bool:
+        now = self.read()
+        moved, self.last = self.last is not None and now > self.last, now
+        return moved
 
 
 @dataclass
@@ -147,8 +166,7 @@ class Faults:
             self.node("stop", node)
         else:
             drain = self.kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=180s")
-        marks = recovery.marks
-        before: int | None = None  # the step read when the replacement ran (progress.json may be stale then)
+        marks, moving = recovery.marks, Moving(self.step)
         while "moving" not in marks:
             seconds = time.monotonic() - started
             if seconds > timeout:
@@ -164,14 +182,10 @@ class Faults:
             if "running" not in marks:
                 new = self.running(role, int(index))
                 if new is not None:
-                    marks["running"], recovery.new_node, before = seconds, new.spec.node_name, self.step()
-            else:
-                # Moving: the step grew since the last read (after a restore from a checkpoint it
-                # starts below the stale step read when the replacement ran).
-                now = self.step()
-                if before is not None and now > before:
-                    marks["moving"] = seconds
-                before = now
+                    marks["running"], recovery.new_node = seconds, new.spec.node_name
+                    moving.start()
+            elif moving():
+                marks["moving"] = seconds
             time.sleep(0.5)
         if drain is not None:
             out, _ = drain.communicate(timeout=240)
