@@ -116,7 +116,8 @@ class Faults:
         for pod in self.pods():
             labels = pod.metadata.labels or {}
             statuses = pod.status.container_statuses or []
-            if (labels.get(ROLE_LABEL) == role and labels.get(INDEX_LABEL) == str(index)
+            at = labels.get(INDEX_LABEL) or (pod.metadata.annotations or {}).get(INDEX_LABEL) or "0"
+            if (labels.get(ROLE_LABEL) == role and at == str(index)
                     and pod.metadata.name not in self.dead and not pod.metadata.deletion_timestamp
                     and statuses and statuses[0].state.running):
                 return pod
