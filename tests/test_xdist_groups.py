@@ -62,3 +62,6 @@ def test_the_tests_that_turn_the_hosts_forwarding_on_share_one_worker(tmp_path):
     assert groups == {"host-network"}
     # The control plane's tests run on its real node: with them too, not beside them.
     assert xdist_groups.group_of(Item(tests / "k8s" / "test_kubernetes.py", ("plane",)), tests) == "host-network"
+    # Every test on the plane of three nodes, whichever file holds it, shares that worker: one plane per run.
+    assert {xdist_groups.group_of(Item(tests / "nodes" / name, ("nodes_plane", "tmp_path")), tests) for name in (
+        "test_machines.py", "test_nodes.py", "test_nodes_kueue.py", "test_node_loss.py")} == {"host-network"}

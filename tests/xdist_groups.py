@@ -35,24 +35,26 @@ UNKNOWN_SECONDS = 1.0
 """What a test not in :data:`DURATIONS` (a new one) is taken to cost: most tests are quick."""
 
 
-SHARED_PER_FOLDER = {"stack": "stack", "k8s": "plane"}
+SHARED_PER_FOLDER = {"stack": "stack", "k8s": "plane", "nodes": "nodes_plane"}
 """The folders whose package-scoped fixture is started once per worker that asks for it: one
-Airflow stack (tests/stack) and one control plane (tests/k8s) per run when its tests share a worker."""
-GROUP_OF_FOLDER = {"stack": "stack", "k8s": "host-network"}
-"""The group of each of those folders' tests: the control plane of tests/k8s has a real node, so
-its tests run with the other files of :data:`HOST_NETWORK`."""
+Airflow stack (tests/stack), one control plane (tests/k8s) and one plane of three real nodes
+(tests/nodes) per run when its tests share a worker."""
+GROUP_OF_FOLDER = {"stack": "stack", "k8s": "host-network", "nodes": "host-network"}
+"""The group of each of those folders' tests: the planes of tests/k8s and tests/nodes have real
+nodes, so their tests run with the other files of :data:`HOST_NETWORK`."""
 
 
-HOST_NETWORK = ("stack/test_compose_stack.py", "nodes/test_nodes.py", "nodes/test_nodes_kueue.py")
+HOST_NETWORK = ("stack/test_compose_stack.py",)
 """The files whose tests turn the host's IPv4 forwarding on and put it back after (netavark for
-Podman, the CNI bridges of the real nodes), with every test on the control plane of tests/k8s
-(its real node): one at a time, or one would put it back under the other, and each plane's
-check that ``down`` left the machine as it was would see the other's."""
+Podman), with every test on the planes of tests/k8s and tests/nodes (their real nodes): one at a
+time, or one would put it back under the other, and each plane's check that ``down`` left the
+machine as it was would see the other's."""
 
 
 def group_of(item, tests: Path) -> str | None:
-    """The group a test must share a worker with: the tests of tests/stack on its Airflow stack
-    and those of tests/k8s on its control plane (:data:`SHARED_PER_FOLDER`), the tests of a file
+    """The group a test must share a worker with: the tests of tests/stack on its Airflow stack,
+    those of tests/k8s on its control plane and those of tests/nodes on their plane of three
+    nodes (:data:`SHARED_PER_FOLDER`), the tests of a file
     whose fixtures outlive one test (trained groups, the multi-team stack), and the
     files of :data:`HOST_NETWORK` together; else none."""
     path = Path(str(item.path)).resolve()
