@@ -108,7 +108,8 @@ def test_a_preempted_group_resumes_from_its_checkpoint_to_its_final_step(nodes_p
     from kubernetes import client, config
 
     directory, storage = nodes_plane
-    # A folder of its own in the shared storage: the other tests' DAG runs write datasets and runs/tf-* there.
+    # Its input and dataset in a folder of their own (the demo DAG's runs prepare linear_regression too);
+    # its runs where the pods may make folders: storage/runs, below the group-writable storage root.
     files = storage / "kueue"
     settings = plane_env(directory)
     kubernetes_env(directory)  # the namespace and the claim of the storage folder
@@ -122,7 +123,7 @@ def test_a_preempted_group_resumes_from_its_checkpoint_to_its_final_step(nodes_p
                               {"claim": settings["AIRFLOW_TF_KUBE_STORAGE_VOLUME"], "mount_path": str(storage)}]})
 
     def spec(name: str, priority: str, steps: int) -> GroupSpec:
-        training = TrainingConfig(dataset=dataset, run_dir=str(files / "runs" / name), model="linear_regression",
+        training = TrainingConfig(dataset=dataset, run_dir=str(storage / "runs" / name), model="linear_regression",
                                   steps=steps, batch_size=64, learning_rate=0.01, checkpoint_every_secs=2)
         kube = {"queue_name": QUEUE, "workload_priority_class": priority}
         return GroupSpec.for_training(name, training, ps=1, workers=2, role_options={
