@@ -50,18 +50,18 @@ def test_recorded_times_merge_into_the_file_and_a_missing_file_is_no_times(tmp_p
     assert [p.name for p in tmp_path.iterdir()] == ["durations.json"], "no temporary file is left"
 
 
-def test_the_tests_that_turn_the_hosts_forwarding_on_share_one_worker(tmp_path):
-    """The compose test and the real nodes' (the control plane's tests among them) each put IPv4
-    forwarding back when done: side by side, one would turn it off under the other."""
+def test_each_planes_tests_share_one_worker_and_the_two_planes_may_run_side_by_side(tmp_path):
+    """Every test on the control plane of tests/k8s shares one worker (one plane per run), every
+    test on the plane of three nodes of tests/nodes another, whichever file holds it; the two
+    are different units, so they may run side by side, and the compose test is in neither."""
     class Item:
         def __init__(self, path, fixturenames=()):
             self.path, self.fixturenames = path, fixturenames
 
     tests = tmp_path
-    groups = {xdist_groups.group_of(Item(tests / name, ("real_plane",)), tests) for name in xdist_groups.HOST_NETWORK}
-    assert groups == {"host-network"}
-    # The control plane's tests run on its real node: with them too, not beside them.
-    assert xdist_groups.group_of(Item(tests / "k8s" / "test_kubernetes.py", ("plane",)), tests) == "host-network"
-    # Every test on the plane of three nodes, whichever file holds it, shares that worker: one plane per run.
+    assert {xdist_groups.group_of(Item(tests / "k8s" / name, ("plane",)), tests) for name in (
+        "test_kubernetes.py", "test_real_nodes.py", "test_kubernetes_logs.py")} == {"k8s-plane"}
     assert {xdist_groups.group_of(Item(tests / "nodes" / name, ("nodes_plane", "tmp_path")), tests) for name in (
-        "test_machines.py", "test_nodes.py", "test_nodes_kueue.py", "test_node_loss.py")} == {"host-network"}
+        "test_machines.py", "test_nodes.py", "test_nodes_kueue.py", "test_node_loss.py")} == {"nodes-plane"}
+    assert xdist_groups.group_of(Item(tests / "stack" / "test_compose_stack.py", ("tmp_path",)), tests) not in (
+        "k8s-plane", "nodes-plane")

@@ -39,27 +39,19 @@ SHARED_PER_FOLDER = {"stack": "stack", "k8s": "plane", "nodes": "nodes_plane"}
 """The folders whose package-scoped fixture is started once per worker that asks for it: one
 Airflow stack (tests/stack), one control plane (tests/k8s) and one plane of three real nodes
 (tests/nodes) per run when its tests share a worker."""
-GROUP_OF_FOLDER = {"stack": "stack", "k8s": "host-network", "nodes": "host-network"}
-"""The group of each of those folders' tests: the planes of tests/k8s and tests/nodes have real
-nodes, so their tests run with the other files of :data:`HOST_NETWORK`."""
-
-
-HOST_NETWORK = ("stack/test_compose_stack.py",)
-"""The files whose tests turn the host's IPv4 forwarding on and put it back after (netavark for
-Podman), with every test on the planes of tests/k8s and tests/nodes (their real nodes): one at a
-time, or one would put it back under the other, and each plane's check that ``down`` left the
-machine as it was would see the other's."""
+GROUP_OF_FOLDER = {"stack": "stack", "k8s": "k8s-plane", "nodes": "nodes-plane"}
+"""The group of each of those folders' tests. The two planes may run side by side: their nodes
+live in network namespaces of their own and leave the host's IPv4 forwarding alone, the sysctls
+their kubelets change are recorded once for all planes (``scripts/kube``), and each plane's
+check that ``down`` left nothing counts only its own links, cgroups, processes and mounts."""
 
 
 def group_of(item, tests: Path) -> str | None:
     """The group a test must share a worker with: the tests of tests/stack on its Airflow stack,
     those of tests/k8s on its control plane and those of tests/nodes on their plane of three
-    nodes (:data:`SHARED_PER_FOLDER`), the tests of a file
-    whose fixtures outlive one test (trained groups, the multi-team stack), and the
-    files of :data:`HOST_NETWORK` together; else none."""
+    nodes (:data:`SHARED_PER_FOLDER`), and the tests of a file whose fixtures outlive one test
+    (trained groups, the multi-team stack); else none."""
     path = Path(str(item.path)).resolve()
-    if any(path == tests / name for name in HOST_NETWORK):
-        return "host-network"
     for folder, fixture in SHARED_PER_FOLDER.items():
         if path.is_relative_to(tests / folder) and fixture in getattr(item, "fixturenames", ()):
             return GROUP_OF_FOLDER[folder]

@@ -40,7 +40,9 @@ BACKEND_ACCOUNT = access.ACCOUNT
 TOKEN_SECONDS = 3600
 VOLUME_CLASS = "airflow-tf-test"
 VOLUME_NAMESPACE_LABEL = "airflow-tf-test/namespace"  # on the volumes a test's claims are bound to
-SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops", "net.ipv4.ip_forward")
+# The kubelets' (put back by the last plane down). Not IPv4 forwarding: the nodes' network
+# namespaces have their own, and podman's netavark (the compose test) may turn the host's on meanwhile.
+SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops")
 HOST_PATHS = ("/var/lib/kubelet", "/var/log/containers", "/run/containerd", "/var/lib/cni", "/opt/containerd")
 
 
