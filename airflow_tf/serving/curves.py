@@ -9,7 +9,7 @@ import math
 import os
 from pathlib import Path
 from typing import Any
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from airflow_tf.files import atomic_write_bytes
 
@@ -22,14 +22,14 @@ def read_scalars(run_dir: str | os.PathLike[str]) -> dict[str, list[tuple[int, f
     """Every scalar in the run's event files, ``{tag: [(step, value), ...]}`` sorted by step.
 
     A run restarted from a checkpoint writes a new event file and repeats some steps; the
-    value written last wins."""
+    value written last wins. A file whose writer was killed mid-record (its node lost, say) ends
+    in a truncated record: the records before it are kept, as TensorBoard keeps them."""
     import tensorflow as tf
 
     files = sorted(Path(run_dir).rglob(EVENT_FILE_GLOB), key=lambda p: p.stat().st_mtime)
     latest: dict[str, dict[int, tuple[float, float]]] = {}
     for path in files:
-        for record in tf.data.TFRecordDataset(str(path), buffer_size=1 << 16):
-            event = tf.compat.v1.Event.FromString(record.numpy())
+        for event in _events(tf, path):
             for value in event.summary.value:
                 number = _scalar(value, tf)
                 if number is None:
@@ -39,6 +39,15 @@ def read_scalars(run_dir: str | os.PathLike[str]) -> dict[str, list[tuple[int, f
                 if previous is None or event.wall_time >= previous[0]:
                     seen[event.step] = (event.wall_time, number)
     return {tag: sorted((step, v) for step, (_, v) in steps.items()) for tag, steps in latest.items()}
+
+
+def _events(tf: Any, path: Path) -> Iterator[Any]:
+    """The events of one file, up to a truncated last record."""
+    try:
+        for record in tf.data.TFRecordDataset(str(path), buffer_size=1 << 16):
+            yield tf.compat.v1.Event.FromString(record.numpy())
+    except tf.errors.DataLossError:
+        return
 
 
 def _scalar(value: Any, tf: Any) -> float | None:
