@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from airflow_tf.cluster.spec import DEFAULT_HEALTH_TIMEOUT, HEALTH_FAILURES
 from airflow_tf import __version__
 from airflow_tf.cluster.training import add_training_arguments, json_argument
-from airflow_tf.data.options import DEFAULTS, RENAMED, PrepareOptions
+from airflow_tf.data.options import RENAMED, PrepareOptions, add_prepare_arguments
 from airflow_tf.deprecation import REMOVED_IN
 from airflow_tf.files import read_json
 
@@ -131,38 +131,12 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", required=True, help="datasets directory (the dataset goes under <output>/<name>/)")
     p.add_argument("--name", required=True, help="dataset name")
     p.add_argument("--version", help="dataset version (default: the next integer after the existing ones)")
-    p.add_argument("--label", help="the label column")
-    p.add_argument("--eval-fraction", type=float, default=DEFAULTS.eval_fraction,
-                   help=f"share of rows held out for evaluation (default {DEFAULTS.eval_fraction:g})")
-    p.add_argument("--seed", type=int, default=DEFAULTS.seed,
-                   help=f"seed of the train/eval split and the row shuffle (default {DEFAULTS.seed})")
-    p.add_argument("--split-key", metavar="COL", help="split by a hash of this column: equal keys share a split")
-    size = p.add_mutually_exclusive_group()
-    size.add_argument("--shards", type=int, help="number of train files (eval gets a proportional number; "
-                      "at least 100 rows per file and 10,000 files at most)")
-    size.add_argument("--target-shard-mib", type=float, help="target size of each file in MiB (default 128)")
-    size.add_argument("--target-shard-mb", type=float, help=argparse.SUPPRESS)  # deprecated: it always meant MiB
-    p.add_argument("--compression", choices=["gzip", "zlib", "none"], default="none", help="compress the files (default none)")
-    p.add_argument("--schema", help="declared schema.json (features with name, dtype, shape; optional label)")
-    p.add_argument("--string-columns", action="append", metavar="COL[,COL...]",
-                   help="CSV columns to read as text (an inferred column must otherwise be all numbers "
-                   "or all text); may be repeated")
-    p.add_argument("--allow-nan", action="store_true", help="accept NaN and infinity in float columns")
+    add_prepare_arguments(p, vocabularies=_vocabularies_arg)
     p.add_argument("--overwrite", action="store_true", help="replace the version if it exists")
-    p.add_argument("--encode-threads", type=int,
-                   help="encoding threads (default: the cores this process may use, within its CPU limit)")
-    p.add_argument("--workers", type=int, help=argparse.SUPPRESS)  # deprecated: --encode-threads
-    p.add_argument("--buffer-mib", type=float, default=DEFAULTS.buffer_mib,
-                   help=f"memory for rows being read and encoded, in MiB (default {DEFAULTS.buffer_mib:g}); "
-                   "the input may be larger")
     p.add_argument("--cache", action="store_true",
                    help="reuse the version made from the same input content and options instead of encoding again")
     p.add_argument("--partition-key", metavar="KEY",
                    help="the data partition this input is (e.g. a day): the version is named by it")
-    p.add_argument("--vocabularies", type=_vocabularies_arg, metavar="COL[,COL...]|JSON|@FILE",
-                   help="string or integer columns whose most frequent training values to keep with the dataset "
-                   "(vocabularies/<col>.txt, read by a model as schema.vocabulary(\"<col>\")): column names "
-                   "for the top 100,000 each, or a JSON object of sizes, e.g. '{\"user\": 50000}'")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=_cmd_prepare)
 
