@@ -16,7 +16,8 @@ import sys
 from typing import Any, TextIO
 from collections.abc import Callable, Iterator
 
-from airflow_tf.cluster.spec import DEFAULT_HEALTH_TIMEOUT, HEALTH_FAILURES
+from airflow_tf.cluster.spec import (DEFAULT_BACKOFF_LIMIT, DEFAULT_HEALTH_TIMEOUT, DEFAULT_PORT, DEFAULT_PS,
+                                     DEFAULT_WORKERS, HEALTH_FAILURES)
 from airflow_tf import __version__
 from airflow_tf.cluster.training import add_training_arguments, json_argument
 from airflow_tf.data.options import RENAMED, PrepareOptions, add_prepare_arguments
@@ -187,10 +188,10 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
         "tears the whole group down.",
     )
     add_training_arguments(p, run_dir=None)
-    p.add_argument("--ps", type=int, default=1, help="parameter-server tasks (default 1)")
-    p.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
+    p.add_argument("--ps", type=int, default=DEFAULT_PS, help=f"parameter-server tasks (default {DEFAULT_PS})")
+    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help=f"worker tasks (default {DEFAULT_WORKERS})")
     p.add_argument("--name", default=None, help="group name (default run-<date>-<time>-<pid>)")
-    p.add_argument("--backoff-limit", type=int, default=3, help="task restarts allowed across the group")
+    p.add_argument("--backoff-limit", type=int, default=DEFAULT_BACKOFF_LIMIT, help="task restarts allowed across the group")
     p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
                    help="fail the group if training takes longer")
     p.add_argument("--state-dir", default=None, help="where groups keep their state (default $AIRFLOW_TF_STATE_DIR)")
@@ -490,13 +491,13 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
                    help="with --rbac: also bind the Role to this service account, e.g. the team's Airflow "
                    "workers' (repeatable)")
     p.add_argument("--name", help="group name (made a valid DNS-1123 label if it is not one); required without --rbac")
-    p.add_argument("--ps", type=int, default=1, help="parameter-server tasks (default 1)")
-    p.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
+    p.add_argument("--ps", type=int, default=DEFAULT_PS, help=f"parameter-server tasks (default {DEFAULT_PS})")
+    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help=f"worker tasks (default {DEFAULT_WORKERS})")
     p.add_argument("--image", help="training image (TensorFlow + the airflow_tf package); required without --rbac")
     p.add_argument("--namespace", default=None, help="namespace of every object (default: default; required "
                    "with --rbac)")
     add_training_arguments(p, dataset="/data", run_dir=None, steps=1000)
-    p.add_argument("--port", type=int, default=2222, help="gRPC port of every task (default 2222)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"gRPC port of every task (default {DEFAULT_PORT})")
     p.add_argument("--workload", choices=list(WORKLOADS), default=DEFAULT_WORKLOAD,
                    help="the group's form: " + "; ".join(f"{k}: {v}" for k, v in WORKLOADS.items()))
     p.add_argument("--network-policy", action=argparse.BooleanOptionalAction, default=True,

@@ -39,6 +39,7 @@ from typing import Any
 
 from airflow_tf.cluster import GroupSpec, GroupStatus, Phase, TaskStatus
 from airflow_tf.cluster.names import GROUP_ENV, RUN_ENV, task_name
+from airflow_tf.cluster.spec import DEFAULT_SUCCESS_POLICY
 from airflow_tf.files import is_local, read_json, strip_file_scheme
 from airflow_tf.storage import kept_log_bytes
 
@@ -97,7 +98,7 @@ class LocalBackend:
 
     def _ref(self, name: str, saved: dict[str, Any]) -> GroupRef:
         return GroupRef(backend=self.name, name=name, options={"state_dir": str(self.state_dir)},
-                        success_policy=saved["spec"].get("success_policy", "AllWorkers"),
+                        success_policy=saved["spec"].get("success_policy", DEFAULT_SUCCESS_POLICY),
                         uid=saved.get("group_id"), labels=dict(saved["spec"].get("labels") or {}))
 
     def find(self, name: str) -> GroupRef | None:

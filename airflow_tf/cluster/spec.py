@@ -15,14 +15,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .names import is_dns1123_label, task_name
+from .status import ALL_WORKERS, CHIEF_OR_WORKER0, SUCCESS_POLICIES
 from .training import TrainingConfig
 
 ROLES = ("chief", "ps", "worker", "evaluator")
 """Task types, in TF_CONFIG spelling. ``master`` is not one: TensorFlow 2.21 rejects it."""
 
 RESTART_POLICIES = ("Never", "OnFailure", "ExitCode")
-SUCCESS_POLICIES = ("AllWorkers", "ChiefOrWorker0")
 DEFAULT_PORT = 2222
+"""The gRPC port of every task of a Kubernetes group (a local group's tasks get free ports)."""
+DEFAULT_PS = 1
+DEFAULT_WORKERS = 2
+"""Parameter-server and worker tasks of a group when not given."""
+DEFAULT_BACKOFF_LIMIT = 3
+DEFAULT_SUCCESS_POLICY = ALL_WORKERS
 RUNTIME_COMMAND = ("python", "-m", "airflow_tf.runtime")
 FORK_SERVER_COMMAND = ("python", "-m", "airflow_tf.runtime.forkserver")
 FORK_SERVER_READY = {"ready": True}
@@ -135,7 +141,8 @@ class RoleSpec:
 
 
 def _default_roles() -> dict[str, RoleSpec]:
-    return {"ps": RoleSpec(replicas=1, restart_policy="OnFailure"), "worker": RoleSpec(replicas=2)}
+    return {"ps": RoleSpec(replicas=DEFAULT_PS, restart_policy="OnFailure"),
+            "worker": RoleSpec(replicas=DEFAULT_WORKERS)}
 
 
 @dataclass
@@ -144,7 +151,7 @@ class GroupSpec:
     roles: dict[str, RoleSpec] = field(default_factory=_default_roles)
     training: TrainingConfig | None = None
     image: str | None = None
-    backoff_limit: int = 3
+    backoff_limit: int = DEFAULT_BACKOFF_LIMIT
     """Restarts allowed for each task (each role and index) before the group fails, on every
     backend: Kubernetes' ``backoffLimitPerIndex``. A parameter server's death restarts the whole
     local group, but only counts against that parameter server's budget."""
@@ -152,7 +159,7 @@ class GroupSpec:
     """Restarts allowed across the whole group, all tasks together, before it fails (local
     backend only; the Kubernetes backend refuses it). None: only ``backoff_limit`` applies."""
     active_deadline_seconds: float | None = None
-    success_policy: str = "AllWorkers"
+    success_policy: str = DEFAULT_SUCCESS_POLICY
     port: int = DEFAULT_PORT
     labels: dict[str, str] = field(default_factory=dict)
     """Extra labels (Airflow dag/task/run ids) stamped on every task of the group."""
@@ -187,10 +194,10 @@ class GroupSpec:
 
     # -- construction -------------------------------------------------------------------
     @classmethod
-    def for_training(cls, name: str, training: TrainingConfig, *, ps: int = 1, workers: int = 2,
+    def for_training(cls, name: str, training: TrainingConfig, *, ps: int = DEFAULT_PS, workers: int = DEFAULT_WORKERS,
                      chief: int = 0, evaluator: int = 0, **options: Any) -> GroupSpec:
         if training.mode == "coordinator":  # the chief drives the workers (which never exit): its exit decides
-            chief, options["success_policy"] = max(chief, 1), "ChiefOrWorker0"
+            chief, options["success_policy"] = max(chief, 1), CHIEF_OR_WORKER0
         roles = {"ps": RoleSpec(replicas=ps, restart_policy="OnFailure"), "worker": RoleSpec(replicas=workers)}
         if chief:
             roles["chief"] = RoleSpec(replicas=chief)
@@ -264,9 +271,9 @@ class GroupSpec:
         if self.training is None:
             return
         if self.training.mode == "coordinator" and (
-                self.replicas("chief") != 1 or self.success_policy != "ChiefOrWorker0"):
+                self.replicas("chief") != 1 or self.success_policy != CHIEF_OR_WORKER0):
             yield ("training.mode: coordinator mode needs one chief (it drives the workers, which never "
-                   "exit by themselves) and success_policy 'ChiefOrWorker0'; GroupSpec.for_training sets both")
+                   f"exit by themselves) and success_policy {CHIEF_OR_WORKER0!r}; GroupSpec.for_training sets both")
         if self.replicas("ps") < 1:
             yield "roles.ps.replicas: parameter-server training needs at least one ps task"
         trainers = self.replicas("worker") + self.replicas("chief")

@@ -9,6 +9,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+ALL_WORKERS = "AllWorkers"
+"""Success policy: the group succeeds when every worker (and the chief, if any) has."""
+CHIEF_OR_WORKER0 = "ChiefOrWorker0"
+"""Success policy: the group succeeds when its lead trainer has, the chief or else worker 0."""
+SUCCESS_POLICIES = (ALL_WORKERS, CHIEF_OR_WORKER0)
+
 
 GROUP_RESTARTED = "group restarted: "
 """How the reason of a task restarted with its group (after its ps was lost) begins."""
@@ -112,7 +118,7 @@ def _trainers(status: GroupStatus) -> list[TaskStatus]:
     return status.role_tasks("chief") + status.role_tasks("worker")
 
 
-def group_outcome(status: GroupStatus, success_policy: str = "AllWorkers") -> Outcome:
+def group_outcome(status: GroupStatus, success_policy: str = ALL_WORKERS) -> Outcome:
     """Apply the completion rules to a status: is the group done, and did it succeed.
 
     - failed: the group failed as a whole, or any task failed beyond its restart budget;
@@ -144,11 +150,11 @@ def _failed(status: GroupStatus) -> Outcome | None:
 
 
 def _succeeded(status: GroupStatus, success_policy: str, trainers: list[TaskStatus]) -> Outcome | None:
-    if success_policy == "ChiefOrWorker0":
+    if success_policy == CHIEF_OR_WORKER0:
         lead = status.task("chief", 0) or status.task("worker", 0)
         if lead is not None and lead.phase is Phase.SUCCEEDED:
             return Outcome(True, True, f"{lead.name} succeeded")
-    elif success_policy == "AllWorkers":
+    elif success_policy == ALL_WORKERS:
         if all(t.phase is Phase.SUCCEEDED for t in trainers):
             return Outcome(True, True, f"all {len(trainers)} training task(s) succeeded")
     else:
@@ -156,7 +162,7 @@ def _succeeded(status: GroupStatus, success_policy: str, trainers: list[TaskStat
     return None
 
 
-def evaluate(status: GroupStatus, success_policy: str = "AllWorkers") -> Outcome:
+def evaluate(status: GroupStatus, success_policy: str = ALL_WORKERS) -> Outcome:
     """Deprecated: :func:`group_outcome` (``evaluate`` now means only a model's evaluation)."""
     warnings.warn("airflow_tf.cluster.evaluate is deprecated; use airflow_tf.cluster.group_outcome",
                   DeprecationWarning, stacklevel=2)

@@ -16,6 +16,8 @@ from airflow_tf.backends.ownership import (NotOurGroupError, RunDirTakenError, R
                                            intent, record_of)
 from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name
 from airflow_tf.cluster.results import LaunchResult
+from airflow_tf.cluster.spec import (DEFAULT_BACKOFF_LIMIT, DEFAULT_PORT, DEFAULT_PS, DEFAULT_SUCCESS_POLICY,
+                                     DEFAULT_WORKERS)
 from airflow_tf.cluster.model_code import snapshot_model_code
 from airflow_tf.cluster.training import dataset_uri_of, is_unset, parse_bool
 from airflow_tf.plugins.links import TensorBoardLink
@@ -113,7 +115,7 @@ class LaunchTFClusterOperator(LineageMethods, BaseOperator):
                  learning_rate: float | str = TrainingConfig.learning_rate,
                  batch_size: int | str = TrainingConfig.batch_size, optimizer: str = TrainingConfig.optimizer,
                  loss: str | None = TrainingConfig.loss, model_kwargs: dict[str, Any] | None = None,
-                 ps: int | str = 1, workers: int | str = 2, chief: int | str = 0,
+                 ps: int | str = DEFAULT_PS, workers: int | str = DEFAULT_WORKERS, chief: int | str = 0,
                  sync: bool | str = TrainingConfig.sync,
                  replicas_to_aggregate: int | str | None = TrainingConfig.replicas_to_aggregate,
                  mode: str = TrainingConfig.mode, devices_per_worker: int | str | None = TrainingConfig.devices_per_worker,
@@ -131,9 +133,9 @@ class LaunchTFClusterOperator(LineageMethods, BaseOperator):
                  max_shard_bytes: int | str = TrainingConfig.max_shard_bytes,
                  ps_memory_limit: str | None = TrainingConfig.ps_memory_limit, run_dir: str | None = None,
                  backend: str | None = None, backend_options: dict[str, Any] | None = None, image: str | None = None,
-                 role_options: dict[str, dict[str, Any]] | None = None, backoff_limit: int = 3,
-                 active_deadline_seconds: float | None = None, success_policy: str = "AllWorkers",
-                 port: int = 2222, group_name: str | None = None, training: dict[str, Any] | None = None,
+                 role_options: dict[str, dict[str, Any]] | None = None, backoff_limit: int = DEFAULT_BACKOFF_LIMIT,
+                 active_deadline_seconds: float | None = None, success_policy: str = DEFAULT_SUCCESS_POLICY,
+                 port: int = DEFAULT_PORT, group_name: str | None = None, training: dict[str, Any] | None = None,
                  isolate_network: bool = True, pass_env: Sequence[str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.dataset = dataset

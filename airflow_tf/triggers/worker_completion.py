@@ -13,6 +13,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_tf.backends import GroupRef, backend_for
 from airflow_tf.backends.follow import LogFollower, check_follow_logs
 from airflow_tf.backends.wait import completion_event, timeout_event, waiting_message
+from airflow_tf.cluster.spec import DEFAULT_SUCCESS_POLICY
 from airflow_tf.metrics import TrainingMetrics
 
 
@@ -46,7 +47,7 @@ class WorkerCompletionTrigger(BaseTrigger):
                  metrics: dict[str, Any] | None = None, metric_tags: dict[str, str] | None = None) -> None:
         super().__init__()
         self.group = GroupRef.coerce(group).to_dict()
-        self.success_policy = success_policy or self.group.get("success_policy", "AllWorkers")
+        self.success_policy = success_policy or self.group.get("success_policy", DEFAULT_SUCCESS_POLICY)
         self.log_tail_lines = log_tail_lines
         self.log_every_seconds = log_every_seconds
         self.deadline = deadline
