@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 from collections.abc import Callable, Mapping, Sequence
 
+from ..cluster.declarations import Bounds, flag_name, flag_settings
+from ..cluster.declarations import option as declared_option
+from ..cluster.declarations import parameter_docs as declared_docs
 from ..cluster.training import is_unset, parse_bool
 from ..deprecation import renamed
 from .errors import DataError, SchemaError
@@ -25,79 +28,16 @@ EXCLUSIVE = ("shards", "target_shard_mib")
 RENAMED = {"target_shard_mb": "target_shard_mib", "workers": "encode_threads"}
 
 
-@dataclass(frozen=True)
-class Bounds:
-    """Where a number option must lie; ``str()`` says it as an error does (``in [0, 1)``,
-    ``between 1 and 10,000``, ``at least 1``, ``positive``), with ``why`` in brackets."""
-
-    low: float
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    why: str = ""
-
-    def holds(self, value: float) -> bool:  # False for NaN: every comparison with it is
-        above = value > self.low if self.low_open else value >= self.low
-        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
-        return above and below
-
-    def __str__(self) -> str:
-        if self.high is not None and (self.low_open or self.high_open):
-            words = f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
-        elif self.high is not None:
-            words = f"between {self.low:,} and {self.high:,}"
-        elif self.low_open:
-            words = "positive" if self.low == 0 else f"above {self.low:g}"
-        else:
-            words = f"at least {self.low:g}"
-        return f"{words} ({self.why})" if self.why else words
-
-
-def _option(default: Any, doc: str, *, bounds: Bounds | None = None, unset: Any = None, note: str = "",
-            python: str = "", cli: Mapping[str, Any] | None = None) -> Any:
-    """A prepare option, declared once: its default, its documentation and, for a number, its
-    bounds. ``unset``: what None stands for, when it stands for something (the default then
-    shown); ``note``: said after the default; ``python``: what only the Python parameter takes
-    (a dict, a list); ``cli``: the flag's own argparse settings (``metavar``, ``action``,
-    ``choices``) and ``note``. The checks, the flags of ``airflow-tf prepare``
-    (:func:`add_prepare_arguments`) and the parameter documentation of the operator and of
-    :class:`PrepareOptions` (:func:`parameter_docs`) read these."""
-    metadata = {"doc": doc, "bounds": bounds, "unset": unset, "note": note, "python": python, "cli": dict(cli or {})}
-    return dataclasses.field(default=default, metadata=metadata)
-
-
-def _shown_default(option: dataclasses.Field) -> str:
-    """`` (default 0.2)``, `` (default: the cores ...)`` or nothing (no value to show)."""
-    unset = option.metadata["unset"]
-    value = option.default if unset is None else unset
-    if value is None or isinstance(value, (bool, tuple)):
-        return ""
-    if isinstance(value, str):
-        return f" (default: {value})" if " " in value else f" (default {value})"
-    return f" (default {value:g})"
-
-
-def flag_help(option: dataclasses.Field) -> str:
-    """The help of an option's flag of ``airflow-tf prepare``."""
-    meta = option.metadata
-    return "; ".join(filter(None, (meta["doc"] + _shown_default(option), meta["note"], meta["cli"].get("note"))))
-
-
-def parameter_doc(option: dataclasses.Field) -> str:
-    """The documentation of an option as a Python parameter (operator, function, options)."""
-    meta = option.metadata
-    return "; ".join(filter(None, (meta["doc"] + _shown_default(option), meta["python"], meta["note"]))) + "."
+def _option(default: Any, doc: str, **declared: Any) -> Any:
+    """A prepare option, declared once (see :func:`airflow_tf.cluster.declarations.option`): the
+    checks, the flags of ``airflow-tf prepare`` (:func:`add_prepare_arguments`) and the parameter
+    documentation of the operator and of :class:`PrepareOptions` (:func:`parameter_docs`) read it."""
+    return declared_option(default, doc, **declared)
 
 
 def parameter_docs(names: Mapping[str, str] | None = None, indent: str = "    ") -> str:
     """A ``:param name: ...`` line per prepare option (``names``: a parameter named otherwise)."""
-    names = names or {}
-    return f"\n{indent}".join(f":param {names.get(option.name, option.name)}: {parameter_doc(option)}"
-                              for option in dataclasses.fields(PrepareOptions))
-
-
-def _kind(option: dataclasses.Field) -> str:
-    return str(option.type).split(" | ")[0].split("[")[0]
+    return declared_docs(dataclasses.fields(PrepareOptions), names, indent)
 
 
 def add_prepare_arguments(parser: Any, **types: Callable[[str], Any]) -> None:
@@ -109,23 +49,14 @@ def add_prepare_arguments(parser: Any, **types: Callable[[str], Any]) -> None:
 
     exclusive = parser.add_mutually_exclusive_group()
     old_names = {new: old for old, new in RENAMED.items()}
-    for option in dataclasses.fields(PrepareOptions):
-        settings = {key: value for key, value in option.metadata["cli"].items() if key != "note"}
-        # argparse formats help with %: a literal one is doubled.
-        settings["help"] = flag_help(option).replace("``", "").replace("%", "%%")
-        kind = _kind(option)
-        if kind == "bool":
-            settings["action"] = "store_true"
-        else:
-            settings["default"] = option.default if isinstance(option.default, (int, float)) else None
-            if option.name in types:
-                settings["type"] = types[option.name]
-            elif kind in ("int", "float"):
-                settings["type"] = int if kind == "int" else float
-        group = exclusive if option.name in EXCLUSIVE else parser
-        group.add_argument("--" + option.name.replace("_", "-"), **settings)
-        if option.name in old_names:  # deprecated: the flag still works, unlisted
-            group.add_argument("--" + old_names[option.name].replace("_", "-"), type=settings.get("type"),
+    for field in dataclasses.fields(PrepareOptions):
+        settings = flag_settings(field)
+        if field.name in types:
+            settings["type"] = types[field.name]
+        group = exclusive if field.name in EXCLUSIVE else parser
+        group.add_argument(flag_name(field), **settings)
+        if field.name in old_names:  # deprecated: the flag still works, unlisted
+            group.add_argument("--" + old_names[field.name].replace("_", "-"), type=settings.get("type"),
                                help=argparse.SUPPRESS)
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from airflow_tf.cli import _add_prepare
 from airflow_tf.data import prepare_dataset
-from airflow_tf.data.options import Bounds, PrepareOptions, flag_help, parameter_doc
+from airflow_tf.cluster.declarations import Bounds, flag_help, parameter_doc
+from airflow_tf.data.options import PrepareOptions
 from airflow_tf.operators import PrepareTFRecordsOperator
 
 # A parameter that takes None for an option whose own default is empty (no columns).
