@@ -16,9 +16,8 @@ import sys
 from typing import Any, TextIO
 from collections.abc import Callable, Iterator
 
-from airflow_tf.cluster.spec import (DEFAULT_BACKOFF_LIMIT, DEFAULT_HEALTH_TIMEOUT, DEFAULT_PORT, DEFAULT_PS,
-                                     DEFAULT_WORKERS, HEALTH_FAILURES)
 from airflow_tf import __version__
+from airflow_tf.cluster.group_options import add_group_arguments, group_options_of
 from airflow_tf.cluster.training import add_training_arguments, json_argument
 from airflow_tf.data.options import RENAMED, PrepareOptions, add_prepare_arguments
 from airflow_tf.deprecation import REMOVED_IN
@@ -180,6 +179,13 @@ def _cmd_prepare(args: argparse.Namespace, out: TextIO) -> int:
 
 
 # -- run ----------------------------------------------------------------------------------
+RUN_GROUP_OPTIONS = ("ps", "workers", "backoff_limit", "active_deadline_seconds", "progress_timeout",
+                     "health_timeout", "pass_env")
+"""The group options ``airflow-tf run`` has a flag for, in the order its help lists them."""
+RENDER_GROUP_OPTIONS = ("ps", "workers", "port")
+"""The group options ``airflow-tf render`` has a flag for."""
+
+
 def _add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run", help="train on a local parameter-server/worker group (no Airflow)",
@@ -188,20 +194,11 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
         "tears the whole group down.",
     )
     add_training_arguments(p, run_dir=None)
-    p.add_argument("--ps", type=int, default=DEFAULT_PS, help=f"parameter-server tasks (default {DEFAULT_PS})")
-    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help=f"worker tasks (default {DEFAULT_WORKERS})")
+    add_group_arguments(p, "ps", "workers")
     p.add_argument("--name", default=None, help="group name (default run-<date>-<time>-<pid>)")
-    p.add_argument("--backoff-limit", type=int, default=DEFAULT_BACKOFF_LIMIT, help="task restarts allowed across the group")
-    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
-                   help="fail the group if training takes longer")
+    add_group_arguments(p, "backoff_limit", "active_deadline_seconds")
     p.add_argument("--state-dir", default=None, help="where groups keep their state (default $AIRFLOW_TF_STATE_DIR)")
-    p.add_argument("--progress-timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="restart a training task with no progress for this long (default 300; 0 never)")
-    p.add_argument("--health-timeout", type=float, default=DEFAULT_HEALTH_TIMEOUT, metavar="SECONDS",
-                   help="seconds each ps and worker has to answer its health question, asked this often; "
-                        f"{HEALTH_FAILURES} unanswered in a row restart it (default {DEFAULT_HEALTH_TIMEOUT:g}; 0 never)")
-    p.add_argument("--pass-env", action="append", default=[], metavar="NAME",
-                   help="pass this variable of your environment on to the tasks (they get a minimal one); may be repeated")
+    add_group_arguments(p, "progress_timeout", "health_timeout", "pass_env")
     p.set_defaults(func=_cmd_run)
 
 
@@ -279,10 +276,7 @@ def _run_spec(args: argparse.Namespace, name: str, run_dir: str) -> Any:
             if code is not None:
                 training = dataclasses.replace(training, code_dir=code.path)
                 print(f"model code of {training.model} copied to {code.path} (sha256 {code.sha256})", file=sys.stderr)
-        return GroupSpec.for_training(name, training, ps=args.ps, workers=args.workers,
-                                      backoff_limit=args.backoff_limit, active_deadline_seconds=args.deadline,
-                                      progress_timeout=args.progress_timeout or None,
-                                      health_timeout=args.health_timeout or None, pass_env=args.pass_env)
+        return GroupSpec.for_training(name, training, **group_options_of(args, *RUN_GROUP_OPTIONS))
     except ValueError as err:  # SpecError and bad training options
         raise _fail("run", err, args) from err
 
@@ -491,13 +485,12 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
                    help="with --rbac: also bind the Role to this service account, e.g. the team's Airflow "
                    "workers' (repeatable)")
     p.add_argument("--name", help="group name (made a valid DNS-1123 label if it is not one); required without --rbac")
-    p.add_argument("--ps", type=int, default=DEFAULT_PS, help=f"parameter-server tasks (default {DEFAULT_PS})")
-    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help=f"worker tasks (default {DEFAULT_WORKERS})")
+    add_group_arguments(p, "ps", "workers")
     p.add_argument("--image", help="training image (TensorFlow + the airflow_tf package); required without --rbac")
     p.add_argument("--namespace", default=None, help="namespace of every object (default: default; required "
                    "with --rbac)")
     add_training_arguments(p, dataset="/data", run_dir=None, steps=1000)
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"gRPC port of every task (default {DEFAULT_PORT})")
+    add_group_arguments(p, "port")
     p.add_argument("--workload", choices=list(WORKLOADS), default=DEFAULT_WORKLOAD,
                    help="the group's form: " + "; ".join(f"{k}: {v}" for k, v in WORKLOADS.items()))
     p.add_argument("--network-policy", action=argparse.BooleanOptionalAction, default=True,
@@ -586,8 +579,8 @@ def _cmd_render(args: argparse.Namespace, out: TextIO) -> int:
     try:
         steps = None if args.epochs else args.steps  # --epochs replaces the default target step
         training = TrainingConfig.from_namespace(args, run_dir=args.run_dir or f"{args.runs_mount}/{name}", steps=steps)
-        spec = GroupSpec.for_training(name, training, ps=args.ps, workers=args.workers, image=args.image,
-                                      port=args.port, role_options=_role_options(args))
+        spec = GroupSpec.for_training(name, training, image=args.image, role_options=_role_options(args),
+                                      **group_options_of(args, *RENDER_GROUP_OPTIONS))
         objects = render_workload(args.workload, spec, args.namespace or "default", cluster_domain=args.cluster_domain,
                                   network_policy=args.network_policy, pod_defaults=pod_defaults)
     except (SpecError, ValueError) as e:

@@ -15,20 +15,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .names import is_dns1123_label, task_name
-from .status import ALL_WORKERS, CHIEF_OR_WORKER0, SUCCESS_POLICIES
+from .group_options import HEALTH_FAILURES, bounds, default
+from .status import CHIEF_OR_WORKER0, SUCCESS_POLICIES
 from .training import TrainingConfig
 
 ROLES = ("chief", "ps", "worker", "evaluator")
 """Task types, in TF_CONFIG spelling. ``master`` is not one: TensorFlow 2.21 rejects it."""
 
 RESTART_POLICIES = ("Never", "OnFailure", "ExitCode")
-DEFAULT_PORT = 2222
-"""The gRPC port of every task of a Kubernetes group (a local group's tasks get free ports)."""
-DEFAULT_PS = 1
-DEFAULT_WORKERS = 2
-"""Parameter-server and worker tasks of a group when not given."""
-DEFAULT_BACKOFF_LIMIT = 3
-DEFAULT_SUCCESS_POLICY = ALL_WORKERS
+# A group's defaults, declared with their bounds and documentation in group_options.GroupOptions.
+DEFAULT_PORT: int = default("port")
+DEFAULT_PS: int = default("ps")
+DEFAULT_WORKERS: int = default("workers")
+DEFAULT_BACKOFF_LIMIT: int = default("backoff_limit")
+DEFAULT_SUCCESS_POLICY: str = default("success_policy")
 RUNTIME_COMMAND = ("python", "-m", "airflow_tf.runtime")
 FORK_SERVER_COMMAND = ("python", "-m", "airflow_tf.runtime.forkserver")
 FORK_SERVER_READY = {"ready": True}
@@ -39,13 +39,11 @@ even killed (the local backend): the task keeps its temporary files there."""
 LAUNCH_FAILED = 70
 """Exit code of a local task's process that could not become the task: its supervisor was gone
 before it started, or its fork server could not set it up."""
-DEFAULT_PROGRESS_TIMEOUT = 300.0
+DEFAULT_PROGRESS_TIMEOUT: float = default("progress_timeout")
 DEFAULT_PS_GRACE_SECONDS = 5.0
-DEFAULT_HEALTH_TIMEOUT = 5.0
+DEFAULT_HEALTH_TIMEOUT: float = default("health_timeout")
 """A live TensorFlow server answers its health question in milliseconds, a few hundred on a
 loaded machine (docs/reference/faults.md); seconds of silence mean it is stopped, wedged or cut off."""
-HEALTH_FAILURES = 3
-"""Questions in a row a task may leave unanswered before it is stuck: one slow answer is not."""
 HEALTH_STARTUP_SECS = 600
 """Longest a task may take to answer its first question (TensorFlow's import and the server's
 start on a loaded node); until then it is starting, not stuck (Kubernetes' startup probe)."""
@@ -173,7 +171,7 @@ class GroupSpec:
     ps_grace_seconds: float = DEFAULT_PS_GRACE_SECONDS
     """Seconds the parameter servers run on after the last worker finished, before the
     group itself stops them (local backend)."""
-    isolate_network: bool = True
+    isolate_network: bool = default("isolate_network")
     """Run a local group in a private network namespace (loopback only), so nothing off this
     machine reaches its unauthenticated gRPC ports."""
     health_timeout: float | None = DEFAULT_HEALTH_TIMEOUT
@@ -287,8 +285,9 @@ class GroupSpec:
             yield f"backoff_limit: must be a whole number >= 0, got {self.backoff_limit!r}"
         if self.group_backoff_limit is not None and not _whole(self.group_backoff_limit):
             yield f"group_backoff_limit: must be a whole number >= 0 or None, got {self.group_backoff_limit!r}"
-        if self.active_deadline_seconds is not None and self.active_deadline_seconds <= 0:
-            yield f"active_deadline_seconds: must be positive, got {self.active_deadline_seconds}"
+        deadline = bounds("active_deadline_seconds")
+        if self.active_deadline_seconds is not None and not deadline.holds(self.active_deadline_seconds):
+            yield f"active_deadline_seconds: must be {deadline}, got {self.active_deadline_seconds}"
         if self.success_policy not in SUCCESS_POLICIES:
             yield f"success_policy: {self.success_policy!r} is not one of {', '.join(SUCCESS_POLICIES)}"
 
@@ -299,7 +298,7 @@ class GroupSpec:
             yield f"pass_env: must be a list of environment variable names, got {self.pass_env!r}"
         if not isinstance(self.isolate_network, bool):
             yield f"isolate_network: must be true or false, got {self.isolate_network!r}"
-        if not isinstance(self.port, int) or not 1 <= self.port <= 65535:
+        if not isinstance(self.port, int) or isinstance(self.port, bool) or not bounds("port").holds(self.port):
             yield f"port: must be a TCP port 1-65535, got {self.port!r}"
 
     def _timing_errors(self) -> Iterator[str]:
