@@ -17,6 +17,8 @@ from typing import Any, TextIO
 from collections.abc import Callable, Iterator
 
 from airflow_tf import __version__
+from airflow_tf.cluster.declarations import flag_name
+from airflow_tf.cluster.group_options import OPTIONS as GROUP_OPTIONS
 from airflow_tf.cluster.group_options import add_group_arguments, group_options_of
 from airflow_tf.cluster.training import add_training_arguments, json_argument
 from airflow_tf.data.options import RENAMED, PrepareOptions, add_prepare_arguments
@@ -80,6 +82,8 @@ def _naming_flags(message: str, args: argparse.Namespace) -> str:
     def flag(name: str) -> str | None:
         if name in _OPTION_FLAGS and name not in flags and "cpu" in flags:
             return _OPTION_FLAGS[name]
+        if name in GROUP_OPTIONS and flag_name(GROUP_OPTIONS[name])[2:].replace("-", "_") in flags:
+            return flag_name(GROUP_OPTIONS[name])  # a flag named otherwise: --deadline
         return "--" + name.replace("_", "-") if name in flags else None
 
     def path_flag(path: str) -> str | None:
