@@ -10,6 +10,7 @@ import inspect
 import argparse
 import math
 import re
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,9 @@ from airflow_tf.data import prepare_dataset
 from airflow_tf.cluster.declarations import Bounds, flag_help, parameter_doc
 from airflow_tf.data.options import PrepareOptions
 from airflow_tf.operators import PrepareTFRecordsOperator
+from airflow_tf.task_groups import _PLAN_ARGUMENTS, tf_prepare
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # A parameter that takes None for an option whose own default is empty (no columns).
 NONE_FOR_EMPTY = ("string_columns",)
@@ -89,3 +93,40 @@ def test_bounds_say_what_they_hold_and_refuse_nan():
     assert str(Bounds(1)) == "at least 1"
     fraction = Bounds(0, 1, high_open=True)
     assert fraction.holds(0) and fraction.holds(0.99) and not fraction.holds(1) and not fraction.holds(math.nan)
+
+
+def test_tf_prepares_documentation_names_every_prepare_option_and_the_encode_threads_default():
+    doc = inspect.getdoc(tf_prepare) or ""
+    options = re.search(r":param options:(.*?)(?=\n:param|\Z)", doc, flags=re.S)
+    assert options is not None
+    threads = {f.name: f for f in dataclasses.fields(PrepareOptions)}["encode_threads"]
+    assert set(re.findall(r"``(\w+)``", options[1])) == set(PrepareOptions.names()) - {"encode_threads"} | set(
+        _PLAN_ARGUMENTS)
+    line = " ".join(re.search(r":param encode_threads:(.*?)(?=\n:param)", doc, flags=re.S)[1].split())
+    assert threads.metadata["doc"] in line and f"(default: {threads.metadata['unset']})" in line, line
+    assert inspect.signature(tf_prepare).parameters["encode_threads"].default == threads.default
+
+
+def _stated_defaults(text: str) -> dict[str, str]:
+    """Option name -> the default the prose states: ``--eval-fraction`` (default 0.2), or
+    ``buffer_mib``, default 512."""
+    text = " ".join(text.split())
+    stated = {flag.replace("-", "_"): value for flag, value in
+              re.findall(r"`--([a-z-]+)`(?: [^`(]*)?\(default ([\d.]+)", text)}
+    stated.update(re.findall(r"`([a-z_]+)`, default ([\d.]+)", text))
+    return stated
+
+
+def test_the_datasets_reference_states_each_default_as_prepare_options_declares_it():
+    stated = _stated_defaults((ROOT / "docs" / "reference" / "datasets.md").read_text(encoding="utf-8"))
+    assert {"eval_fraction", "target_shard_mib", "buffer_mib"} <= set(stated), stated
+    fields = {f.name: f for f in dataclasses.fields(PrepareOptions)}
+    for name, value in stated.items():
+        declared = fields[name].metadata["unset"] if fields[name].default is None else fields[name].default
+        assert float(value) == declared, f"docs/reference/datasets.md says {name} defaults to {value}, not {declared}"
+
+
+def test_a_stated_default_is_found_however_the_prose_wraps():
+    assert _stated_defaults("`--eval-fraction` (default 0.25) with `--seed`. `--target-shard-mib`\n  (default 64 MiB "
+                            "per file); (operator:\n  `buffer_mib`, default 256)") == {
+        "eval_fraction": "0.25", "target_shard_mib": "64", "buffer_mib": "256"}
