@@ -25,7 +25,13 @@ class GroupOptions:
     workers: int = option(2, "worker tasks", bounds=Bounds(1))
     chief: int = option(0, "separate chief tasks, 0 or 1", bounds=Bounds(0, 1),
                         note="``mode=\"coordinator\"`` needs one")
-    backoff_limit: int = option(3, "restarts of each failed task before the group fails", bounds=Bounds(0))
+    backoff_limit: int = option(
+        3, "restarts of each failed task before the group fails", bounds=Bounds(0),
+        python="per role and index, on every backend (Kubernetes' ``backoffLimitPerIndex``); a parameter "
+        "server's death restarts the whole local group, but counts only against that parameter server's budget")
+    group_backoff_limit: int | None = option(
+        None, "restarts of all the group's tasks together before the group fails", bounds=Bounds(0),
+        python="local backend only (the Kubernetes backend refuses it); None: only ``backoff_limit`` applies")
     active_deadline_seconds: float | None = option(
         None, "fail the group if it runs longer than this many seconds", bounds=Bounds(0, low_open=True),
         cli={"flag": "deadline", "metavar": "SECONDS"})
@@ -41,19 +47,28 @@ class GroupOptions:
         "interface without authentication (firewall them)")
     pass_env: tuple[str, ...] = option(
         (), "variables of the launching environment passed on to the tasks, which otherwise get a minimal one",
-        python="local backend; names, e.g. ``[\"GOOGLE_APPLICATION_CREDENTIALS\"]``",
+        python="local backend; names, e.g. ``[\"GOOGLE_APPLICATION_CREDENTIALS\"]``: nothing else of the launcher's "
+        "environment (its Airflow settings, connections, secrets) reaches them",
         cli={"note": "may be repeated", "action": "append", "default": [], "metavar": "NAME"})
     progress_timeout: float | None = option(
         300.0, "restart a training task with no progress for this long", bounds=Bounds(0, low_open=True),
-        python="seconds; None: never", cli={"zero": "0 never", "metavar": "SECONDS"})
+        python="seconds, under the task's restart policy; None: never", cli={"zero": "0 never", "metavar": "SECONDS"})
+    ps_grace_seconds: float = option(
+        5.0, "seconds the parameter servers run on after the last worker finished, before the group stops them",
+        bounds=Bounds(0), python="local backend")
     health_timeout: float | None = option(
         5.0, f"seconds each ps and worker has to answer its health question, asked this often; {HEALTH_FAILURES} "
-        "unanswered in a row restart it", bounds=Bounds(0, low_open=True), python="None: never asked",
-        cli={"zero": "0 never", "metavar": "SECONDS"})
+        "unanswered in a row restart it", bounds=Bounds(0, low_open=True),
+        python="its TensorFlow server is asked for its status; a stuck task (stopped, wedged, cut off) is killed and "
+        "restarted under its restart policy, by the supervisor (local) or its liveness probe (Kubernetes); None: "
+        "never asked", cli={"zero": "0 never", "metavar": "SECONDS"})
 
 
 OPTIONS = {field.name: field for field in dataclasses.fields(GroupOptions)}
 DEFAULTS = GroupOptions()
+ROLE_COUNTS = ("ps", "workers", "chief")
+"""The group options that are task counts: parameters of ``GroupSpec.for_training``; the others
+are fields of :class:`~airflow_tf.cluster.spec.GroupSpec`."""
 LAUNCH_OPTIONS = ("ps", "workers", "chief", "backoff_limit", "active_deadline_seconds", "success_policy", "port",
                   "isolate_network", "pass_env")
 """The group options that are parameters of the launch operator (the others are set on a

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .names import is_dns1123_label, task_name
-from .group_options import HEALTH_FAILURES, bounds, default
+from .group_options import HEALTH_FAILURES, OPTIONS, ROLE_COUNTS, bounds, default, group_parameter_docs
 from .status import CHIEF_OR_WORKER0, SUCCESS_POLICIES
 from .training import TrainingConfig
 
@@ -40,7 +40,7 @@ LAUNCH_FAILED = 70
 """Exit code of a local task's process that could not become the task: its supervisor was gone
 before it started, or its fork server could not set it up."""
 DEFAULT_PROGRESS_TIMEOUT: float = default("progress_timeout")
-DEFAULT_PS_GRACE_SECONDS = 5.0
+DEFAULT_PS_GRACE_SECONDS: float = default("ps_grace_seconds")
 DEFAULT_HEALTH_TIMEOUT: float = default("health_timeout")
 """A live TensorFlow server answers its health question in milliseconds, a few hundred on a
 loaded machine (docs/reference/faults.md); seconds of silence mean it is stopped, wedged or cut off."""
@@ -145,41 +145,32 @@ def _default_roles() -> dict[str, RoleSpec]:
 
 @dataclass
 class GroupSpec:
+    """A training group: its name, its roles and what their tasks run, and the options below.
+
+    :param name: the group's name, a DNS-1123 label of at most 46 characters.
+    :param roles: per role, its replicas and what each task runs (``RoleSpec``).
+    :param training: the training options of the tasks that run the runtime.
+    :param image: the tasks' container image (Kubernetes backend).
+    :param labels: extra labels (Airflow dag/task/run ids) stamped on every task of the group.
+    {group_options}
+    """
+
     name: str
     roles: dict[str, RoleSpec] = field(default_factory=_default_roles)
     training: TrainingConfig | None = None
     image: str | None = None
+    # The options a user sets: declared, with their defaults, bounds and documentation, in GroupOptions.
     backoff_limit: int = DEFAULT_BACKOFF_LIMIT
-    """Restarts allowed for each task (each role and index) before the group fails, on every
-    backend: Kubernetes' ``backoffLimitPerIndex``. A parameter server's death restarts the whole
-    local group, but only counts against that parameter server's budget."""
-    group_backoff_limit: int | None = None
-    """Restarts allowed across the whole group, all tasks together, before it fails (local
-    backend only; the Kubernetes backend refuses it). None: only ``backoff_limit`` applies."""
-    active_deadline_seconds: float | None = None
+    group_backoff_limit: int | None = default("group_backoff_limit")
+    active_deadline_seconds: float | None = default("active_deadline_seconds")
     success_policy: str = DEFAULT_SUCCESS_POLICY
     port: int = DEFAULT_PORT
     labels: dict[str, str] = field(default_factory=dict)
-    """Extra labels (Airflow dag/task/run ids) stamped on every task of the group."""
     pass_env: list[str] = field(default_factory=list)
-    """Names of the launcher's environment variables passed on to every task (local backend).
-    Tasks otherwise get only what TensorFlow and the runtime need, never the launcher's
-    Airflow settings, connections or secrets."""
     progress_timeout: float | None = DEFAULT_PROGRESS_TIMEOUT
-    """Seconds a training task may go without progress before it is restarted under its
-    restart policy (None: never)."""
     ps_grace_seconds: float = DEFAULT_PS_GRACE_SECONDS
-    """Seconds the parameter servers run on after the last worker finished, before the
-    group itself stops them (local backend)."""
     isolate_network: bool = default("isolate_network")
-    """Run a local group in a private network namespace (loopback only), so nothing off this
-    machine reaches its unauthenticated gRPC ports."""
     health_timeout: float | None = DEFAULT_HEALTH_TIMEOUT
-    """Seconds each ps and worker has to answer its health question (its TensorFlow server asked
-    for its status), asked every ``health_timeout`` seconds; a task that leaves ``HEALTH_FAILURES``
-    questions in a row unanswered is stuck (stopped, wedged, cut off) and is killed and restarted
-    under its restart policy: by the supervisor (local), by its liveness probe (Kubernetes).
-    None: never asked."""
 
     def __post_init__(self) -> None:
         self.roles = {
@@ -193,7 +184,7 @@ class GroupSpec:
     # -- construction -------------------------------------------------------------------
     @classmethod
     def for_training(cls, name: str, training: TrainingConfig, *, ps: int = DEFAULT_PS, workers: int = DEFAULT_WORKERS,
-                     chief: int = 0, evaluator: int = 0, **options: Any) -> GroupSpec:
+                     chief: int = default("chief"), evaluator: int = 0, **options: Any) -> GroupSpec:
         if training.mode == "coordinator":  # the chief drives the workers (which never exit): its exit decides
             chief, options["success_policy"] = max(chief, 1), CHIEF_OR_WORKER0
         roles = {"ps": RoleSpec(replicas=ps, restart_policy="OnFailure"), "worker": RoleSpec(replicas=workers)}
@@ -362,3 +353,7 @@ class GroupSpec:
         assert self.training is not None
         head = [python or sys.executable, *RUNTIME_COMMAND[1:]] if python else list(RUNTIME_COMMAND)
         return head + self.training.to_args()
+
+
+GroupSpec.__doc__ = (GroupSpec.__doc__ or "").replace(
+    "{group_options}", group_parameter_docs(tuple(name for name in OPTIONS if name not in ROLE_COUNTS)))

@@ -17,7 +17,7 @@ from airflow.sdk import DAG
 from airflow_tf.cli import RENDER_GROUP_OPTIONS, RUN_GROUP_OPTIONS, _add_render, _add_run, _run_spec, main
 from airflow_tf.cluster import GroupSpec, TrainingConfig
 from airflow_tf.cluster.declarations import flag_help, flag_name, parameter_doc
-from airflow_tf.cluster.group_options import LAUNCH_OPTIONS, OPTIONS, GroupOptions, group_options_of
+from airflow_tf.cluster.group_options import LAUNCH_OPTIONS, OPTIONS, ROLE_COUNTS, GroupOptions, group_options_of
 from airflow_tf.operators import LaunchTFClusterOperator
 
 # A parameter that takes None for an option whose own default is empty (no variables).
@@ -53,8 +53,7 @@ def test_a_default_changed_on_one_side_or_an_option_a_side_lacks_is_reported():
 
 def test_a_group_spec_made_without_options_has_the_declared_defaults():
     spec = GroupSpec.for_training("g", TrainingConfig(dataset="/d", run_dir="/r", steps=10))
-    for name in ("backoff_limit", "active_deadline_seconds", "success_policy", "port", "isolate_network",
-                 "progress_timeout", "health_timeout"):
+    for name in set(OPTIONS) - set(ROLE_COUNTS) - {"pass_env"}:
         assert getattr(spec, name) == OPTIONS[name].default, name
     assert spec.pass_env == list(GroupOptions().pass_env)
     assert (spec.replicas("ps"), spec.replicas("worker"), spec.replicas("chief")) == (
@@ -62,11 +61,19 @@ def test_a_group_spec_made_without_options_has_the_declared_defaults():
     assert GroupSpec(name="g", training=TrainingConfig(dataset="/d", run_dir="/r", steps=10)).replicas("worker") == 2
 
 
-def test_every_group_option_is_a_parameter_or_a_flag_somewhere():
-    used = set(LAUNCH_OPTIONS) | set(RUN_GROUP_OPTIONS) | set(RENDER_GROUP_OPTIONS)
-    assert used == set(OPTIONS), "a declared group option no user can set, or one set but not declared"
+def test_every_group_option_reaches_the_group_spec_and_is_documented_there():
+    spec_fields = {f.name for f in dataclasses.fields(GroupSpec)}
+    for_training = inspect.signature(GroupSpec.for_training).parameters
+    for name in OPTIONS:
+        assert name in (for_training if name in ROLE_COUNTS else spec_fields), name
+    assert set(LAUNCH_OPTIONS) | set(RUN_GROUP_OPTIONS) | set(RENDER_GROUP_OPTIONS) <= set(OPTIONS)
+    doc = inspect.getdoc(GroupSpec) or ""
+    assert "{group_options}" not in doc
     for option in dataclasses.fields(GroupOptions):
         assert option.metadata["doc"], f"GroupOptions.{option.name} has no documentation"
+        if option.name not in ROLE_COUNTS:
+            assert f":param {option.name}: {parameter_doc(option)}" in doc, option.name
+    assert disagreements(inspect.signature(GroupSpec.for_training), ROLE_COUNTS) == []
 
 
 def _parser(add) -> argparse.ArgumentParser:
