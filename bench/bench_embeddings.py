@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 
 from airflow_tf.backends.local import LocalBackend
-from airflow_tf.backends.local_processes import KILL_WAIT, process_start_time, wait_gone
+from airflow_tf.backends.local.processes import KILL_WAIT, process_start_time, wait_gone
 from airflow_tf.cluster import GroupSpec, TrainingConfig
 from airflow_tf.data import prepare_dataset, split_files
 from airflow_tf.data.samples import write_clicks_csv

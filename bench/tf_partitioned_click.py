@@ -149,8 +149,8 @@ def progress_hook(tf, global_step, loss, batch: int, every_secs: float, path: st
 # -- the bench's launcher ---------------------------------------------------------------------
 def run_group(args: argparse.Namespace, argv: list[str]) -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from airflow_tf.backends.local_network import isolate_network
-    from airflow_tf.backends.local_processes import free_ports
+    from airflow_tf.backends.local.network import isolate_network
+    from airflow_tf.backends.local.processes import free_ports
 
     refused = isolate_network()  # before any thread starts
     if refused:

@@ -232,7 +232,8 @@ def test_the_kubernetes_how_to_lists_what_the_rendered_role_grants_and_says_rend
     assert main(["render", "--rbac", "--namespace", "team-a"]) == 0
     role, = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d["kind"] == "Role"]
     words = {"jobs": "Jobs", "pods": "pods", "pods/log": "their logs", "services": "Services", "events": "events",
-             "networkpolicies": "NetworkPolicies", "jobsets": "JobSets", "workloads": "Kueue Workloads"}
+             "networkpolicies": "NetworkPolicies", "jobsets": "JobSets", "workloads": "Kueue Workloads",
+             "pods/status": "pod status", "poddisruptionbudgets": "PodDisruptionBudgets"}
     granted = {resource for rule in role["rules"] for resource in rule["resources"]}
     assert granted <= set(words), f"a resource this test does not know the word for: {granted - set(words)}"
     how_to = (DOCS / "how-to" / "kubernetes.md").read_text(encoding="utf-8")

@@ -11,8 +11,22 @@ answered ``{"pid": n}`` (or ``{"error": why}``). Each task
 is forked twice, so that its parent is the supervisor (a child subreaper), which reaps it and reads
 its exit status as it does for a task it starts itself, and the task dies with the supervisor.
 
-Nothing here may start a thread or TensorFlow's runtime (a session, an eager context): a forked
-child keeps only the thread that forked it.
+Why forking a process that has loaded TensorFlow is safe here: a forked child keeps only the
+thread that forked it, so a lock another thread held at the fork would stay held in the child
+for good. At each fork this server has one thread. Importing TensorFlow and Keras starts no
+thread of its own (TensorFlow's thread pools start with its runtime: a session, an eager
+context, which nothing here creates). Importing NumPy starts OpenBLAS's pool of worker threads
+(one per core but one), but OpenBLAS stops that pool in a ``pthread_atfork`` handler before every
+fork, so at the fork itself only the calling thread is left; the pool comes back in the server
+at its next BLAS call, which it never makes, and in a task at its own first one. The forked
+task then starts TensorFlow's runtime from scratch, with its own threads. Python 3.12 and later
+warn (a DeprecationWarning) when they fork a process with more than one thread, counted just
+after the fork: for the reason above they do not warn here, and nothing silences them.
+
+This is checked, not only said: before saying it is ready, the server forks a child that exits
+at once and counts its own threads just after (:func:`threads_at_fork`). With more than one (a
+TensorFlow that starts a thread when imported, a library without OpenBLAS's handler) it says
+why instead of that it is ready, and the supervisor starts every task by itself.
 """
 
 from __future__ import annotations
@@ -25,7 +39,6 @@ import signal
 import sys
 import time
 import traceback
-import warnings
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -57,6 +70,26 @@ def preload() -> None:
     gc.freeze()
 
 
+def thread_count() -> int:
+    """This process's threads now, as the kernel counts them (the 20th field of /proc/self/stat)."""
+    with open("/proc/self/stat", "rb") as stat:
+        return int(stat.read().rpartition(b")")[2].split()[17])
+
+
+def threads_at_fork() -> int:
+    """The threads this process has at a fork: what it has once the ``pthread_atfork`` handlers
+    have run (OpenBLAS's stops its pool), counted just after forking a child that exits at once.
+    Past 1, Python 3.12 and later also warn of this very fork; the count is what is reported."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    count = thread_count()
+    os.waitpid(child, 0)
+    return count
+
+
 def serve(parent: int, requests, answers) -> None:
     """Answer each request line with the forked task's pid, until stdin closes."""
     own = (requests.fileno(), answers.fileno())
@@ -80,11 +113,7 @@ def fork_task(request: dict[str, Any], parent: int, own: tuple[int, ...] = ()) -
     read_end, write_end = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
-    with warnings.catch_warnings():
-        # Python warns of forking a process with threads: TensorFlow's native ones (its
-        # allocator's, BLAS's) are not needed in the child, which starts its own.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        middle = os.fork()
+    middle = os.fork()  # single-threaded, see the module's docstring
     if middle == 0:
         os.close(read_end)
         try:
@@ -180,8 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     os.close(nothing)
     os.dup2(2, 1)
     preload()
+    threads = threads_at_fork()
     # The supervisor starts no trainer before this line: it stays free meanwhile.
-    answers.write((json.dumps(FORK_SERVER_READY) + "\n").encode())
+    answers.write((json.dumps(FORK_SERVER_READY if threads == 1 else {"error": (
+        f"it had {threads} threads at a fork after loading TensorFlow, where it must have 1 "
+        "(see airflow_tf.runtime.forkserver); the group's tasks start by themselves")}) + "\n").encode())
+    if threads != 1:
+        return 1
     answers.flush()
     serve(parent, requests, answers)
     return 0

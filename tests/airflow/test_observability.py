@@ -1,83 +1,112 @@
 """What a platform team watches, through Airflow itself (``airflow dags test``, local processes):
-the training's metrics arrive at a metrics receiver (the test's own OpenTelemetry collector: an
-OTLP/HTTP endpoint on loopback) through Airflow's ``Stats``, the chief's log lines reach the
-wait's task log while the group still runs, and every task's log is kept in the run directory,
-bounded by ``[airflow_tf] kept_log_bytes``.
+the training's metrics arrive at a StatsD listener of the test's own (UDP on loopback) through
+Airflow's ``Stats``, the chief's log lines reach the wait's task log while the group still runs,
+and every task's log is kept in the run directory, bounded by ``[airflow_tf] kept_log_bytes``.
 
-OpenTelemetry rather than StatsD: Airflow's StatsD client needs the ``statsd`` package
-(``apache-airflow[statsd]``), which this project's locks do not install; both go through the
-same ``Stats`` calls."""
+StatsD as a deployment turns it on (``[metrics] statsd_on``, host, port, prefix): in poke mode
+plain StatsD (no tags: the names that carry the DAG and task are what tells runs apart), in
+deferrable mode with ``statsd_influxdb_enabled`` (the tags appended to the name, less Airflow's
+default ``statsd_disabled_tags``, ``job_id,run_id``)."""
 
 from __future__ import annotations
 
-import http.server
 import math
 import re
+import socket
 import threading
+from dataclasses import dataclass, field
 
 import pytest
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-    ExportMetricsServiceResponse,
-)
 
 from airflow_tf.demo import dag_run_state, dags_test
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # a DAG run through Airflow, under load
 
 KEPT_LOG_BYTES = 2000
+PREFIX = "mlplatform"  # not Airflow's default, so the test sees that [metrics] statsd_prefix is used
+TYPES = {"c": "counter", "g": "gauge", "ms": "timer", "h": "histogram", "s": "set", "d": "distribution"}
 
 
-def _attributes(point) -> dict[str, str]:
-    return {kv.key: kv.value.string_value for kv in point.attributes}
+@dataclass(frozen=True)
+class Sample:
+    """One StatsD line, ``name:value|type[|@rate][|#tag,...]``; tags in the name the InfluxDB way
+    (``name,key=value,...``) or DogStatsD's (``|#key:value,...``) both end up in ``tags``."""
+
+    name: str
+    value: float
+    type: str
+    rate: float = 1.0
+    tags: dict[str, str] = field(default_factory=dict)
 
 
-class OtlpReceiver(http.server.ThreadingHTTPServer):
-    """An OTLP/HTTP metrics endpoint: every data point posted to /v1/metrics, kept in order as
-    (name, kind, value, attributes); a histogram's value is (count, sum)."""
+def parse_line(line: str) -> Sample:
+    """A StatsD line, or ValueError saying what is wrong with it."""
+    stat, sep, rest = line.partition(":")  # a name has no ':' (Airflow's name check), a DogStatsD tag may
+    fields = rest.split("|")
+    if not sep or not stat or len(fields) < 2 or fields[1] not in TYPES:
+        raise ValueError(f"not name:value|type: {line!r}")
+    name, *influx = stat.split(",")
+    tags = dict(pair.split("=", 1) for pair in influx if "=" in pair)
+    if len(tags) != len(influx):
+        raise ValueError(f"a tag in the name is not key=value: {line!r}")
+    rate = 1.0
+    for extra in fields[2:]:
+        if extra.startswith("@"):
+            rate = float(extra[1:])
+        elif extra.startswith("#"):
+            tags.update(tuple(tag.split(":", 1)) if ":" in tag else (tag, "") for tag in extra[1:].split(","))
+        else:
+            raise ValueError(f"unknown field {extra!r}: {line!r}")
+    value = float(fields[0])  # a delta gauge's sign ('+3') is read as the number it is
+    return Sample(name, value, TYPES[fields[1]], rate, tags)
+
+
+def test_the_parser_reads_each_form_of_the_line_protocol():
+    assert parse_line("a.b:1|c") == Sample("a.b", 1.0, "counter")
+    assert parse_line("a.b:12.500000|ms|@0.5") == Sample("a.b", 12.5, "timer", 0.5)
+    assert parse_line("a.b,dag_id=d,task_id=t.w:3|g") == Sample("a.b", 3.0, "gauge", tags={"dag_id": "d", "task_id": "t.w"})
+    assert parse_line("a.b:-2|g|#group:g1,x") == Sample("a.b", -2.0, "gauge", tags={"group": "g1", "x": ""})
+    for bad in ("a.b", "a.b:1", "a.b:1|q", ":1|g", "a.b:x|g", "a.b,dag_id:1|g", "a.b:1|g|rate"):
+        with pytest.raises(ValueError):
+            parse_line(bad)
+
+
+class StatsdListener:
+    """A StatsD server's receiving end: UDP on 127.0.0.1 (a free port), every line of every
+    datagram parsed and kept in order; a line that does not parse is kept in ``malformed``."""
 
     def __init__(self) -> None:
-        self.points: list[tuple[str, str, object, dict[str, str]]] = []
-        receiver = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the base class's name
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                receiver.take(ExportMetricsServiceRequest.FromString(body))
-                answer = ExportMetricsServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.port = self.server_address[1]
-        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.lines: list[str] = []
+        self.samples: list[Sample] = []
+        self.malformed: list[str] = []
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._socket.bind(("127.0.0.1", 0))
+        self._socket.settimeout(0.2)
+        self.port = self._socket.getsockname()[1]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._receive, daemon=True)
         self._thread.start()
 
-    def take(self, request) -> None:
-        for resource in request.resource_metrics:
-            for scope in resource.scope_metrics:
-                for metric in scope.metrics:
-                    kind = metric.WhichOneof("data")
-                    if kind in ("gauge", "sum"):
-                        for point in getattr(metric, kind).data_points:
-                            value = point.as_double if point.WhichOneof("value") == "as_double" else point.as_int
-                            self.points.append((metric.name, kind, value, _attributes(point)))
-                    elif kind in ("histogram", "exponential_histogram"):
-                        for point in getattr(metric, kind).data_points:
-                            self.points.append((metric.name, kind, (point.count, point.sum), _attributes(point)))
+    def _receive(self) -> None:
+        while not self._stop.is_set():
+            try:
+                datagram = self._socket.recv(65535)
+            except TimeoutError:
+                continue
+            for line in datagram.decode("utf-8", "replace").splitlines():
+                self.lines.append(line)
+                try:
+                    self.samples.append(parse_line(line))
+                except ValueError:
+                    self.malformed.append(line)
 
-    def values(self, name: str) -> list[tuple[object, str, dict[str, str]]]:
-        return [(value, kind, tags) for stat, kind, value, tags in self.points if stat == name]
+    def of(self, name: str) -> list[Sample]:
+        return [sample for sample in self.samples if sample.name == name]
 
     def close(self) -> None:
-        self.shutdown()
-        self.server_close()
+        self._stop.set()
+        self._thread.join()
+        self._socket.close()
 
 
 def _instant(stamp: str) -> float:
@@ -88,51 +117,72 @@ def _instant(stamp: str) -> float:
 
 
 @pytest.fixture
-def otlp():
-    receiver = OtlpReceiver()
-    yield receiver
-    receiver.close()
+def statsd():
+    listener = StatsdListener()
+    yield listener
+    listener.close()
 
 
-@pytest.mark.parametrize("dag_id", ["tf_test_observed", "tf_test_observed_deferred"])
-def test_metrics_reach_the_collector_and_the_chief_log_is_followed_live_and_kept_bounded(airflow_home, tmp_path, otlp,
-                                                                                         group_processes, dag_id):
+@pytest.mark.parametrize(("dag_id", "influx_tags"), [("tf_test_observed", False), ("tf_test_observed_deferred", True)],
+                         ids=["poke-plain-statsd", "deferred-statsd-influxdb-tags"])
+def test_metrics_reach_a_statsd_listener_and_the_chief_log_is_followed_live_and_kept_bounded(
+        airflow_home, tmp_path, statsd, group_processes, dag_id, influx_tags):
     env = dict(airflow_home.env,
                AIRFLOW_TF_STORAGE=str(tmp_path / "storage"), AIRFLOW_TF_STATE_DIR=str(tmp_path / "groups"),
-               AIRFLOW__METRICS__OTEL_ON="True", AIRFLOW__METRICS__OTEL_HOST="127.0.0.1",
-               AIRFLOW__METRICS__OTEL_PORT=str(otlp.port), AIRFLOW__METRICS__OTEL_INTERVAL_MILLISECONDS="500",
+               AIRFLOW__METRICS__STATSD_ON="True", AIRFLOW__METRICS__STATSD_HOST="127.0.0.1",
+               AIRFLOW__METRICS__STATSD_PORT=str(statsd.port), AIRFLOW__METRICS__STATSD_PREFIX=PREFIX,
+               AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED=str(influx_tags),
                AIRFLOW__AIRFLOW_TF__KEPT_LOG_BYTES=str(KEPT_LOG_BYTES))
     result = dags_test(env, dag_id)
     (tmp_path / f"{dag_id}.log").write_text(result.stdout)
+    (tmp_path / "statsd.txt").write_text("\n".join(statsd.lines))
     assert dag_run_state(result.stdout) == "success", result.stdout[-4000:]
     group = next((tmp_path / "storage" / "runs").iterdir()).name
     output = result.stdout.splitlines()
 
-    # Metrics, as a dashboard reads them: Airflow's prefix, tagged with the DAG, task, run and group.
-    rate = otlp.values("airflow.airflow_tf.training.steps_per_second")
-    assert rate and all(value > 0 for value, _, _ in rate), sorted({p[0] for p in otlp.points})
-    tags = rate[0][2]
-    assert (tags["dag_id"], tags["task_id"], tags["group"]) == (dag_id, "training.wait_for_workers", group), tags
-    assert tags["run_id"].startswith("manual__"), tags
-    losses = [value for value, _, _ in otlp.values("airflow.airflow_tf.training.loss")]
-    assert losses and all(math.isfinite(loss) and loss >= 0 for loss in losses)
-    examples = otlp.values("airflow.airflow_tf.training.examples_per_second")
-    assert examples and all(value > 0 for value, _, _ in examples)
-    steps = [value for value, _, _ in otlp.values("airflow.airflow_tf.training.global_step")]
-    assert steps and steps == sorted(steps) and 0 < steps[-1] <= 4000, steps
-    assert otlp.values("airflow.airflow_tf.training.eta_seconds")
-    waited = otlp.values("airflow.airflow_tf.training.queue_wait")  # a timer: (count, sum in ms)
-    assert waited and waited[-1][0][0] == 1 and 0 <= waited[-1][0][1] < 120_000, waited
-    # Where tags are dropped (plain StatsD), the name carries the DAG and task, as Airflow's legacy names.
-    assert otlp.values(f"airflow.airflow_tf.training.loss.{dag_id}.training__wait_for_workers")
-    mse = otlp.values("airflow.airflow_tf.evaluation.mse")
-    assert mse and len({value for value, _, _ in mse}) == 1 and math.isfinite(mse[0][0])
-    assert mse[0][2]["task_id"] == "training.evaluate" and mse[0][2]["model"] == "observed"
-    assert {value for value, _, _ in otlp.values("airflow.airflow_tf.evaluation.blessed")} == {1.0}
+    # Metrics, as a StatsD server receives them: every line well formed, under the configured prefix.
+    assert not statsd.malformed, statsd.malformed[:5]
+    ours = sorted({s.name for s in statsd.samples if s.name.startswith(f"{PREFIX}.airflow_tf.")})
+    assert ours and all(s.name.startswith(f"{PREFIX}.") for s in statsd.samples), sorted({s.name for s in statsd.samples})
+
+    def metric(name: str, kind: str, task: str = "training.wait_for_workers", **tags: str) -> list[float]:
+        """The values of ``<prefix>.airflow_tf.<name>``, each checked for its type and tags, and
+        that the same values went out under the name that carries the DAG and task."""
+        stat = f"{PREFIX}.airflow_tf.{name}"
+        samples = statsd.of(stat)
+        assert samples, f"no {stat}; received: {ours}"
+        expected = {"dag_id": dag_id, "task_id": task, **tags} if influx_tags else {}
+        for sample in samples:
+            assert (sample.type, sample.tags, sample.rate) == (kind, expected, 1.0), sample
+        legacy = statsd.of(f"{stat}.{dag_id}.{task.replace('.', '__')}")
+        assert [(s.type, s.value) for s in legacy] == [(s.type, s.value) for s in samples], (stat, legacy)
+        return [sample.value for sample in samples]
+
+    rates = metric("training.steps_per_second", "gauge", group=group)
+    assert all(rate > 0 for rate in rates), rates
+    examples = metric("training.examples_per_second", "gauge", group=group)
+    assert all(value > 0 for value in examples), examples
+    losses = metric("training.loss", "gauge", group=group)
+    assert all(math.isfinite(loss) and loss >= 0 for loss in losses), losses
+    steps = metric("training.global_step", "gauge", group=group)
+    assert steps == sorted(steps) and 0 < steps[-1] <= 4000, steps
+    percent = metric("training.percent_done", "gauge", group=group)
+    assert all(0 <= value <= 100 for value in percent) and percent == sorted(percent), percent
+    eta = metric("training.eta_seconds", "gauge", group=group)
+    # The chief's estimate: large from the first slow steps, then falling; under the DAG's timeout at the end.
+    assert all(math.isfinite(value) and value >= 0 for value in eta) and eta[-1] < min(600, max(eta)), eta
+    waited = metric("training.queue_wait", "timer", group=group)  # milliseconds, sent once per wait
+    assert len(waited) == 1 and 0 <= waited[0] < 120_000, waited
+    # No task of the group was restarted, so no replacement was counted.
+    assert not [s for s in statsd.samples if "task_replacements" in s.name], "a replacement was counted"
+    assert "--- airflow-tf: restart" not in "".join(
+        p.read_text() for p in (tmp_path / "storage" / "runs" / group / "logs").rglob("*.log"))
+    mse = metric("evaluation.mse", "gauge", task="training.evaluate", model="observed")
+    assert len(mse) == 1 and math.isfinite(mse[0]) and 0 <= mse[0] <= 100, mse  # the DAG's threshold: 100
+    assert metric("evaluation.blessed", "gauge", task="training.evaluate", model="observed") == [1.0]
     exported = [int(path.name) for path in (tmp_path / "storage" / "models" / "observed").iterdir()]
-    version = otlp.values("airflow.airflow_tf.export.version")
-    assert exported == [1] and {value for value, _, _ in version} == {1.0}, version
-    assert version[0][2]["task_id"] == "training.export"
+    assert exported == [1]
+    assert metric("export.version", "gauge", task="training.export", model="observed") == [1.0]
 
     # Live logs: the chief's lines were in the wait's task log while the chief still ran.
     chief = f"[{group}-worker-0] "

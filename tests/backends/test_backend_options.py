@@ -46,6 +46,10 @@ WRONG = [
     ("kubernetes", "poll_interval", -5, "a number of seconds > 0 (finite)"),
     ("kubernetes", "poll_interval", True, "a number of seconds > 0 (finite)"),
     ("kubernetes", "task_template", "pod.yaml", "an object (a dict), or null"),
+    ("kubernetes", "unreachable_toleration_seconds", -1, "a whole number of seconds >= 0, or null"),
+    ("kubernetes", "unreachable_toleration_seconds", "30", "a whole number of seconds >= 0, or null"),
+    ("kubernetes", "spread_over_nodes", "no", "true or false (a boolean, not a string or a number)"),
+    ("kubernetes", "disruption_budget", 1, "true or false (a boolean, not a string or a number)"),
     ("local", "state_dir", "", "a path (a non-empty string), or null"),
     ("local", "state_dir", 3, "a path (a non-empty string), or null"),
 ]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -14,10 +16,12 @@ from pathlib import Path
 import pytest
 
 from airflow_tf.backends.local import LocalBackend
-from airflow_tf.backends.local_forkserver import ForkServer, ForkServerError, forkable
+from airflow_tf.backends.local.forkserver import ForkServer, ForkServerError, forkable
 from airflow_tf.cluster import GroupSpec, TrainingConfig
 from processes import environ_of
 
+FORK_WARNING_IS_ERROR = "error:This process:DeprecationWarning"
+"""Python's warning (3.12 on) about forking a process with threads made an error, and only it."""
 SESSION_READY = re.compile(r"airflow-tf session ready global_step=(\d+)")
 
 
@@ -178,7 +182,7 @@ def test_while_the_fork_server_loads_the_supervisor_runs_the_ps_and_answers_a_te
         local_state_dir, linear_dataset, tmp_path, group_processes, wait_until):
     """The fork server frozen before it has loaded: the ps runs, the trainers wait for the server,
     and the supervisor still answers a teardown itself, without being killed as unresponsive."""
-    from airflow_tf.backends.local_processes import is_running, process_start_time
+    from airflow_tf.backends.local.processes import is_running, process_start_time
 
     backend = LocalBackend()
     ref = backend.launch(GroupSpec.for_training("fs", _config(tmp_path, linear_dataset, 10_000_000), ps=1, workers=2))
@@ -208,3 +212,46 @@ def test_the_fork_server_refuses_arguments_other_than_its_supervisor_group_and_r
         assert main(args) == 2, args
         assert "usage: python -m airflow_tf.runtime.forkserver <supervisor pid> [group=<group> run=<run>]" in \
             capsys.readouterr().err
+
+
+def test_the_fork_server_forks_with_one_thread_though_openblas_runs_a_pool_and_counts_any_other():
+    """OpenBLAS stops its pool before a fork (its pthread_atfork handler), so the server, which
+    imported NumPy, forks single-threaded, and Python (3.12 on) has nothing to warn of; a thread
+    of anyone else is counted at the fork, which the server reports instead of forking tasks."""
+    code = (
+        "import threading, warnings\n"
+        "import numpy\n"
+        "from airflow_tf.runtime.forkserver import thread_count, threads_at_fork\n"
+        "numpy.ones((256, 256)) @ numpy.ones((256, 256))\n"
+        "print(thread_count(), threads_at_fork())\n"
+        "stop = threading.Event()\n"
+        "threading.Thread(target=stop.wait).start()\n"
+        "with warnings.catch_warnings():  # Python 3.12 on warns of this fork: its count is what is shown\n"
+        "    warnings.simplefilter('ignore', DeprecationWarning)\n"
+        "    print(thread_count(), threads_at_fork())\n"
+        "stop.set()\n"
+    )
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="4")
+    done = subprocess.run([sys.executable, "-W", FORK_WARNING_IS_ERROR, "-c", code], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (pool, at_fork), (with_thread, at_fork_with_thread) = (map(int, line.split()) for line in done.stdout.splitlines())
+    assert pool > 1, "OpenBLAS runs its pool once NumPy has multiplied"
+    assert at_fork == 1, "OpenBLAS stopped its pool for the fork"
+    assert (with_thread, at_fork_with_thread) == (2, 2), "another thread is there at the fork, and counted"
+
+
+@pytest.mark.slow
+def test_the_fork_server_says_it_is_ready_only_once_it_forks_single_threaded_with_tensorflow_loaded(tmp_path):
+    """The real server, TensorFlow and Keras loaded, with OpenBLAS's pool running and Python's
+    warning about forking with threads made an error: it says it is ready (it checks that it has
+    one thread at a fork before saying so; a warning would have ended it)."""
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="4", PYTHONWARNINGS=FORK_WARNING_IS_ERROR)
+    server = ForkServer(sys.executable, os.getpid(), env, preexec_fn=lambda: None)
+    try:
+        deadline = time.monotonic() + 300
+        while not server.poll_ready():
+            assert time.monotonic() < deadline, "the fork server did not load"
+            time.sleep(0.1)
+    finally:
+        server.close()

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from airflow_tf.backends.local import LocalBackend
-from airflow_tf.backends.local_processes import is_running, process_start_time
+from airflow_tf.backends.local.processes import is_running, process_start_time
 from airflow_tf.cluster import GroupSpec, TrainingConfig
 from airflow_tf.cluster.names import process_title
 from processes import environ_of, group_processes_of, titled_processes

@@ -18,8 +18,8 @@ import pytest
 from processes import can_connect, environ_of, external_address
 
 from airflow_tf.backends.local import LocalBackend
-from airflow_tf.backends.local_memory import mem_available_mb
-from airflow_tf.backends.local_processes import remove_temporary_directory, task_environment, temporary_directory
+from airflow_tf.backends.local.memory import mem_available_mb
+from airflow_tf.backends.local.processes import remove_temporary_directory, task_environment, temporary_directory
 from airflow_tf.backends.wait import completion_event, wait_for_group
 from airflow_tf.cluster import GroupSpec, Phase, RoleSpec
 from airflow_tf.backends import BackendError
@@ -102,7 +102,7 @@ def test_nothing_off_this_machine_reaches_a_group(local_state_dir, wait_until):
 
 ISOLATED_LISTENER = """
 import encodings.idna, os, socket, sys
-from airflow_tf.backends.local_network import isolate_network
+from airflow_tf.backends.local.network import isolate_network
 if sys.argv[1] == "unprivileged":
     os.setgid(65534); os.setuid(65534)
     import ctypes; ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable again, as any ordinary user's process is

@@ -17,8 +17,8 @@ import pytest
 
 from airflow_tf.backends import GroupRef, backend_for
 from airflow_tf.backends.local import LocalBackend
-from airflow_tf.backends.local_files import STATE_DIR_ENV, write_group_file
-from airflow_tf.backends.local_processes import STOP_GRACE, is_running, process_start_time, stop_processes
+from airflow_tf.backends.local.files import STATE_DIR_ENV, write_group_file
+from airflow_tf.backends.local.processes import STOP_GRACE, is_running, process_start_time, stop_processes
 from airflow_tf.backends.wait import failure_report, wait_for_group
 from airflow_tf.cluster import GroupSpec, Phase, RoleSpec, SpecError, TrainingConfig
 from airflow_tf.data import DatasetNotReadyError

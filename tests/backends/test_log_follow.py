@@ -9,7 +9,7 @@ from airflow_tf.backends import GroupRef
 from airflow_tf.backends.local import LocalBackend
 from airflow_tf.backends.follow import LogFollower, check_follow_logs
 from airflow_tf.backends.kubernetes.backend import _log_time
-from airflow_tf.backends.local_files import GroupDir, read_since
+from airflow_tf.backends.local.files import GroupDir, read_since
 from airflow_tf.backends.wait import kept_log
 from airflow_tf.cluster import GroupStatus, Phase, TaskStatus
 from airflow_tf.storage import kept_log_bytes

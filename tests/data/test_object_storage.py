@@ -236,7 +236,7 @@ def test_tensorflow_file_systems_are_what_the_training_side_assumes():
 @pytest.mark.slow
 def test_a_local_group_reaches_object_storage_only_when_isolation_is_turned_off(gcs, tmp_path, monkeypatch):
     from airflow_tf.backends import BackendError
-    from airflow_tf.backends.local import _check_inputs
+    from airflow_tf.backends.local.backend import _check_inputs
     from airflow_tf.cluster import GroupSpec, TrainingConfig
 
     fs, options, endpoint = gcs

@@ -39,10 +39,13 @@ def real_nodes(directory: Path) -> dict:
 
 def leftovers(directory: Path, nodes: dict) -> dict:
     """What the plane in ``directory`` with the real nodes ``nodes`` (:func:`real_nodes`, read while
-    it ran) left on this machine: processes, mounts, cgroups, links, its directory. Other planes
-    may run beside it: only this one's own are counted."""
+    it ran) left on this machine: processes, mounts, cgroups, links, network namespaces, iptables
+    rules, its directory. Other planes may run beside it: only this one's own are counted."""
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
-    ours = {nodes["bridge"], *(node["cni_bridge"] for node in nodes["nodes"].values())}
+    # The nodes' CNI bridges live in their network namespaces, which go with them.
+    ours = {nodes["bridge"], *(node.get("veth", node["cni_bridge"]) for node in nodes["nodes"].values())}
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout.split()
+    iptables = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True).stdout
     points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
     return {
         "processes": processes(str(directory)),
@@ -51,11 +54,14 @@ def leftovers(directory: Path, nodes: dict) -> dict:
                           for p in Path("/sys/fs/cgroup").glob(f"*/{node['cgroup_root']}")),
         "links": sorted(name for line in links.splitlines()
                         if (name := line.split(":")[1].strip().split("@")[0]) in ours),
+        "network namespaces": sorted(name for name in namespaces if name.startswith(f"aftf{nodes['tag']}-")),
+        "iptables": [rule for rule in iptables.splitlines() if f"aftf{nodes['tag']}" in rule],
         "files": directory.exists(),
     }
 
 
-NOTHING = {"processes": [], "mounts": [], "cgroups": [], "links": [], "files": False}
+NOTHING = {"processes": [], "mounts": [], "cgroups": [], "links": [], "network namespaces": [], "iptables": [],
+           "files": False}
 
 
 def plane_env(directory: Path) -> dict[str, str]:

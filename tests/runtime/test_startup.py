@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from airflow_tf.backends.local_processes import free_ports
+from airflow_tf.backends.local.processes import free_ports
 
 
 @pytest.mark.parametrize("keras, loaded", [(False, []), (True, ["keras"])])

@@ -182,7 +182,7 @@ def training_processes(state_dir: Path) -> list[psutil.Process]:
             continue
         if (
             proc.info["status"] != psutil.STATUS_ZOMBIE
-            and ("airflow_tf.runtime" in cmdline or "airflow_tf.backends.local_supervisor" in cmdline
+            and ("airflow_tf.runtime" in cmdline or "airflow_tf.backends.local.supervisor" in cmdline
                  or cmdline.startswith("airflow-tf "))  # a task's title
             and environ.get("AIRFLOW_TF_STATE_DIR") == str(state_dir)
         ):

@@ -190,7 +190,7 @@ def team_training_processes() -> list[psutil.Process]:
     for proc in psutil.process_iter(["cmdline", "status", "uids"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
         if (proc.info["status"] != psutil.STATUS_ZOMBIE and proc.info["uids"] and proc.info["uids"].real in uids
-                and ("airflow_tf.runtime" in cmdline or "airflow_tf.backends.local_supervisor" in cmdline
+                and ("airflow_tf.runtime" in cmdline or "airflow_tf.backends.local.supervisor" in cmdline
                      or cmdline.startswith("airflow-tf "))):  # a task's title
             found.append(proc)
     return found

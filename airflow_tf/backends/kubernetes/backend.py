@@ -11,8 +11,9 @@ and reads a fresh list only when the watch breaks. Connection settings are the p
 own (``kubernetes_conn_id``, ``in_cluster``, ``config_file``, ``cluster_context``,
 ``namespace``) and travel in the GroupRef, so any process can reconnect.
 
-Reading status never changes anything: the only writes are ``launch()``, ``teardown()``
-and ``run_component()`` (evaluation and export on the cluster). What the Jobs and pods mean for
+Reading status changes one thing only: a group pod stuck ``Terminating`` on a node judged lost
+is force-deleted so that its Job replaces it (:mod:`.nodes`); the other writes are ``launch()``,
+``teardown()`` and ``run_component()`` (evaluation and export on the cluster). What the Jobs and pods mean for
 the group is decided in :mod:`.status`.
 """
 
@@ -36,6 +37,7 @@ from ..base import BackendError, GroupRef
 from ..options import BackendOption, BackendOptionError, boolean, check_options, mapping, optional, path_option, seconds, text, whole_seconds
 from .labels import COMPONENT_LABEL, ROLE_LABEL, ROOT_ANNOTATION, SUCCESS_POLICY
 from .manifests import DEFAULT_PS_MAX_LIFETIME_SECONDS, DEFAULT_TTL_SECONDS_AFTER_FINISHED, group_selector, owned_by
+from .nodes import DEFAULT_UNREACHABLE_TOLERATION_SECONDS, disruption, failed_on_lost_node, lost_pods, node_of
 from .pod_options import check_cluster_domain, check_image, check_namespace, pod_options
 from .status import (
     INDEX_LABEL,
@@ -59,8 +61,9 @@ from .workloads import DEFAULT_WORKLOAD, WORKLOADS, check_workload
 
 log = logging.getLogger(__name__)
 
-_KINDS = ("jobs", "services", "networkpolicies")
-_KIND_OF = {"jobs": "Job", "services": "Service", "networkpolicies": "NetworkPolicy"}
+_KINDS = ("jobs", "services", "networkpolicies", "poddisruptionbudgets")
+_KIND_OF = {"jobs": "Job", "services": "Service", "networkpolicies": "NetworkPolicy",
+            "poddisruptionbudgets": "PodDisruptionBudget"}
 # Deleting a Job through the API orphans its pods unless told otherwise (kubectl defaults
 # to background); Background deletes the Job at once and its dependents right after.
 _PROPAGATION = "Background"
@@ -131,6 +134,14 @@ OPTIONS: dict[str, BackendOption] = {
     "progress_interval": BackendOption("seconds > 0 between progress reads while watching", seconds),
     "poll_interval": BackendOption("seconds > 0 between lists while the watch API is unavailable", seconds),
     "task_template": BackendOption("recorded at launch: the lead trainer's pod template", optional(mapping)),
+    "unreachable_toleration_seconds": BackendOption(
+        "whole seconds >= 0 a group's pod stays on a node judged lost (unreachable or not-ready) before it is "
+        f"evicted and replaced (default {DEFAULT_UNREACHABLE_TOLERATION_SECONDS}); null: Kubernetes' default (300)",
+        optional(whole_seconds(0))),
+    "spread_over_nodes": BackendOption("true (default): the ps prefer nodes without the group's trainers, the "
+                                       "workers nodes without another worker (preferred pod anti-affinity)", boolean),
+    "disruption_budget": BackendOption("true: a PodDisruptionBudget per group lets no eviction (kubectl drain) "
+                                       "interrupt it; default false", boolean),
 }
 """Every option of the Kubernetes backend (the parameters of :class:`KubernetesBackend`)."""
 
@@ -174,6 +185,18 @@ class KubernetesBackend(OneOffJobs):
         and the longest ``run_component()`` waits between checks of its Job (from 1 s, doubling).
     :param task_template: recorded at launch (in the GroupRef): the lead trainer's pod
         template, which the evaluation and export Jobs reuse (image, volumes, service account).
+    :param unreachable_toleration_seconds: every task's ``tolerationSeconds`` for the
+        ``node.kubernetes.io/unreachable`` and ``node.kubernetes.io/not-ready`` NoExecute taints:
+        how long its pod stays bound to a node judged lost before Kubernetes evicts it and its Job
+        replaces it (default 30; None: Kubernetes' default, 300). A role's own toleration for
+        either key wins.
+    :param spread_over_nodes: give the roles without an ``affinity`` of their own a preferred pod
+        anti-affinity (default True): the parameter servers prefer nodes without the group's
+        trainers, the workers nodes without another worker, so that one lost node takes as
+        little of the group as the cluster allows.
+    :param disruption_budget: create, with each group, a PodDisruptionBudget (``maxUnavailable:
+        0``) owned by its root: ``kubectl drain`` then waits for the group to end instead of
+        evicting its pods (default False: a drain evicts them and the Jobs replace them).
     """
 
     name = "kubernetes"
@@ -187,7 +210,9 @@ class KubernetesBackend(OneOffJobs):
                  ttl_seconds_after_finished: int | None = DEFAULT_TTL_SECONDS_AFTER_FINISHED,
                  ps_max_lifetime_seconds: int = DEFAULT_PS_MAX_LIFETIME_SECONDS,
                  progress_interval: float = 60.0, poll_interval: float = 30.0,
-                 task_template: dict[str, Any] | None = None) -> None:
+                 task_template: dict[str, Any] | None = None,
+                 unreachable_toleration_seconds: int | None = DEFAULT_UNREACHABLE_TOLERATION_SECONDS,
+                 spread_over_nodes: bool = True, disruption_budget: bool = False) -> None:
         given = {key: value for key, value in locals().items() if key in OPTIONS}
         options = check_options(self.name, OPTIONS, given, "KubernetesBackend")
         if TEAM_PLACEHOLDER in (options["namespace"] or ""):
@@ -209,6 +234,9 @@ class KubernetesBackend(OneOffJobs):
         self.progress_interval: float = options["progress_interval"]
         self.poll_interval: float = options["poll_interval"]
         self.task_template: dict[str, Any] | None = options["task_template"]
+        self.unreachable_toleration_seconds: int | None = options["unreachable_toleration_seconds"]
+        self.spread_over_nodes: bool = options["spread_over_nodes"]
+        self.disruption_budget: bool = options["disruption_budget"]
 
     # -- connection ----------------------------------------------------------------------
     def _hook_args(self) -> dict[str, Any]:
@@ -230,6 +258,12 @@ class KubernetesBackend(OneOffJobs):
         from kubernetes import client
 
         return client.BatchV1Api(api_client=self.hook.api_client)
+
+    @cached_property
+    def _policy(self):
+        from kubernetes import client
+
+        return client.PolicyV1Api(api_client=self.hook.api_client)
 
     @cached_property
     def _networking(self):
@@ -259,7 +293,7 @@ class KubernetesBackend(OneOffJobs):
                    "ttl_seconds_after_finished": self.ttl_seconds_after_finished,
                    "ps_max_lifetime_seconds": self.ps_max_lifetime_seconds,
                    "progress_interval": self.progress_interval, "poll_interval": self.poll_interval,
-                   "task_template": task_template}
+                   "task_template": task_template, "disruption_budget": self.disruption_budget}
         return GroupRef(backend=self.name, name=group, namespace=self.namespace, options=options,
                         success_policy=success_policy, uid=None if root is None else root["metadata"].get("uid"),
                         labels={} if root is None else _airflow_labels(root))
@@ -294,6 +328,8 @@ class KubernetesBackend(OneOffJobs):
                 result = self._batch.list_namespaced_job(namespace, label_selector=selector)
             elif kind == "services":
                 result = self._core.list_namespaced_service(namespace, label_selector=selector)
+            elif kind == "poddisruptionbudgets":
+                result = self._policy.list_namespaced_pod_disruption_budget(namespace, label_selector=selector)
             else:
                 result = self._networking.list_namespaced_network_policy(namespace, label_selector=selector)
         return [self._plain(item) for item in result.items]
@@ -306,6 +342,7 @@ class KubernetesBackend(OneOffJobs):
         create: Callable[..., Any] = {
             "Job": self._batch.create_namespaced_job, "Service": self._core.create_namespaced_service,
             "NetworkPolicy": self._networking.create_namespaced_network_policy,
+            "PodDisruptionBudget": self._policy.create_namespaced_pod_disruption_budget,
         }[kind]
         try:
             with self._api(f"create {kind} {_name(obj)} in namespace {ns}"):
@@ -321,7 +358,8 @@ class KubernetesBackend(OneOffJobs):
         from kubernetes.client.exceptions import ApiException
 
         delete = {"jobs": self._batch.delete_namespaced_job, "services": self._core.delete_namespaced_service,
-                  "networkpolicies": self._networking.delete_namespaced_network_policy}[kind]
+                  "networkpolicies": self._networking.delete_namespaced_network_policy,
+                  "poddisruptionbudgets": self._policy.delete_namespaced_pod_disruption_budget}[kind]
         try:
             with self._api(f"delete {kind} {name} in namespace {namespace}"):
                 delete(name, namespace, body=client.V1DeleteOptions(propagation_policy=_PROPAGATION))
@@ -330,6 +368,27 @@ class KubernetesBackend(OneOffJobs):
                 return False
             raise
         return True
+
+    def _force_delete(self, namespace: str, pod: dict) -> None:
+        """Release a pod stuck on a lost node (:mod:`.nodes`) as the pod garbage collector does: mark
+        it ``Failed`` (its Job, which replaces only terminal pods, replaces it at once, the
+        disruption not counted) and delete it at once (grace 0). Both carry the pod's uid, which
+        spares a newer pod of the same name."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        name, uid = _name(pod), pod["metadata"].get("uid")
+        try:
+            with self._api(f"mark pod {name} Failed in namespace {namespace}"):
+                self._core.patch_namespaced_pod_status(name, namespace, failed_on_lost_node(pod))
+            with self._api(f"force-delete pod {name} in namespace {namespace}"):
+                self._core.delete_namespaced_pod(name, namespace, body=client.V1DeleteOptions(
+                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)))
+        except BackendError as e:
+            if isinstance(e.__cause__, ApiException) and e.__cause__.status in (404, 409):
+                return  # gone, or replaced, meanwhile
+            raise
+        log.warning(_FORCE_DELETED, name, node_of(pod))
 
     def _read_log(self, namespace: str, pod: str, container: str, tail_lines: int | None, **since: Any) -> str:
         """``since``: the API's since_seconds, timestamps and limit_bytes, when given."""
@@ -355,7 +414,9 @@ class KubernetesBackend(OneOffJobs):
         return render_workload(self.workload, spec, self.namespace, cluster_domain=self.cluster_domain,
                                network_policy=self.network_policy, pod_defaults=self.pod_defaults,
                                ttl_seconds_after_finished=self.ttl_seconds_after_finished,
-                               ps_max_lifetime_seconds=self.ps_max_lifetime_seconds)
+                               ps_max_lifetime_seconds=self.ps_max_lifetime_seconds,
+                               unreachable_toleration_seconds=self.unreachable_toleration_seconds,
+                               spread_over_nodes=self.spread_over_nodes, disruption_budget=self.disruption_budget)
 
     def launch(self, spec: GroupSpec) -> GroupRef:
         try:
@@ -371,7 +432,8 @@ class KubernetesBackend(OneOffJobs):
             self._log_launch(spec.name, made)
             return self._ref(spec.name, spec.success_policy, task_template=lead_template(objects[0]), root=jobset)
         namespace = self.namespace
-        kinds = ["jobs", "services"] + (["networkpolicies"] if self.network_policy else [])
+        kinds = ["jobs", "services"] + (["networkpolicies"] if self.network_policy else []) + (
+            ["poddisruptionbudgets"] if self.disruption_budget else [])
         # Keyed by the kind listed: a real API server's list items carry no kind of their own.
         existing = {(_KIND_OF[kind], _name(o)): o for kind in kinds
                     for o in self._list(kind, namespace, group_selector(spec.name))}
@@ -429,6 +491,8 @@ class KubernetesBackend(OneOffJobs):
         jobs = self._group_jobs(namespace, ref.name)
         pods = [p for p in self._list("pods", namespace, group_selector(ref.name))
                 if COMPONENT_LABEL not in (p["metadata"].get("labels") or {})]
+        for lost in lost_pods(pods, now):
+            self._force_delete(namespace, lost)
         messages = {}
         for pod in overdue_unschedulable(pods, now):
             with self._api(f"list events of pod {pod}"):
@@ -497,8 +561,9 @@ class KubernetesBackend(OneOffJobs):
             jobs = sorted(self._group_jobs(namespace, ref.name),
                           key=lambda j: (j["metadata"].get("annotations") or {}).get(ROOT_ANNOTATION) != "true")
             objects = [("jobs", j) for j in jobs]
-            objects += [(kind, o) for kind in _KINDS[1:] if kind != "networkpolicies"
-                        or ref.options.get("network_policy", self.network_policy)
+            asked = {"networkpolicies": ref.options.get("network_policy", self.network_policy),
+                     "poddisruptionbudgets": ref.options.get("disruption_budget", self.disruption_budget)}
+            objects += [(kind, o) for kind in _KINDS[1:] if asked.get(kind, True)
                         for o in self._list(kind, namespace, group_selector(ref.name))]
         else:
             objects = [("jobs", j) for role in roles for j in self._list("jobs", namespace, group_selector(ref.name, role))]
@@ -611,6 +676,9 @@ class _WatchedGroup:
         self.batch = async_client.BatchV1Api(api)
         self.namespace, self.selector = namespace, selector
         self.pods: dict[str, dict] = {}
+        self.moved: dict[str, dict] = {}
+        """Pods Kubernetes disrupted (node lost, drain) and then removed, as last seen: once its Job
+        replaced it the pod is gone from the API, and the status still says where the task moved."""
         self.resource_version: str | None = None
         self.progress: dict[str, Any] | None = None
         self._progress_read_at: float | None = None
@@ -628,6 +696,8 @@ class _WatchedGroup:
             return False
         name = _name(pod)
         if kind == "DELETED":
+            if disruption(pod) is not None:
+                self.moved[name] = pod
             return self.pods.pop(name, None) is not None
         self.pods[name] = pod
         return True
@@ -657,12 +727,31 @@ class _WatchedGroup:
             return
         self.progress = parse_progress(text) or self.progress
 
+    async def _force_delete(self, pod: dict) -> None:
+        """As :meth:`KubernetesBackend._force_delete`, through the async client."""
+        from kubernetes_asyncio import client as async_client
+
+        body = async_client.V1DeleteOptions(grace_period_seconds=0,
+                                            preconditions=async_client.V1Preconditions(uid=pod["metadata"].get("uid")))
+        try:
+            await self.core.patch_namespaced_pod_status(_name(pod), self.namespace, failed_on_lost_node(pod))
+            await self.core.delete_namespaced_pod(_name(pod), self.namespace, body=body)
+        except async_client.exceptions.ApiException as e:
+            if e.status in (404, 409):
+                return
+            raise BackendError(_explain(f"force-delete pod {_name(pod)} in namespace {self.namespace}", e.status,
+                                        e.reason, e.body)) from e
+        log.warning(_FORCE_DELETED, _name(pod), node_of(pod))
+
     async def status(self) -> GroupStatus:
         now = _now()
         jobs = [j for j in (self.api.sanitize_for_serialization(i) for i in
                             (await self.batch.list_namespaced_job(self.namespace, label_selector=self.selector)).items)
                 if COMPONENT_LABEL not in (j["metadata"].get("labels") or {})]
         pods = list(self.pods.values())
+        for lost in lost_pods(pods, now):
+            await self._force_delete(lost)
+        pods += [pod for name, pod in self.moved.items() if name not in self.pods]
         messages = {}
         for pod in overdue_unschedulable(pods, now):
             events = await self.core.list_namespaced_event(self.namespace, field_selector=_event_selector(pod))
@@ -671,6 +760,9 @@ class _WatchedGroup:
         jobset = await read_view(self.api, self.namespace, self.ref.name) if is_jobset(self.ref) else {}
         return assess(self.ref.name, jobs, pods, now, scheduler_messages=messages, progress=self.progress, **jobset)
 
+
+_FORCE_DELETED = ("pod %s marked Failed and force-deleted: its node %s was judged lost and Kubernetes evicted the "
+                  "pod, which its kubelet cannot confirm; its Job replaces it on another node")
 
 LOG_CLOCK_SLACK_SECONDS = 60
 """How far before the last line read a log is read again (its lines up to that one skipped):

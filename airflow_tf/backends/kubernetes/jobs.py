@@ -35,20 +35,24 @@ from .manifests import (
     service_name,
     task_address,
 )
+from .nodes import DEFAULT_UNREACHABLE_TOLERATION_SECONDS, disruption_budget as budget
 from .workloads import refuse_queue_without_jobset
 
 
 def render_group(spec: GroupSpec, namespace: str, *, cluster_domain: str | None = None,
                  network_policy: bool = False, pod_defaults: dict[str, Any] | None = None,
                  ttl_seconds_after_finished: int | None = DEFAULT_TTL_SECONDS_AFTER_FINISHED,
-                 ps_max_lifetime_seconds: int = DEFAULT_PS_MAX_LIFETIME_SECONDS) -> list[dict]:
+                 ps_max_lifetime_seconds: int = DEFAULT_PS_MAX_LIFETIME_SECONDS,
+                 unreachable_toleration_seconds: int | None = DEFAULT_UNREACHABLE_TOLERATION_SECONDS,
+                 spread_over_nodes: bool = True, disruption_budget: bool = False) -> list[dict]:
     """Every object of the group, in creation order: the root Job (the lead trainer's),
-    the headless Service, the NetworkPolicy (if asked), the other Jobs."""
+    the headless Service, the NetworkPolicy and the PodDisruptionBudget (if asked), the other Jobs."""
     group, roles = plan_group(
         spec, namespace, lambda role, index: task_address(spec.name, role, index, namespace, spec.port,
                                                           cluster_domain=cluster_domain),
         cluster_domain=cluster_domain, pod_defaults=pod_defaults,
-        ttl_seconds_after_finished=ttl_seconds_after_finished, ps_max_lifetime_seconds=ps_max_lifetime_seconds)
+        ttl_seconds_after_finished=ttl_seconds_after_finished, ps_max_lifetime_seconds=ps_max_lifetime_seconds,
+        unreachable_toleration_seconds=unreachable_toleration_seconds, spread_over_nodes=spread_over_nodes)
     refuse_queue_without_jobset("jobs", (role.options.queue_name for role in roles.values()),
                                 (role.options.workload_priority_class for role in roles.values()))
     jobs = {name: role_job(group, role) for name, role in roles.items()}
@@ -59,4 +63,6 @@ def render_group(spec: GroupSpec, namespace: str, *, cluster_domain: str | None 
     if network_policy:
         objects += render("networkpolicy.yaml.j2", name=f"{spec.name}-grpc", namespace=namespace,
                            labels=group.labels, selector={GROUP_LABEL: spec.name}, port=spec.port)
+    if disruption_budget:
+        objects.append(budget(spec.name, namespace, group.labels, spec.name))
     return objects + list(jobs.values())

@@ -54,6 +54,7 @@ from .manifests import (
     role_job,
     service_name,
 )
+from .nodes import DEFAULT_UNREACHABLE_TOLERATION_SECONDS, disruption_budget as budget
 from .workloads import refuse_priority_without_queue
 
 log = logging.getLogger(__name__)
@@ -140,14 +141,18 @@ def success_policy(group: Group, roles: dict[str, Role]) -> dict[str, Any]:
 def render_jobset(spec: GroupSpec, namespace: str, *, cluster_domain: str | None = None,
                   network_policy: bool = False, pod_defaults: dict[str, Any] | None = None,
                   ttl_seconds_after_finished: int | None = DEFAULT_TTL_SECONDS_AFTER_FINISHED,
-                  ps_max_lifetime_seconds: int = DEFAULT_PS_MAX_LIFETIME_SECONDS) -> list[dict]:
-    """Every object of the group, in creation order: the JobSet, then the NetworkPolicy (if asked)."""
+                  ps_max_lifetime_seconds: int = DEFAULT_PS_MAX_LIFETIME_SECONDS,
+                  unreachable_toleration_seconds: int | None = DEFAULT_UNREACHABLE_TOLERATION_SECONDS,
+                  spread_over_nodes: bool = True, disruption_budget: bool = False) -> list[dict]:
+    """Every object of the group, in creation order: the JobSet, then the NetworkPolicy and the
+    PodDisruptionBudget (if asked)."""
     check_names(spec)
     group, roles = plan_group(
         spec, namespace, lambda role, index: jobset_task_address(spec.name, role, index, namespace, spec.port,
                                                                  cluster_domain=cluster_domain),
         cluster_domain=cluster_domain, pod_defaults=pod_defaults,
-        ttl_seconds_after_finished=ttl_seconds_after_finished, ps_max_lifetime_seconds=ps_max_lifetime_seconds)
+        ttl_seconds_after_finished=ttl_seconds_after_finished, ps_max_lifetime_seconds=ps_max_lifetime_seconds,
+        unreachable_toleration_seconds=unreachable_toleration_seconds, spread_over_nodes=spread_over_nodes)
     queue = _queue(roles)
     priority = _priority(roles, queue)
     root = roles[group.root].options
@@ -166,6 +171,8 @@ def render_jobset(spec: GroupSpec, namespace: str, *, cluster_domain: str | None
     if network_policy:
         objects += render("networkpolicy.yaml.j2", name=f"{spec.name}-grpc", namespace=namespace,
                           labels=group.labels, selector={GROUP_LABEL: spec.name}, port=spec.port)
+    if disruption_budget:
+        objects.append(budget(spec.name, namespace, group.labels, spec.name))
     return objects
 
 

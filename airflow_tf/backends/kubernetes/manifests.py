@@ -42,6 +42,7 @@ from .labels import (
     SUCCESS_POLICY,
 )
 from .default_requests import ROLE_REQUESTS, with_default_requests
+from .nodes import DEFAULT_UNREACHABLE_TOLERATION_SECONDS, node_tolerations, spread_affinity
 from .restricted import restricted_pod
 from .pod_options import (
     LABEL_KEY,
@@ -300,6 +301,10 @@ class Group:
     deadline: int | None
     ttl_seconds_after_finished: int | None
     ps_max_lifetime_seconds: int
+    unreachable_toleration_seconds: int | None = DEFAULT_UNREACHABLE_TOLERATION_SECONDS
+    """How long the pods stay on a node judged lost (:mod:`.nodes`); None: Kubernetes' default."""
+    spread_over_nodes: bool = True
+    """The default preferred anti-affinity of the roles without an affinity of their own."""
 
     def serves_until_stopped(self, role: str) -> bool:
         """Servers never complete by themselves: the ps, and the workers a coordinator drives."""
@@ -428,17 +433,33 @@ def role_job(group: Group, role: Role, *, standalone: bool = True) -> dict:
     template = job["spec"]["template"]
     if role.options.pod_template:
         template = merge_pod_template(role.options.pod_template, template)
+    _place(group, role.name, template["spec"])
     job["spec"]["template"] = restricted_pod(template, role.name, role.options, f"roles.{role.name}")
     return job
 
 
+def _place(group: Group, role: str, pod_spec: dict) -> None:
+    """The backend's node placement under what the user set (pod options or pod template): the
+    lost-node tolerations for the keys the user did not tolerate, and the spread over nodes for
+    a role with no affinity of its own."""
+    tolerations = node_tolerations(pod_spec.get("tolerations") or [], group.unreachable_toleration_seconds)
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    affinity = spread_affinity(group.spec.name, role) if group.spread_over_nodes else None
+    if affinity and not pod_spec.get("affinity"):
+        pod_spec["affinity"] = affinity
+
+
 def plan_group(spec: GroupSpec, namespace: str, address: Callable[[str, int], str], *,
                cluster_domain: str | None, pod_defaults: dict[str, Any] | None,
-               ttl_seconds_after_finished: int | None, ps_max_lifetime_seconds: int) -> tuple[Group, dict[str, Role]]:
+               ttl_seconds_after_finished: int | None, ps_max_lifetime_seconds: int,
+               unreachable_toleration_seconds: int | None = DEFAULT_UNREACHABLE_TOLERATION_SECONDS,
+               spread_over_nodes: bool = True) -> tuple[Group, dict[str, Role]]:
     """The group's shared settings and its roles, validated; ``address(role, index)`` is a
     task's ``host:port`` in TF_CONFIG (it depends on the workload form's pod hostnames)."""
     check_group(spec, namespace, cluster_domain, {"ttl_seconds_after_finished": ttl_seconds_after_finished,
-                                                   "ps_max_lifetime_seconds": ps_max_lifetime_seconds})
+                                                   "ps_max_lifetime_seconds": ps_max_lifetime_seconds,
+                                                   "unreachable_toleration_seconds": unreachable_toleration_seconds})
     roles = roles_of(spec, pod_defaults)
     airflow_labels, airflow_annotations = airflow_metadata(spec)
     group = Group(
@@ -447,6 +468,7 @@ def plan_group(spec: GroupSpec, namespace: str, address: Callable[[str, int], st
         replicas=json.dumps({role: spec.replicas(role) for role in roles}, sort_keys=True),
         deadline=math.ceil(spec.active_deadline_seconds) if spec.active_deadline_seconds else None,
         ttl_seconds_after_finished=ttl_seconds_after_finished, ps_max_lifetime_seconds=ps_max_lifetime_seconds,
+        unreachable_toleration_seconds=unreachable_toleration_seconds, spread_over_nodes=spread_over_nodes,
     )
     return group, roles
 

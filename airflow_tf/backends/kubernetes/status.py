@@ -27,6 +27,7 @@ from typing import Any
 
 from airflow_tf.cluster import GroupStatus, Phase, ReasonCode, TaskStatus, describe_exit, describe_failure, task_name
 
+from .nodes import EVICTION_API, LOST_NODE_REASONS, disruption, node_of
 from .labels import INDEX_LABEL, KUEUE_QUEUE_LABEL, REPLICAS, ROLE_LABEL, ROOT_ANNOTATION, SCHEDULE_TIMEOUT
 from .pod_options import DEFAULT_SCHEDULE_TIMEOUT
 
@@ -331,8 +332,12 @@ def _assess_task(group: str, role: str, index: int, job: _RoleJob, *, attempts: 
     if pod is None:
         task = TaskStatus(role=role, index=index, name=name, phase=Phase.PENDING, restarts=restarts)
         return task, _task_without_pod(task, job)
-    if _meta(pod).get("deletionTimestamp") and role not in TRAINERS:
-        return None, False
+    lost = _on_lost_node(pod, role, index, now)
+    if lost is not None:
+        return TaskStatus(role=role, index=index, name=name, phase=Phase.RESTARTING, restarts=restarts,
+                          reason=lost), False
+    if _meta(pod).get("deletionTimestamp") and role not in TRAINERS and disruption(pod) is None:
+        return None, False  # torn down: not a ps evicted (a drain) or lost with its node
     task = _task_status(pod, now, scheduler_messages, name, restarts)
     _fail_after_oom(task, attempts.earlier((role, index)), now)
     if _stopped_by_failed_job(task, pod, job):
@@ -342,8 +347,13 @@ def _assess_task(group: str, role: str, index: int, job: _RoleJob, *, attempts: 
         _judge_exit(task, job, pod)
     elif task.phase is Phase.FAILED and _disrupted(task) and not job.gave_up_on(index):
         task.phase = Phase.RESTARTING  # a disruption: not counted, the pod is replaced
-    elif restarts and not task.reason and task.phase in (Phase.RUNNING, Phase.PENDING):
-        task.reason = _replaced(attempts.earlier((role, index))[-1], job, now)
+    elif restarts and task.phase in (Phase.RUNNING, Phase.PENDING):
+        previous = attempts.earlier((role, index))[-1]
+        moved = _moved(previous, pod)
+        if moved is not None:
+            task.reason = moved + (f" ({task.reason})" if task.reason else "")
+        elif not task.reason:
+            task.reason = _replaced(previous, job, now)
     return task, False
 
 
@@ -358,6 +368,45 @@ def _stopped_by_failed_job(task: TaskStatus, pod: dict, job: _RoleJob) -> bool:
         return True
     return (task.phase is Phase.FAILED and bool(_meta(pod).get("deletionTimestamp"))
             and not _meta(job.job).get("deletionTimestamp"))
+
+
+def _on_lost_node(pod: dict, role: str, index: int, now: dt.datetime) -> str | None:
+    """Why a task waits for a new pod while its pod is still bound to a node judged lost (evicted
+    by the taint eviction controller, not terminal yet: the backend force-deletes it, :mod:`.nodes`)."""
+    evicted = disruption(pod)
+    if (evicted is None or evicted[0] not in LOST_NODE_REASONS or not _meta(pod).get("deletionTimestamp")
+            or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")):
+        return None
+    ago = f" {_seconds(evicted[1], now)} ago" if evicted[1] else ""
+    return f"{role}-{index} lost with node {node_of(pod)}: evicted{ago}, waiting for its replacement"
+
+
+def _seconds(start: dt.datetime | None, end: dt.datetime | None) -> str:
+    return "?" if start is None or end is None else f"{max(0, round((end - start).total_seconds()))} s"
+
+
+def _started(pod: dict) -> dt.datetime | None:
+    """When the task's container started running (else the pod started), or None before."""
+    kind, state = _container_state(pod)
+    if kind == "running" and state.get("startedAt"):
+        return parse_time(state["startedAt"])
+    return parse_time((pod.get("status") or {}).get("startTime")) if kind is not None else None
+
+
+def _moved(previous: dict, current: dict) -> str | None:
+    """A task moved off its node in a user's words: lost with its node, or evicted from it (a
+    drain), where it runs now and how long after the eviction; None for any other replacement."""
+    evicted = disruption(previous)
+    if evicted is None or (evicted[0] not in LOST_NODE_REASONS and evicted[0] != EVICTION_API):
+        return None
+    role, index = role_index(previous)
+    task, node = f"{role}-{index}", (current.get("spec") or {}).get("nodeName")
+    how = (f"{task} lost with node {node_of(previous)}" if evicted[0] in LOST_NODE_REASONS
+           else f"{task} evicted from {node_of(previous)} (drain)")
+    started = _started(current)
+    if started is None or (current.get("status") or {}).get("phase") != "Running":
+        return f"{how}, replacement pending" + (f" on {node}" if node else "")
+    return f"{how}, replaced on {node_of(current)} after {_seconds(evicted[1], started)}"
 
 
 def _replaced(previous: dict, job: _RoleJob, now: dt.datetime) -> str:
@@ -481,7 +530,11 @@ def _failed(task: TaskStatus, pod: dict) -> None:
         task.code = ReasonCode.DEADLINE_EXCEEDED
     elif kind == "terminated":
         task.exit_code = int(state.get("exitCode", 1))
-        if disrupted:
+        if disrupted and (disruption(pod) or ("", None))[0] == EVICTION_API:
+            task.reason = (f"Evicted: pod {pod_name} evicted from node {node_of(pod)} through the Eviction API "
+                           f"(a drain?) ({describe_exit(task.exit_code)})")
+            task.code = ReasonCode.EVICTED
+        elif disrupted:
             task.reason = f"Preempted: pod {pod_name} was disrupted ({describe_exit(task.exit_code)})"
             task.code = ReasonCode.PREEMPTED
         elif state.get("reason") == "OOMKilled":

@@ -2,7 +2,7 @@
 
 A group must outlive the process that launched it (an Airflow task launches it; a sensor, a
 trigger and a teardown task in other processes watch and stop it). So each group gets a small
-detached supervisor (:mod:`.local_supervisor`) that starts the tasks, restarts them, and writes
+detached supervisor (:mod:`.supervisor`) that starts the tasks, restarts them, and writes
 the group's state to a file. This module launches that supervisor, reads its state file and
 the tasks' logs, and hands it teardown requests. Everything about a group lives in one
 directory, ``<state_dir>/<group name>/``::
@@ -43,17 +43,17 @@ from airflow_tf.cluster.spec import DEFAULT_SUCCESS_POLICY
 from airflow_tf.files import is_local, read_json, strip_file_scheme
 from airflow_tf.storage import kept_log_bytes
 
-from .base import BackendError, GroupRef, poll_watch
-from .options import BackendOption, check_options, optional, path_option
-from .local_files import (STATE_DIR_ENV, GroupDir, archive_logs, default_state_dir, read_since, tail_text,
+from ..base import BackendError, GroupRef, poll_watch
+from ..options import BackendOption, check_options, optional, path_option
+from .files import (STATE_DIR_ENV, GroupDir, archive_logs, default_state_dir, read_since, tail_text,
                           write_group_file)
-from .local_memory import check_capacity, expected_memory_mb, resident_mb
-from .local_processes import (
+from .memory import check_capacity, expected_memory_mb, resident_mb
+from .processes import (
     KILL_WAIT, STOP_GRACE, describe_process, is_running, marked_processes, process_start_time,
     remove_temporary_directory, signal_process, stop_processes, task_environment, wait_gone,
 )
 
-SUPERVISOR_MODULE = "airflow_tf.backends.local_supervisor"
+SUPERVISOR_MODULE = "airflow_tf.backends.local.supervisor"
 LAUNCH_TIMEOUT = 30.0
 """Seconds to wait for a new supervisor to write its first state."""
 TEARDOWN_TIMEOUT = 15.0

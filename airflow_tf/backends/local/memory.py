@@ -9,13 +9,13 @@ import os
 from airflow_tf.cluster import GroupSpec
 from airflow_tf.cluster.memory import TASK_BASELINE_BYTES, mem_available_bytes, memory_bytes
 
-from .base import BackendError
+from ..base import BackendError
 
 TASK_MEMORY_MB = TASK_BASELINE_BYTES // 2**20
 """Expected resident memory of one TensorFlow task (ps or worker); override per role with
 ``resources.requests.memory``."""
 
-log = logging.getLogger("airflow_tf.backends.local")  # the local backend's logger (its name before the split)
+log = logging.getLogger(__name__)
 
 
 def memory_mb(quantity: str) -> float:

@@ -10,11 +10,11 @@ from typing import Any
 
 from airflow_tf.files import atomic_open, read_json, write_json
 
-from .wait import kept_log
+from ..wait import kept_log
 
 STATE_DIR_ENV = "AIRFLOW_TF_STATE_DIR"
 
-log = logging.getLogger("airflow_tf.backends.local")  # the local backend's logger (its name before the split)
+log = logging.getLogger(__name__)
 
 
 def default_state_dir() -> Path:

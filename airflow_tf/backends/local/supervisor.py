@@ -1,4 +1,4 @@
-"""The supervisor of one local training group: ``python -m airflow_tf.backends.local_supervisor <group dir>``.
+"""The supervisor of one local training group: ``python -m airflow_tf.backends.local.supervisor <group dir>``.
 
 Started (detached) by :meth:`LocalBackend.launch`. It picks free ports on 127.0.0.1, starts
 every task with its TF_CONFIG, applies the restart policies and the backoff limits,
@@ -9,7 +9,7 @@ progress, writes the state file atomically, and stops tasks on teardown requests
 No orphans: every task is started with ``PR_SET_PDEATHSIG = SIGKILL`` from this (single-
 threaded) process, so if the supervisor dies, even by SIGKILL, the kernel kills its tasks.
 
-The trainers are forked by the group's fork server (:mod:`.local_forkserver`), which loads
+The trainers are forked by the group's fork server (:mod:`.forkserver`), which loads
 TensorFlow once for all of them and their restarts; the supervisor is their subreaper, so they
 are its children as the tasks it starts itself are. While the server loads, the supervisor's loop
 goes on (the ps run, teardowns are answered); the trainers start once it says it is ready.
@@ -44,10 +44,10 @@ from airflow_tf.cluster.status import GROUP_RESTARTED, ReasonCode
 from airflow_tf.cluster.spec import TASK_TEMPORARY_DIRECTORY, TRAINERS_ON_THIS_MACHINE
 from airflow_tf.files import read_json
 
-from .local_files import STATE_DIR_ENV, GroupDir, archive_logs, tail_text, write_group_file
-from .local_forkserver import ForkedProcess, ForkServer, ForkServerError, forkable
-from .local_network import isolate_network, isolation_warning
-from .local_processes import (
+from .files import STATE_DIR_ENV, GroupDir, archive_logs, tail_text, write_group_file
+from .forkserver import ForkedProcess, ForkServer, ForkServerError, forkable
+from .network import isolate_network, isolation_warning
+from .processes import (
     STOP_GRACE,
     TaskProcess,
     die_with_parent,
@@ -58,7 +58,7 @@ from .local_processes import (
     remove_temporary_directory,
     temporary_directory,
 )
-from .local_watch import TaskWatch
+from .watch import HealthQuestions, ProgressWatchdog
 
 TICK = 0.25
 """Longest sleep between checks; child exits and teardown requests wake the loop at once."""
@@ -69,7 +69,7 @@ PROGRESS_TAIL_BYTES = 64 * 1024
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class Supervisor(TaskWatch):
+class Supervisor:
     def __init__(self, group: GroupDir) -> None:
         self.group = group
         saved = read_json(group.spec)
@@ -90,9 +90,11 @@ class Supervisor(TaskWatch):
         self.start_time = process_start_time(self.pid)
         self.running = True
         self.last_written: Any = None
-        self.health = self.spec.health_bounds()
-        self.asking = None
-        self.next_question = 0.0
+        # What watches the running tasks; each replaces a task it finds stalled or stuck.
+        self.watchdog = ProgressWatchdog(self.spec, self.tasks, self.chief, self.replace)
+        bounds = self.spec.health_bounds()
+        self.health = None if bounds is None else HealthQuestions(
+            self.spec, self.tasks, self.chief, bounds, child_setup=self.child_setup, replace=self.replace)
         self.forkserver: ForkServer | None = None
         self.waiting: list[tuple[TaskProcess, dict[str, list[str]]]] = []
         """Tasks to fork once the fork server has loaded (the loop goes on meanwhile)."""
@@ -124,18 +126,25 @@ class Supervisor(TaskWatch):
             self.check_deadline()
             self.check_owner()
             self.read_progress()
-            self.note_chief_steps()
-            self.check_progress()
-            self.check_health()
+            self.watch()
             self.stop_when_done()
             if all(t.terminal or t.deleted for t in self.tasks):
                 self.running = False
             self.write_state()
-        self.stop_asking()
+        if self.health is not None:
+            self.health.close()
         if self.forkserver is not None:
             self.forkserver.close()
         self.write_state()
         archive_logs(self.group.path)
+
+    def watch(self) -> None:
+        step = (self.progress or {}).get("global_step")
+        self.watchdog.note_chief_steps(step)
+        if self.running:
+            self.watchdog.check(step)
+        if self.running and self.health is not None:
+            self.health.check()
 
     # -- tasks ------------------------------------------------------------------------------
     def start(self, tasks: list[TaskProcess], new_ports: bool = False) -> None:
@@ -242,6 +251,13 @@ class Supervisor(TaskWatch):
                 proc.wait()
             self.ended(t, proc.returncode)
 
+    def replace(self, task: TaskProcess, grace: float = STOP_GRACE) -> None:
+        """Stop ``task`` (a watch found it stalled or stuck) and restart it under its restart
+        policy, as if it had exited."""
+        self.stop([task], grace)
+        assert task.exit_code is not None  # stop() reaped it
+        self.exited(task, task.exit_code)
+
     def reap(self) -> None:
         for task in self.tasks:
             if task.proc is None or task.proc.poll() is None:
@@ -262,8 +278,8 @@ class Supervisor(TaskWatch):
         """Reap what exited here without being one of ours (a process a task started and left
         behind, reparented to this subreaper); ours are reaped by their handles."""
         ours = {t.proc.pid for t in self.tasks if t.proc is not None}
-        ours.update(p.pid for p in (self.asking[0] if self.asking else None,
-                                    self.forkserver.proc if self.forkserver else None) if p is not None)
+        ours.update(pid for pid in (self.health.asker_pid if self.health else None,
+                                    self.forkserver.proc.pid if self.forkserver else None) if pid is not None)
         while True:
             try:
                 exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -442,7 +458,7 @@ class Supervisor(TaskWatch):
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m airflow_tf.backends.local_supervisor <group directory>", file=sys.stderr)
+        print("usage: python -m airflow_tf.backends.local.supervisor <group directory>", file=sys.stderr)
         return 2
     group = GroupDir(Path(args[0]))
     if not group.exists():

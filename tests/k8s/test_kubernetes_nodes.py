@@ -1,0 +1,204 @@
+"""A group and its nodes, offline: the tolerations that bound how long a pod stays on a lost node,
+the spread over nodes, the PodDisruptionBudget that makes a drain wait, which pods stuck on a lost
+node the backend force-deletes, and what the status says when a task moved to another node (from
+pods shaped as the API server returned them on a three-node plane)."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+
+from airflow_tf.backends import BackendOptionError
+from airflow_tf.backends.kubernetes import KubernetesBackend
+from airflow_tf.backends.kubernetes.jobs import render_group
+from airflow_tf.backends.kubernetes.jobset import render_jobset
+from airflow_tf.backends.kubernetes.labels import GROUP_LABEL, ROLE_LABEL
+from airflow_tf.backends.kubernetes.nodes import failed_on_lost_node, lost_pods
+from airflow_tf.backends.kubernetes.status import assess
+from airflow_tf.cluster import Phase
+
+from .test_kubernetes_manifests import pods, spec
+
+UNREACHABLE, NOT_READY = "node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"
+
+
+def node_tolerations(pod: dict) -> dict[str, int | None]:
+    return {t["key"]: t.get("tolerationSeconds") for t in pod["spec"].get("tolerations") or []
+            if t.get("effect") == "NoExecute"}
+
+
+def test_every_task_leaves_a_lost_node_after_30_s_not_kubernetes_300():
+    for name, pod in pods(render_group(spec(chief=1), "ml")).items():
+        assert node_tolerations(pod) == {UNREACHABLE: 30, NOT_READY: 30}, name
+        assert all(t["operator"] == "Exists" for t in pod["spec"]["tolerations"]), name
+    seconds = pods(render_group(spec(), "ml", unreachable_toleration_seconds=5))
+    assert {name: node_tolerations(pod)[UNREACHABLE] for name, pod in seconds.items()} == {
+        "tf-demo-worker": 5, "tf-demo-ps": 5}
+    # None: the backend adds none, the API server's admission gives Kubernetes' 300 s.
+    assert all("tolerations" not in pod["spec"] for pod in pods(render_group(spec(), "ml",
+                                                                             unreachable_toleration_seconds=None)).values())
+
+
+def test_a_roles_own_toleration_for_a_node_taint_wins_and_others_are_kept():
+    own = [{"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 600},
+           {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    rendered = pods(render_group(spec(role_options={"ps": {"kubernetes": {"tolerations": own}}}), "ml"))
+    assert node_tolerations(rendered["tf-demo-ps"]) == {UNREACHABLE: 600, NOT_READY: 30}
+    assert {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"} in rendered["tf-demo-ps"]["spec"]["tolerations"]
+    assert node_tolerations(rendered["tf-demo-worker"]) == {UNREACHABLE: 30, NOT_READY: 30}
+    template = {"spec": {"tolerations": [{"key": NOT_READY, "operator": "Exists", "effect": "NoExecute"}]}}
+    rendered = pods(render_group(spec(), "ml", pod_defaults={"pod_template": template}))
+    assert node_tolerations(rendered["tf-demo-ps"]) == {NOT_READY: None, UNREACHABLE: 30}, "the pod template's too"
+
+
+def anti_affinity(pod: dict) -> list[tuple[int, list[str]]]:
+    """(weight, roles avoided) of each preferred anti-affinity term, checked to be of this group."""
+    terms = pod["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    out = []
+    for term in terms:
+        selector = term["podAffinityTerm"]["labelSelector"]
+        assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+        assert selector["matchLabels"] == {GROUP_LABEL: "tf-demo"}
+        [roles] = [e["values"] for e in selector["matchExpressions"] if e["key"] == ROLE_LABEL]
+        out.append((term["weight"], roles))
+    return out
+
+
+def test_the_ps_prefer_nodes_without_trainers_and_workers_nodes_without_another_worker():
+    rendered = pods(render_group(spec(chief=1), "ml"))
+    assert anti_affinity(rendered["tf-demo-ps"]) == [(100, ["chief", "worker"])]
+    assert anti_affinity(rendered["tf-demo-worker"]) == [(50, ["worker"])]
+    assert "affinity" not in rendered["tf-demo-chief"]["spec"], "the ps avoid the chief (the scheduler weighs both ways)"
+    # A preference only: never a required term, which would leave a group on too few nodes pending.
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in rendered["tf-demo-ps"]["spec"]["affinity"]["podAntiAffinity"]
+
+
+def test_a_roles_affinity_replaces_the_spread_and_spread_over_nodes_false_turns_it_off():
+    mine = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["ps"]}]}]}}}
+    rendered = pods(render_group(spec(role_options={"ps": {"kubernetes": {"affinity": mine}}}), "ml"))
+    assert rendered["tf-demo-ps"]["spec"]["affinity"] == mine
+    assert anti_affinity(rendered["tf-demo-worker"]) == [(50, ["worker"])]
+    off = pods(render_group(spec(), "ml", spread_over_nodes=False))
+    assert all("affinity" not in pod["spec"] for pod in off.values())
+
+
+def test_a_disruption_budget_is_made_only_when_asked_and_lets_no_pod_of_the_group_be_evicted():
+    assert "PodDisruptionBudget" not in [o["kind"] for o in render_group(spec(), "ml")]
+    objects = render_group(spec(), "ml", disruption_budget=True)
+    [budget] = [o for o in objects if o["kind"] == "PodDisruptionBudget"]
+    assert objects[0]["kind"] == "Job", "the root first: the budget is owned by it (launch sets the reference)"
+    assert budget["spec"] == {"maxUnavailable": 0, "selector": {"matchLabels": {GROUP_LABEL: "tf-demo"}}}
+    assert (budget["metadata"]["name"], budget["metadata"]["namespace"]) == ("tf-demo", "ml")
+    assert budget["metadata"]["labels"][GROUP_LABEL] == "tf-demo", "listed and torn down with the group"
+    kubernetes_validate.validate(budget, "1.31.0", strict=True)
+    for pod in pods(objects).values():
+        assert pod["metadata"]["labels"][GROUP_LABEL] == "tf-demo", "every pod is under the budget's selector"
+    [jobset_budget] = [o for o in render_jobset(spec(), "ml", disruption_budget=True) if o["kind"] == "PodDisruptionBudget"]
+    assert jobset_budget["spec"] == budget["spec"]
+
+
+def test_the_jobset_form_places_its_pods_the_same_way():
+    [jobset] = [o for o in render_jobset(spec(), "ml") if o["kind"] == "JobSet"]
+    templates = {r["name"]: r["template"]["spec"]["template"] for r in jobset["spec"]["replicatedJobs"]}
+    assert node_tolerations(templates["ps"]) == {UNREACHABLE: 30, NOT_READY: 30}
+    assert anti_affinity(templates["ps"]) == [(100, ["chief", "worker"])]
+
+
+@pytest.mark.parametrize(("value", "expected"), [(-1, "a whole number of seconds >= 0, or null"),
+                                                 (2.5, "a whole number of seconds >= 0, or null"),
+                                                 ("30", "a whole number of seconds >= 0, or null")])
+def test_a_bad_toleration_is_refused_naming_the_option(value, expected):
+    with pytest.raises(BackendOptionError, match=f"unreachable_toleration_seconds: got {value!r}; expected {expected}"):
+        KubernetesBackend(kubernetes_conn_id=None, unreachable_toleration_seconds=value)
+
+
+def test_the_backend_renders_with_its_node_settings():
+    backend = KubernetesBackend(kubernetes_conn_id=None, namespace="ml", unreachable_toleration_seconds=12,
+                                spread_over_nodes=False, disruption_budget=True)
+    objects = backend.render(spec())
+    assert "PodDisruptionBudget" in [o["kind"] for o in objects]
+    assert {node_tolerations(p)[UNREACHABLE] for p in pods(objects).values()} == {12}
+    assert all("affinity" not in p["spec"] for p in pods(objects).values())
+
+
+# A group (ps=1, workers=2) on a three-node plane whose node-1 was killed: its pods as the API
+# server returned them (see the file's _about).
+LOST = json.loads((Path(__file__).with_name("node_lost_pods.json")).read_text())
+
+
+def at(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(f"2026-11-29T{text}+00:00")
+
+
+def tasks(pods: list[dict], now: dt.datetime) -> dict[str, tuple[Phase, str | None]]:
+    status = assess("lose", copy.deepcopy(LOST["jobs"]), copy.deepcopy(pods), now)
+    return {t.name: (t.phase, t.reason) for t in status.tasks}
+
+
+def test_a_pod_evicted_from_a_lost_node_is_released_only_once_its_grace_period_is_long_over():
+    evicted = [LOST["ps_evicted"], LOST["worker0_evicted"], LOST["worker1"]]
+    # The ps's grace period (5 s) ended at 10:25:24, a worker's (30 s) at 10:25:49.
+    assert lost_pods(evicted, at("10:25:30")) == []
+    assert [p["metadata"]["name"] for p in lost_pods(evicted, at("10:25:34"))] == ["lose-ps-0-v7pdd"]
+    assert [p["metadata"]["name"] for p in lost_pods(evicted, at("10:26:00"))] == ["lose-ps-0-v7pdd",
+                                                                                  "lose-worker-0-4tbrw"]
+    # Not a pod being deleted for another reason (a teardown), nor one already terminal.
+    running = copy.deepcopy(LOST["worker1"])
+    running["metadata"]["deletionTimestamp"] = "2026-11-29T10:25:00Z"
+    assert lost_pods([running, LOST["ps_failed"]], at("10:30:00")) == []
+
+
+def test_the_release_marks_that_very_pod_failed_naming_its_node():
+    patch = failed_on_lost_node(LOST["ps_evicted"])
+    assert patch["metadata"] == {"uid": LOST["ps_evicted"]["metadata"]["uid"]}, "a newer pod of the name is spared"
+    assert patch["status"]["phase"] == "Failed"
+    assert "node node-1" in patch["status"]["message"]
+
+
+def test_the_status_says_a_task_waits_on_a_lost_node_then_where_it_runs_again_and_after_how_long():
+    waiting = tasks([LOST["ps_evicted"], LOST["worker0_evicted"], LOST["worker1"]], at("10:25:30"))
+    assert waiting["lose-ps-0"] == (Phase.RESTARTING, "ps-0 lost with node node-1: evicted 12 s ago, "
+                                                      "waiting for its replacement")
+    assert waiting["lose-worker-0"][0] is Phase.RESTARTING, "a trainer too"
+    assert waiting["lose-worker-1"] == (Phase.RUNNING, None)
+    pending = tasks([LOST["ps_failed"], LOST["ps_replacement"], LOST["worker0_evicted"],
+                     LOST["worker0_replacement_pending"], LOST["worker1"]], at("10:26:36"))
+    assert pending["lose-worker-0"] == (Phase.PENDING, "worker-0 lost with node node-1, replacement pending on node-3 "
+                                                      "(ContainerCreating)")
+    moved = tasks([LOST["ps_failed"], LOST["ps_replacement"], LOST["worker0_evicted"], LOST["worker0_replacement"],
+                   LOST["worker1"]], at("10:26:40"))
+    # From the eviction (10:25:18) to the new container running (10:26:27, 10:26:38).
+    assert moved["lose-ps-0"] == (Phase.RUNNING, "ps-0 lost with node node-1, replaced on node-3 after 69 s")
+    assert moved["lose-worker-0"] == (Phase.RUNNING, "worker-0 lost with node node-1, replaced on node-3 after 80 s")
+
+
+# A group on node-2, drained with kubectl drain (see the file's _about).
+DRAINED = json.loads((Path(__file__).with_name("node_drained_pods.json")).read_text())
+
+
+def test_a_drained_task_says_it_was_evicted_then_where_it_runs_again_and_after_how_long():
+    def drained(pods, now):
+        status = assess("drain", copy.deepcopy(DRAINED["jobs"]), copy.deepcopy(pods), at(now))
+        return {t.name: (t.phase, t.reason) for t in status.tasks}
+
+    gap = drained([DRAINED["ps_evicted"], DRAINED["worker0"], DRAINED["worker1"]], "10:32:40")
+    assert gap["drain-ps-0"] == (Phase.RESTARTING, "Evicted: pod drain-ps-0-hch69 evicted from node node-2 through "
+                                                   "the Eviction API (a drain?) (exit code 137 (SIGKILL))")
+    pending = drained([DRAINED["ps_evicted"], DRAINED["ps_replacement_pending"], DRAINED["worker0"],
+                       DRAINED["worker1"]], "10:32:50")
+    assert pending["drain-ps-0"] == (Phase.PENDING, "ps-0 evicted from node-2 (drain), replacement pending (waiting for "
+                                                    "a node: 0/3 nodes are available: 1 node(s) were unschedulable, 2 "
+                                                    "node(s) had untolerated taint(s). preemption: 0/3 nodes are "
+                                                    "available: 3 Preemption is not helpful for scheduling.)")
+    # From the eviction (10:32:27) to the new container running (10:33:17): node-2, the only node
+    # left, was uncordoned at 10:33:13.
+    moved = drained([DRAINED["ps_evicted"], DRAINED["ps_replacement"], DRAINED["worker0"], DRAINED["worker1"]],
+                    "10:33:20")
+    assert moved["drain-ps-0"] == (Phase.RUNNING, "ps-0 evicted from node-2 (drain), replaced on node-2 after 50 s")
+    assert moved["drain-worker-0"] == (Phase.RUNNING, None), "the workers' old pods are not in this list"
