@@ -462,6 +462,8 @@ def _judge_exit(task: TaskStatus, job: _RoleJob, pod: dict) -> None:
     if job.gave_up_on(task.index):
         why = job.failure() if job.failed else "its restarts are spent (backoffLimitPerIndex)"
         task.reason = f"{exited}: {why}"
+        if job.failed and job.failure_code() is OutcomeCode.DEADLINE_EXCEEDED:
+            task.code = ReasonCode.DEADLINE_EXCEEDED  # the exit was the deadline's kill
     else:
         task.phase = Phase.RESTARTING
         task.reason = f"{exited}; Kubernetes restarts it (Job {job.name})"
