@@ -295,6 +295,7 @@ def _run_summary(result: Any, name: str, run_dir: str, logs_dir: str, *, started
         final = result.status.progress or {}
     summary = {
         "group": name, "succeeded": result.outcome.succeeded, "reason": result.outcome.reason,
+        "reason_code": str(result.outcome.code),
         "global_step": final.get("global_step"), "loss": final.get("loss"), "checkpoint": final.get("checkpoint"),
         "run_dir": run_dir, "logs": logs_dir, "elapsed_seconds": round(time.monotonic() - started, 2),
     }

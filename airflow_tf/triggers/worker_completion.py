@@ -23,6 +23,12 @@ class WorkerCompletionTrigger(BaseTrigger):
     It only reads the group's state, so running it twice (triggerer failover) is harmless;
     it never deletes anything: teardown is the teardown task's job.
 
+    Its event is :func:`airflow_tf.backends.wait.completion_event`'s payload (``status``
+    ``"success"`` or ``"failed"``, ``reason``, ``reason_code``: an
+    :class:`~airflow_tf.cluster.OutcomeCode` value, ``group``, ``counts``, ``progress``,
+    ``failed_task``, ``log_tail``, ``replacements``), or once ``deadline`` passes
+    ``{"status": "timeout", "reason", "group", "replacements"}``.
+
     :param group: the group reference (a :class:`~airflow_tf.backends.GroupRef` dict).
     :param success_policy: ``AllWorkers`` or ``ChiefOrWorker0``; default the group's.
     :param log_tail_lines: lines of the failed task's log carried in the event.
