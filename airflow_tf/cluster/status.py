@@ -87,7 +87,7 @@ class OutcomeCode(StrEnum):
     """The group failed as a whole for another reason (its Job's or JobSet's own failure)."""
 
 
-_TASK_FAILURE_CODES = {
+_TASK_FAILURE_CODES: dict[str, OutcomeCode] = {
     ReasonCode.OOM_KILLED: OutcomeCode.OUT_OF_MEMORY, ReasonCode.EVICTED: OutcomeCode.EVICTED,
     ReasonCode.PREEMPTED: OutcomeCode.PREEMPTED, ReasonCode.DEADLINE_EXCEEDED: OutcomeCode.DEADLINE_EXCEEDED,
     ReasonCode.IMAGE_PULL: OutcomeCode.IMAGE_PULL, ReasonCode.CONFIG_MISSING: OutcomeCode.CONFIG_MISSING,
