@@ -68,8 +68,15 @@ def failure_report(backend: Backend, ref: GroupRef, outcome: Outcome, tail_lines
 def completion_event(backend: Backend, ref: GroupRef, status: GroupStatus, success_policy: str,
                      tail_lines: int = 30) -> dict[str, Any] | None:
     """Once the group is done, what the sensor needs to finish (JSON, fit for a trigger
-    event): success or failure, the reason, per-role counts, progress, and the failed task's
-    last log lines. None while it is still running. Poke mode and the trigger share it."""
+    event), None while it is still running. Poke mode and the trigger share it. Keys:
+
+    - ``status``: ``"success"`` or ``"failed"``;
+    - ``reason``: why, in words for people (they may change);
+    - ``reason_code``: what the outcome is, an :class:`~airflow_tf.cluster.OutcomeCode` value
+      (``"Succeeded"``, ``"TaskFailed"``, ``"OutOfMemory"``, ``"DeadlineExceeded"``, ...): branch on this;
+    - ``group``: the group reference; ``counts``: per role, tasks per phase; ``progress``: the last
+      training progress; ``failed_task``: the task to blame (role, index, name) or None;
+      ``log_tail``: its last log lines; ``replacements``: each task restarted for a cause of its own."""
     outcome = group_outcome(status, success_policy)
     if not outcome.done:
         return None
@@ -77,6 +84,7 @@ def completion_event(backend: Backend, ref: GroupRef, status: GroupStatus, succe
     return {
         "status": "success" if outcome.succeeded else "failed",
         "reason": outcome.reason,
+        "reason_code": str(outcome.code),
         "group": ref.to_dict(),
         "counts": status.counts(),
         "progress": status.progress,

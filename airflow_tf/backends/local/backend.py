@@ -37,8 +37,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from airflow_tf.cluster import GroupSpec, GroupStatus, Phase, TaskStatus
+from airflow_tf.cluster import GroupSpec, GroupStatus, OutcomeCode, Phase, TaskStatus
 from airflow_tf.cluster.names import GROUP_ENV, RUN_ENV, task_name
+from airflow_tf.cluster.spec import DEFAULT_SUCCESS_POLICY
 from airflow_tf.files import is_local, read_json, strip_file_scheme
 from airflow_tf.storage import kept_log_bytes
 
@@ -97,7 +98,7 @@ class LocalBackend:
 
     def _ref(self, name: str, saved: dict[str, Any]) -> GroupRef:
         return GroupRef(backend=self.name, name=name, options={"state_dir": str(self.state_dir)},
-                        success_policy=saved["spec"].get("success_policy", "AllWorkers"),
+                        success_policy=saved["spec"].get("success_policy", DEFAULT_SUCCESS_POLICY),
                         uid=saved.get("group_id"), labels=dict(saved["spec"].get("labels") or {}))
 
     def find(self, name: str) -> GroupRef | None:
@@ -297,10 +298,10 @@ class LocalBackend:
             state = read_json(group.state, missing_ok=True)
             if state["supervisor"]["state"] == "running":
                 status = GroupStatus.from_dict(state["status"])
-                status.failure = status.failure or (
-                    f"the supervisor of group {ref.name!r} (pid {state['supervisor']['pid']}) died and its "
-                    f"tasks were stopped with it; see {group.supervisor_log}"
-                )
+                if not status.failure:
+                    status.failure = (f"the supervisor of group {ref.name!r} (pid {state['supervisor']['pid']}) "
+                                      f"died and its tasks were stopped with it; see {group.supervisor_log}")
+                    status.failure_code = OutcomeCode.SUPERVISOR_LOST
                 return status
         return GroupStatus.from_dict(state["status"])
 
@@ -312,6 +313,7 @@ class LocalBackend:
         if time.time() - saved["launched_at"] > NEVER_STARTED_AFTER:
             status.failure = (f"the supervisor of group {name!r} never started; see {group.supervisor_log}, "
                               "then tear the group down and launch it again")
+            status.failure_code = OutcomeCode.SUPERVISOR_LOST
         return status
 
     def watch(self, ref: GroupRef, timeout: float | None = None) -> AsyncIterator[GroupStatus]:
