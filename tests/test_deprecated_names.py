@@ -52,3 +52,13 @@ def test_no_module_warns_with_plain_deprecation_warning():
                     plain.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
     assert plain == [], "warn with airflow_tf.deprecation.deprecated() (AirflowTFDeprecationWarning) instead"
 
+
+def test_the_parts_of_a_parallel_prepare_are_importable_from_their_old_module_with_a_warning():
+    from airflow_tf.data import parts
+
+    with pytest.warns(AirflowTFDeprecationWarning, match=r"data.partitioned.plan_parts is deprecated .* use "
+                      r"airflow_tf.data.parts.plan_parts"):
+        from airflow_tf.data.partitioned import plan_parts
+    assert plan_parts is parts.plan_parts
+    with pytest.raises(ImportError):
+        from airflow_tf.data.partitioned import no_such_name  # noqa: F401
