@@ -529,7 +529,7 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
 
 def _role_quantity(resource: str) -> Callable[[str], tuple[str, str]]:
     """``ROLE=QUANTITY`` of ``--cpu``/``--memory``: a role and a positive Kubernetes quantity."""
-    from airflow_tf.cluster.memory import QUANTITY, quantity_value
+    from airflow_tf.cluster.memory import parse_quantity
     from airflow_tf.cluster.spec import ROLES
 
     example = "500m" if resource == "cpu" else "2Gi"
@@ -539,9 +539,10 @@ def _role_quantity(resource: str) -> Callable[[str], tuple[str, str]]:
         if role not in ROLES:
             raise argparse.ArgumentTypeError(f"{text!r}: expected ROLE=QUANTITY with ROLE one of {', '.join(ROLES)}, "
                                              f"e.g. worker={example}")
-        if not QUANTITY.match(amount.strip()) or not quantity_value(amount.strip()) > 0:
-            raise argparse.ArgumentTypeError(f"{text!r}: {amount!r} is not a positive Kubernetes quantity "
-                                             f"(e.g. {role}={example})")
+        try:
+            parse_quantity(amount.strip(), repr(text), positive=True, example=f"{role}={example}")
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
         return role, amount.strip()
     return parse
 

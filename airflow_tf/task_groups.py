@@ -237,7 +237,7 @@ def tf_prepare(
 
         @task(task_id="plan")
         def plan(input: Any, name: str, parts: Any, output: str | None, options: dict[str, Any]) -> list[dict]:
-            from airflow_tf.data.partitioned import plan_parts
+            from airflow_tf.data.parts import plan_parts
 
             made = plan_parts(input, output or datasets_dir(), name, parts, **options)
             log.info("Dataset %r: %d parts over %d files (%s rows expected), in %s", name, len(made["parts"]),
@@ -249,7 +249,7 @@ def tf_prepare(
         def commit(jobs: Any) -> dict[str, Any]:  # the plan's jobs (an XComArg while the DAG is built)
             from airflow.sdk import get_current_context
 
-            from airflow_tf.data.partitioned import commit_parts
+            from airflow_tf.data.parts import commit_parts
 
             summary = commit_parts(jobs[0]["plan"])
             log.info("Dataset %s committed from %d parts: %s examples (%s)", summary["dataset_uri"],

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 from airflow_tf.cluster import GroupSpec, GroupStatus, Outcome, Phase, group_outcome
 from airflow_tf.cluster.progress import describe as describe_progress
+from airflow_tf.deprecation import deprecated
 from airflow_tf.files import atomic_write_text
 
 from .base import Backend, GroupRef
@@ -51,10 +51,9 @@ def group_failure_message(group: str, reason: str, failed_task: str | None = Non
 
 def describe_failure(group: str, reason: str, failed_task: str | None = None, log_tail: str = "",
                      tail_lines: int = 20) -> str:
-    """Deprecated: :func:`group_failure_message` (``airflow_tf.cluster.describe_failure`` is the
-    failure reason of one task's exit)."""
-    warnings.warn("airflow_tf.backends.wait.describe_failure is deprecated; use group_failure_message",
-                  DeprecationWarning, stacklevel=2)
+    """Deprecated: :func:`group_failure_message` (a task's own failure reason is
+    :func:`airflow_tf.cluster.task_failure_reason`)."""
+    deprecated("airflow_tf.backends.wait.describe_failure", "airflow_tf.backends.wait.group_failure_message")
     return group_failure_message(group, reason, failed_task, log_tail, tail_lines)
 
 

@@ -98,7 +98,7 @@ def describe_exit(exit_code: int) -> str:
     return f"exit code {exit_code}" + (f" ({signame})" if signame else "")
 
 
-def describe_failure(exit_code: int, log_tail: str | None) -> str:
+def task_failure_reason(exit_code: int, log_tail: str | None) -> str:
     """:func:`describe_exit` and the last non-empty line of the task's log, where the runtime
     writes the cause: ``exit code 1; last log line: ... reason='...'``."""
     lines = [line.strip() for line in (log_tail or "").splitlines() if line.strip()]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
-
 import dataclasses
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from airflow_tf.deprecation import deprecated
 
 ALL_WORKERS = "AllWorkers"
 """Success policy: the group succeeds when every worker (and the chief, if any) has."""
@@ -233,6 +233,5 @@ def _succeeded(status: GroupStatus, success_policy: str, trainers: list[TaskStat
 
 def evaluate(status: GroupStatus, success_policy: str = ALL_WORKERS) -> Outcome:
     """Deprecated: :func:`group_outcome` (``evaluate`` now means only a model's evaluation)."""
-    warnings.warn("airflow_tf.cluster.evaluate is deprecated; use airflow_tf.cluster.group_outcome",
-                  DeprecationWarning, stacklevel=2)
+    deprecated("airflow_tf.cluster.evaluate", "airflow_tf.cluster.group_outcome")
     return group_outcome(status, success_policy)

@@ -269,7 +269,7 @@ class PreparePartOperator(BaseOperator):
         return done
 
     def _run_here(self, index: int) -> dict[str, Any]:
-        from airflow_tf.data.partitioned import prepare_part
+        from airflow_tf.data.parts import prepare_part
 
         return prepare_part(self.job["plan"], index, encode_threads=self.encode_threads,
                             progress=lambda p: self.log.info("part %d: %s", index, p.describe()),

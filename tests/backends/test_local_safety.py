@@ -18,7 +18,7 @@ import pytest
 from processes import can_connect, environ_of, external_address
 
 from airflow_tf.backends.local import LocalBackend
-from airflow_tf.backends.local.memory import mem_available_mb
+from airflow_tf.backends.local.memory import mem_available_mib
 from airflow_tf.backends.local.processes import remove_temporary_directory, task_environment, temporary_directory
 from airflow_tf.backends.wait import completion_event, wait_for_group
 from airflow_tf.cluster import GroupSpec, OutcomeCode, Phase, RoleSpec
@@ -394,7 +394,7 @@ def test_a_group_that_does_not_fit_in_memory_is_refused_with_the_numbers(local_s
 def test_memory_promised_to_a_group_still_starting_is_counted_by_the_next_launch(local_state_dir, group_processes):
     # Tasks that will take a quarter of the free memory each but hold almost none yet: what
     # MemAvailable shows right after a launch, before TensorFlow is imported.
-    quarter = f"{int(mem_available_mb() / 4)}Mi"
+    quarter = f"{int(mem_available_mib() / 4)}Mi"
 
     def hungry(name):
         spec = group(name, SERVE_FOREVER)

@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_tf.cluster import GroupStatus, OutcomeCode, Phase, ReasonCode, TaskStatus, describe_exit, describe_failure, task_name
+from airflow_tf.cluster import GroupStatus, OutcomeCode, Phase, ReasonCode, TaskStatus, describe_exit, task_failure_reason, task_name
 
 from .nodes import EVICTION_API, LOST_NODE_REASONS, disruption, node_of
 from .labels import INDEX_LABEL, KUEUE_QUEUE_LABEL, REPLICAS, ROLE_LABEL, ROOT_ANNOTATION, SCHEDULE_TIMEOUT
@@ -458,7 +458,7 @@ def _judge_exit(task: TaskStatus, job: _RoleJob, pod: dict) -> None:
     With terminationMessagePolicy FallbackToLogsOnError the kubelet puts the end of a failed
     container's log into its terminated state's message."""
     assert task.exit_code is not None
-    exited = describe_failure(task.exit_code, _container_state(pod)[1].get("message"))
+    exited = task_failure_reason(task.exit_code, _container_state(pod)[1].get("message"))
     if job.gave_up_on(task.index):
         why = job.failure() if job.failed else "its restarts are spent (backoffLimitPerIndex)"
         task.reason = f"{exited}: {why}"

@@ -32,9 +32,9 @@ from airflow_tf.cluster import (
     GroupStatus,
     Phase,
     cluster_def,
-    describe_failure,
     group_outcome,
     is_retryable_exit,
+    task_failure_reason,
     task_name,
     tf_config_json,
 )
@@ -301,7 +301,7 @@ class Supervisor:
             why, task.code = f"no progress for {self.spec.progress_timeout:g} s (stopped by the watchdog)", \
                 ReasonCode.NO_PROGRESS
         else:
-            why, task.code = describe_failure(code, tail_text(self.group.log(task.role, task.index), 20)), None
+            why, task.code = task_failure_reason(code, tail_text(self.group.log(task.role, task.index), 20)), None
         if task.role == "ps" and self.succeeded():
             # Nothing needs a parameter server once training is done.
             task.phase, task.reason = Phase.SUCCEEDED, f"stopped after training finished ({why})"
