@@ -16,10 +16,12 @@ import sys
 from typing import Any, TextIO
 from collections.abc import Callable, Iterator
 
-from airflow_tf.cluster.spec import DEFAULT_HEALTH_TIMEOUT, HEALTH_FAILURES
 from airflow_tf import __version__
+from airflow_tf.cluster.declarations import flag_name
+from airflow_tf.cluster.group_options import OPTIONS as GROUP_OPTIONS
+from airflow_tf.cluster.group_options import add_group_arguments, group_options_of
 from airflow_tf.cluster.training import add_training_arguments, json_argument
-from airflow_tf.data.options import DEFAULTS, RENAMED, PrepareOptions
+from airflow_tf.data.options import RENAMED, PrepareOptions, add_prepare_arguments
 from airflow_tf.deprecation import REMOVED_IN
 from airflow_tf.files import read_json
 
@@ -80,6 +82,8 @@ def _naming_flags(message: str, args: argparse.Namespace) -> str:
     def flag(name: str) -> str | None:
         if name in _OPTION_FLAGS and name not in flags and "cpu" in flags:
             return _OPTION_FLAGS[name]
+        if name in GROUP_OPTIONS and flag_name(GROUP_OPTIONS[name])[2:].replace("-", "_") in flags:
+            return flag_name(GROUP_OPTIONS[name])  # a flag named otherwise: --deadline
         return "--" + name.replace("_", "-") if name in flags else None
 
     def path_flag(path: str) -> str | None:
@@ -131,38 +135,12 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", required=True, help="datasets directory (the dataset goes under <output>/<name>/)")
     p.add_argument("--name", required=True, help="dataset name")
     p.add_argument("--version", help="dataset version (default: the next integer after the existing ones)")
-    p.add_argument("--label", help="the label column")
-    p.add_argument("--eval-fraction", type=float, default=DEFAULTS.eval_fraction,
-                   help=f"share of rows held out for evaluation (default {DEFAULTS.eval_fraction:g})")
-    p.add_argument("--seed", type=int, default=DEFAULTS.seed,
-                   help=f"seed of the train/eval split and the row shuffle (default {DEFAULTS.seed})")
-    p.add_argument("--split-key", metavar="COL", help="split by a hash of this column: equal keys share a split")
-    size = p.add_mutually_exclusive_group()
-    size.add_argument("--shards", type=int, help="number of train files (eval gets a proportional number; "
-                      "at least 100 rows per file and 10,000 files at most)")
-    size.add_argument("--target-shard-mib", type=float, help="target size of each file in MiB (default 128)")
-    size.add_argument("--target-shard-mb", type=float, help=argparse.SUPPRESS)  # deprecated: it always meant MiB
-    p.add_argument("--compression", choices=["gzip", "zlib", "none"], default="none", help="compress the files (default none)")
-    p.add_argument("--schema", help="declared schema.json (features with name, dtype, shape; optional label)")
-    p.add_argument("--string-columns", action="append", metavar="COL[,COL...]",
-                   help="CSV columns to read as text (an inferred column must otherwise be all numbers "
-                   "or all text); may be repeated")
-    p.add_argument("--allow-nan", action="store_true", help="accept NaN and infinity in float columns")
+    add_prepare_arguments(p, vocabularies=_vocabularies_arg)
     p.add_argument("--overwrite", action="store_true", help="replace the version if it exists")
-    p.add_argument("--encode-threads", type=int,
-                   help="encoding threads (default: the cores this process may use, within its CPU limit)")
-    p.add_argument("--workers", type=int, help=argparse.SUPPRESS)  # deprecated: --encode-threads
-    p.add_argument("--buffer-mib", type=float, default=DEFAULTS.buffer_mib,
-                   help=f"memory for rows being read and encoded, in MiB (default {DEFAULTS.buffer_mib:g}); "
-                   "the input may be larger")
     p.add_argument("--cache", action="store_true",
                    help="reuse the version made from the same input content and options instead of encoding again")
     p.add_argument("--partition-key", metavar="KEY",
                    help="the data partition this input is (e.g. a day): the version is named by it")
-    p.add_argument("--vocabularies", type=_vocabularies_arg, metavar="COL[,COL...]|JSON|@FILE",
-                   help="string or integer columns whose most frequent training values to keep with the dataset "
-                   "(vocabularies/<col>.txt, read by a model as schema.vocabulary(\"<col>\")): column names "
-                   "for the top 100,000 each, or a JSON object of sizes, e.g. '{\"user\": 50000}'")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=_cmd_prepare)
 
@@ -205,6 +183,13 @@ def _cmd_prepare(args: argparse.Namespace, out: TextIO) -> int:
 
 
 # -- run ----------------------------------------------------------------------------------
+RUN_GROUP_OPTIONS = ("ps", "workers", "backoff_limit", "active_deadline_seconds", "progress_timeout",
+                     "health_timeout", "pass_env")
+"""The group options ``airflow-tf run`` has a flag for, in the order its help lists them."""
+RENDER_GROUP_OPTIONS = ("ps", "workers", "port")
+"""The group options ``airflow-tf render`` has a flag for."""
+
+
 def _add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run", help="train on a local parameter-server/worker group (no Airflow)",
@@ -213,20 +198,11 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
         "tears the whole group down.",
     )
     add_training_arguments(p, run_dir=None)
-    p.add_argument("--ps", type=int, default=1, help="parameter-server tasks (default 1)")
-    p.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
+    add_group_arguments(p, "ps", "workers")
     p.add_argument("--name", default=None, help="group name (default run-<date>-<time>-<pid>)")
-    p.add_argument("--backoff-limit", type=int, default=3, help="task restarts allowed across the group")
-    p.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
-                   help="fail the group if training takes longer")
+    add_group_arguments(p, "backoff_limit", "active_deadline_seconds")
     p.add_argument("--state-dir", default=None, help="where groups keep their state (default $AIRFLOW_TF_STATE_DIR)")
-    p.add_argument("--progress-timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="restart a training task with no progress for this long (default 300; 0 never)")
-    p.add_argument("--health-timeout", type=float, default=DEFAULT_HEALTH_TIMEOUT, metavar="SECONDS",
-                   help="seconds each ps and worker has to answer its health question, asked this often; "
-                        f"{HEALTH_FAILURES} unanswered in a row restart it (default {DEFAULT_HEALTH_TIMEOUT:g}; 0 never)")
-    p.add_argument("--pass-env", action="append", default=[], metavar="NAME",
-                   help="pass this variable of your environment on to the tasks (they get a minimal one); may be repeated")
+    add_group_arguments(p, "progress_timeout", "health_timeout", "pass_env")
     p.set_defaults(func=_cmd_run)
 
 
@@ -304,10 +280,7 @@ def _run_spec(args: argparse.Namespace, name: str, run_dir: str) -> Any:
             if code is not None:
                 training = dataclasses.replace(training, code_dir=code.path)
                 print(f"model code of {training.model} copied to {code.path} (sha256 {code.sha256})", file=sys.stderr)
-        return GroupSpec.for_training(name, training, ps=args.ps, workers=args.workers,
-                                      backoff_limit=args.backoff_limit, active_deadline_seconds=args.deadline,
-                                      progress_timeout=args.progress_timeout or None,
-                                      health_timeout=args.health_timeout or None, pass_env=args.pass_env)
+        return GroupSpec.for_training(name, training, **group_options_of(args, *RUN_GROUP_OPTIONS))
     except ValueError as err:  # SpecError and bad training options
         raise _fail("run", err, args) from err
 
@@ -322,6 +295,7 @@ def _run_summary(result: Any, name: str, run_dir: str, logs_dir: str, *, started
         final = result.status.progress or {}
     summary = {
         "group": name, "succeeded": result.outcome.succeeded, "reason": result.outcome.reason,
+        "reason_code": str(result.outcome.code),
         "global_step": final.get("global_step"), "loss": final.get("loss"), "checkpoint": final.get("checkpoint"),
         "run_dir": run_dir, "logs": logs_dir, "elapsed_seconds": round(time.monotonic() - started, 2),
     }
@@ -516,13 +490,12 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
                    help="with --rbac: also bind the Role to this service account, e.g. the team's Airflow "
                    "workers' (repeatable)")
     p.add_argument("--name", help="group name (made a valid DNS-1123 label if it is not one); required without --rbac")
-    p.add_argument("--ps", type=int, default=1, help="parameter-server tasks (default 1)")
-    p.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
+    add_group_arguments(p, "ps", "workers")
     p.add_argument("--image", help="training image (TensorFlow + the airflow_tf package); required without --rbac")
     p.add_argument("--namespace", default=None, help="namespace of every object (default: default; required "
                    "with --rbac)")
     add_training_arguments(p, dataset="/data", run_dir=None, steps=1000)
-    p.add_argument("--port", type=int, default=2222, help="gRPC port of every task (default 2222)")
+    add_group_arguments(p, "port")
     p.add_argument("--workload", choices=list(WORKLOADS), default=DEFAULT_WORKLOAD,
                    help="the group's form: " + "; ".join(f"{k}: {v}" for k, v in WORKLOADS.items()))
     p.add_argument("--network-policy", action=argparse.BooleanOptionalAction, default=True,
@@ -556,7 +529,7 @@ def _add_render(sub: argparse._SubParsersAction) -> None:
 
 def _role_quantity(resource: str) -> Callable[[str], tuple[str, str]]:
     """``ROLE=QUANTITY`` of ``--cpu``/``--memory``: a role and a positive Kubernetes quantity."""
-    from airflow_tf.cluster.memory import QUANTITY, quantity_value
+    from airflow_tf.cluster.memory import parse_quantity
     from airflow_tf.cluster.spec import ROLES
 
     example = "500m" if resource == "cpu" else "2Gi"
@@ -566,9 +539,10 @@ def _role_quantity(resource: str) -> Callable[[str], tuple[str, str]]:
         if role not in ROLES:
             raise argparse.ArgumentTypeError(f"{text!r}: expected ROLE=QUANTITY with ROLE one of {', '.join(ROLES)}, "
                                              f"e.g. worker={example}")
-        if not QUANTITY.match(amount.strip()) or not quantity_value(amount.strip()) > 0:
-            raise argparse.ArgumentTypeError(f"{text!r}: {amount!r} is not a positive Kubernetes quantity "
-                                             f"(e.g. {role}={example})")
+        try:
+            parse_quantity(amount.strip(), repr(text), positive=True, example=f"{role}={example}")
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
         return role, amount.strip()
     return parse
 
@@ -611,8 +585,8 @@ def _cmd_render(args: argparse.Namespace, out: TextIO) -> int:
     try:
         steps = None if args.epochs else args.steps  # --epochs replaces the default target step
         training = TrainingConfig.from_namespace(args, run_dir=args.run_dir or f"{args.runs_mount}/{name}", steps=steps)
-        spec = GroupSpec.for_training(name, training, ps=args.ps, workers=args.workers, image=args.image,
-                                      port=args.port, role_options=_role_options(args))
+        spec = GroupSpec.for_training(name, training, image=args.image, role_options=_role_options(args),
+                                      **group_options_of(args, *RENDER_GROUP_OPTIONS))
         objects = render_workload(args.workload, spec, args.namespace or "default", cluster_domain=args.cluster_domain,
                                   network_policy=args.network_policy, pod_defaults=pod_defaults)
     except (SpecError, ValueError) as e:

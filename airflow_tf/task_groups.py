@@ -202,7 +202,8 @@ def tf_prepare(
     :param name: dataset name.
     :param parts: parallel parts (at most one per input file).
     :param output: datasets directory; default ``<storage>/datasets``.
-    :param encode_threads: encoding threads of each part.
+    :param encode_threads: each part's encoding threads (default: the cores this process may use,
+        within its CPU limit).
     :param progress_every: seconds between progress lines of each part.
     :param kubernetes: run each part as a Kubernetes Job (one pod per part) instead of in the
         Airflow worker, which then only waits and shows the part's log:
@@ -212,7 +213,8 @@ def tf_prepare(
         The pods must mount the storage ``output`` is on at the same path (a shared volume).
     :param options: the other options of the operator (``label``, ``eval_fraction``, ``seed``,
         ``split_key``, ``shards``, ``target_shard_mib``, ``compression``, ``schema``,
-        ``string_columns``, ``allow_nan``, ``overwrite``, ``version``, ``buffer_mib``).
+        ``string_columns``, ``allow_nan``, ``vocabularies``, ``buffer_mib``, ``overwrite``,
+        ``version``), with their defaults (:class:`~airflow_tf.data.options.PrepareOptions`).
     :param partitions: deprecated since 0.2.0, removed in 0.3.0: ``parts``.
     :param workers: deprecated since 0.2.0, removed in 0.3.0: ``encode_threads``.
     """
@@ -235,7 +237,7 @@ def tf_prepare(
 
         @task(task_id="plan")
         def plan(input: Any, name: str, parts: Any, output: str | None, options: dict[str, Any]) -> list[dict]:
-            from airflow_tf.data.partitioned import plan_parts
+            from airflow_tf.data.parts import plan_parts
 
             made = plan_parts(input, output or datasets_dir(), name, parts, **options)
             log.info("Dataset %r: %d parts over %d files (%s rows expected), in %s", name, len(made["parts"]),
@@ -247,7 +249,7 @@ def tf_prepare(
         def commit(jobs: Any) -> dict[str, Any]:  # the plan's jobs (an XComArg while the DAG is built)
             from airflow.sdk import get_current_context
 
-            from airflow_tf.data.partitioned import commit_parts
+            from airflow_tf.data.parts import commit_parts
 
             summary = commit_parts(jobs[0]["plan"])
             log.info("Dataset %s committed from %d parts: %s examples (%s)", summary["dataset_uri"],

@@ -27,7 +27,7 @@ from bench_prepare import generate_csv  # noqa: E402
 
 
 def _part(plan: dict, index: int, threads: int, pin: bool) -> None:
-    from airflow_tf.data.partitioned import prepare_part
+    from airflow_tf.data.parts import prepare_part
 
     if pin:
         # The part's own cores, as a pod's CPU limit would give it: every thread of the
@@ -40,7 +40,7 @@ def _part(plan: dict, index: int, threads: int, pin: bool) -> None:
 def run_parts(work: Path, name: str, parts: int, threads: int, pin: bool) -> tuple[dict, dict[str, float]]:
     """plan -> one process per part, all at once -> commit, as the mapped tasks run them;
     the summary and the seconds of each stage."""
-    from airflow_tf.data.partitioned import commit_parts, plan_parts
+    from airflow_tf.data.parts import commit_parts, plan_parts
 
     start = time.perf_counter()
     plan = plan_parts(work / "in", work / "out", name, parts, label="label")

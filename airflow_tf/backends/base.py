@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from airflow_tf.cluster import GroupSpec, GroupStatus
+from airflow_tf.cluster.spec import DEFAULT_SUCCESS_POLICY
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class GroupRef:
     namespace: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     """Backend settings needed to reconnect (state dir; connection id, config file, ...)."""
-    success_policy: str = "AllWorkers"
+    success_policy: str = DEFAULT_SUCCESS_POLICY
     uid: str | None = None
     """What tells this group from another of the same name, made when it was created: the root
     Job's uid on Kubernetes, the group's id on the local backend (None from an older launch)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 from airflow_tf.cluster import GroupSpec, GroupStatus, Outcome, Phase, group_outcome
 from airflow_tf.cluster.progress import describe as describe_progress
+from airflow_tf.deprecation import deprecated
 from airflow_tf.files import atomic_write_text
 
 from .base import Backend, GroupRef
@@ -51,10 +51,9 @@ def group_failure_message(group: str, reason: str, failed_task: str | None = Non
 
 def describe_failure(group: str, reason: str, failed_task: str | None = None, log_tail: str = "",
                      tail_lines: int = 20) -> str:
-    """Deprecated: :func:`group_failure_message` (``airflow_tf.cluster.describe_failure`` is the
-    failure reason of one task's exit)."""
-    warnings.warn("airflow_tf.backends.wait.describe_failure is deprecated; use group_failure_message",
-                  DeprecationWarning, stacklevel=2)
+    """Deprecated: :func:`group_failure_message` (a task's own failure reason is
+    :func:`airflow_tf.cluster.task_failure_reason`)."""
+    deprecated("airflow_tf.backends.wait.describe_failure", "airflow_tf.backends.wait.group_failure_message")
     return group_failure_message(group, reason, failed_task, log_tail, tail_lines)
 
 
@@ -68,8 +67,15 @@ def failure_report(backend: Backend, ref: GroupRef, outcome: Outcome, tail_lines
 def completion_event(backend: Backend, ref: GroupRef, status: GroupStatus, success_policy: str,
                      tail_lines: int = 30) -> dict[str, Any] | None:
     """Once the group is done, what the sensor needs to finish (JSON, fit for a trigger
-    event): success or failure, the reason, per-role counts, progress, and the failed task's
-    last log lines. None while it is still running. Poke mode and the trigger share it."""
+    event), None while it is still running. Poke mode and the trigger share it. Keys:
+
+    - ``status``: ``"success"`` or ``"failed"``;
+    - ``reason``: why, in words for people (they may change);
+    - ``reason_code``: what the outcome is, an :class:`~airflow_tf.cluster.OutcomeCode` value
+      (``"Succeeded"``, ``"TaskFailed"``, ``"OutOfMemory"``, ``"DeadlineExceeded"``, ...): branch on this;
+    - ``group``: the group reference; ``counts``: per role, tasks per phase; ``progress``: the last
+      training progress; ``failed_task``: the task to blame (role, index, name) or None;
+      ``log_tail``: its last log lines; ``replacements``: each task restarted for a cause of its own."""
     outcome = group_outcome(status, success_policy)
     if not outcome.done:
         return None
@@ -77,6 +83,7 @@ def completion_event(backend: Backend, ref: GroupRef, status: GroupStatus, succe
     return {
         "status": "success" if outcome.succeeded else "failed",
         "reason": outcome.reason,
+        "reason_code": str(outcome.code),
         "group": ref.to_dict(),
         "counts": status.counts(),
         "progress": status.progress,

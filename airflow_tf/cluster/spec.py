@@ -15,14 +15,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .names import is_dns1123_label, task_name
+from .group_options import HEALTH_FAILURES, OPTIONS, ROLE_COUNTS, bounds, default, group_parameter_docs
+from .status import CHIEF_OR_WORKER0, SUCCESS_POLICIES
 from .training import TrainingConfig
 
 ROLES = ("chief", "ps", "worker", "evaluator")
 """Task types, in TF_CONFIG spelling. ``master`` is not one: TensorFlow 2.21 rejects it."""
 
 RESTART_POLICIES = ("Never", "OnFailure", "ExitCode")
-SUCCESS_POLICIES = ("AllWorkers", "ChiefOrWorker0")
-DEFAULT_PORT = 2222
+# A group's defaults, declared with their bounds and documentation in group_options.GroupOptions.
+DEFAULT_PORT: int = default("port")
+DEFAULT_PS: int = default("ps")
+DEFAULT_WORKERS: int = default("workers")
+DEFAULT_BACKOFF_LIMIT: int = default("backoff_limit")
+DEFAULT_SUCCESS_POLICY: str = default("success_policy")
 RUNTIME_COMMAND = ("python", "-m", "airflow_tf.runtime")
 FORK_SERVER_COMMAND = ("python", "-m", "airflow_tf.runtime.forkserver")
 FORK_SERVER_READY = {"ready": True}
@@ -33,13 +39,11 @@ even killed (the local backend): the task keeps its temporary files there."""
 LAUNCH_FAILED = 70
 """Exit code of a local task's process that could not become the task: its supervisor was gone
 before it started, or its fork server could not set it up."""
-DEFAULT_PROGRESS_TIMEOUT = 300.0
-DEFAULT_PS_GRACE_SECONDS = 5.0
-DEFAULT_HEALTH_TIMEOUT = 5.0
+DEFAULT_PROGRESS_TIMEOUT: float = default("progress_timeout")
+DEFAULT_PS_GRACE_SECONDS: float = default("ps_grace_seconds")
+DEFAULT_HEALTH_TIMEOUT: float = default("health_timeout")
 """A live TensorFlow server answers its health question in milliseconds, a few hundred on a
 loaded machine (docs/reference/faults.md); seconds of silence mean it is stopped, wedged or cut off."""
-HEALTH_FAILURES = 3
-"""Questions in a row a task may leave unanswered before it is stuck: one slow answer is not."""
 HEALTH_STARTUP_SECS = 600
 """Longest a task may take to answer its first question (TensorFlow's import and the server's
 start on a loaded node); until then it is starting, not stuck (Kubernetes' startup probe)."""
@@ -94,7 +98,7 @@ def describe_exit(exit_code: int) -> str:
     return f"exit code {exit_code}" + (f" ({signame})" if signame else "")
 
 
-def describe_failure(exit_code: int, log_tail: str | None) -> str:
+def task_failure_reason(exit_code: int, log_tail: str | None) -> str:
     """:func:`describe_exit` and the last non-empty line of the task's log, where the runtime
     writes the cause: ``exit code 1; last log line: ... reason='...'``."""
     lines = [line.strip() for line in (log_tail or "").splitlines() if line.strip()]
@@ -135,46 +139,38 @@ class RoleSpec:
 
 
 def _default_roles() -> dict[str, RoleSpec]:
-    return {"ps": RoleSpec(replicas=1, restart_policy="OnFailure"), "worker": RoleSpec(replicas=2)}
+    return {"ps": RoleSpec(replicas=DEFAULT_PS, restart_policy="OnFailure"),
+            "worker": RoleSpec(replicas=DEFAULT_WORKERS)}
 
 
 @dataclass
 class GroupSpec:
+    """A training group: its name, its roles and what their tasks run, and the options below.
+
+    :param name: the group's name, a DNS-1123 label of at most 46 characters.
+    :param roles: per role, its replicas and what each task runs (``RoleSpec``).
+    :param training: the training options of the tasks that run the runtime.
+    :param image: the tasks' container image (Kubernetes backend).
+    :param labels: extra labels (Airflow dag/task/run ids) stamped on every task of the group.
+    {group_options}
+    """
+
     name: str
     roles: dict[str, RoleSpec] = field(default_factory=_default_roles)
     training: TrainingConfig | None = None
     image: str | None = None
-    backoff_limit: int = 3
-    """Restarts allowed for each task (each role and index) before the group fails, on every
-    backend: Kubernetes' ``backoffLimitPerIndex``. A parameter server's death restarts the whole
-    local group, but only counts against that parameter server's budget."""
-    group_backoff_limit: int | None = None
-    """Restarts allowed across the whole group, all tasks together, before it fails (local
-    backend only; the Kubernetes backend refuses it). None: only ``backoff_limit`` applies."""
-    active_deadline_seconds: float | None = None
-    success_policy: str = "AllWorkers"
+    # The options a user sets: declared, with their defaults, bounds and documentation, in GroupOptions.
+    backoff_limit: int = DEFAULT_BACKOFF_LIMIT
+    group_backoff_limit: int | None = default("group_backoff_limit")
+    active_deadline_seconds: float | None = default("active_deadline_seconds")
+    success_policy: str = DEFAULT_SUCCESS_POLICY
     port: int = DEFAULT_PORT
     labels: dict[str, str] = field(default_factory=dict)
-    """Extra labels (Airflow dag/task/run ids) stamped on every task of the group."""
     pass_env: list[str] = field(default_factory=list)
-    """Names of the launcher's environment variables passed on to every task (local backend).
-    Tasks otherwise get only what TensorFlow and the runtime need, never the launcher's
-    Airflow settings, connections or secrets."""
     progress_timeout: float | None = DEFAULT_PROGRESS_TIMEOUT
-    """Seconds a training task may go without progress before it is restarted under its
-    restart policy (None: never)."""
     ps_grace_seconds: float = DEFAULT_PS_GRACE_SECONDS
-    """Seconds the parameter servers run on after the last worker finished, before the
-    group itself stops them (local backend)."""
-    isolate_network: bool = True
-    """Run a local group in a private network namespace (loopback only), so nothing off this
-    machine reaches its unauthenticated gRPC ports."""
+    isolate_network: bool = default("isolate_network")
     health_timeout: float | None = DEFAULT_HEALTH_TIMEOUT
-    """Seconds each ps and worker has to answer its health question (its TensorFlow server asked
-    for its status), asked every ``health_timeout`` seconds; a task that leaves ``HEALTH_FAILURES``
-    questions in a row unanswered is stuck (stopped, wedged, cut off) and is killed and restarted
-    under its restart policy: by the supervisor (local), by its liveness probe (Kubernetes).
-    None: never asked."""
 
     def __post_init__(self) -> None:
         self.roles = {
@@ -187,10 +183,10 @@ class GroupSpec:
 
     # -- construction -------------------------------------------------------------------
     @classmethod
-    def for_training(cls, name: str, training: TrainingConfig, *, ps: int = 1, workers: int = 2,
-                     chief: int = 0, evaluator: int = 0, **options: Any) -> GroupSpec:
+    def for_training(cls, name: str, training: TrainingConfig, *, ps: int = DEFAULT_PS, workers: int = DEFAULT_WORKERS,
+                     chief: int = default("chief"), evaluator: int = 0, **options: Any) -> GroupSpec:
         if training.mode == "coordinator":  # the chief drives the workers (which never exit): its exit decides
-            chief, options["success_policy"] = max(chief, 1), "ChiefOrWorker0"
+            chief, options["success_policy"] = max(chief, 1), CHIEF_OR_WORKER0
         roles = {"ps": RoleSpec(replicas=ps, restart_policy="OnFailure"), "worker": RoleSpec(replicas=workers)}
         if chief:
             roles["chief"] = RoleSpec(replicas=chief)
@@ -264,9 +260,9 @@ class GroupSpec:
         if self.training is None:
             return
         if self.training.mode == "coordinator" and (
-                self.replicas("chief") != 1 or self.success_policy != "ChiefOrWorker0"):
+                self.replicas("chief") != 1 or self.success_policy != CHIEF_OR_WORKER0):
             yield ("training.mode: coordinator mode needs one chief (it drives the workers, which never "
-                   "exit by themselves) and success_policy 'ChiefOrWorker0'; GroupSpec.for_training sets both")
+                   f"exit by themselves) and success_policy {CHIEF_OR_WORKER0!r}; GroupSpec.for_training sets both")
         if self.replicas("ps") < 1:
             yield "roles.ps.replicas: parameter-server training needs at least one ps task"
         trainers = self.replicas("worker") + self.replicas("chief")
@@ -280,8 +276,9 @@ class GroupSpec:
             yield f"backoff_limit: must be a whole number >= 0, got {self.backoff_limit!r}"
         if self.group_backoff_limit is not None and not _whole(self.group_backoff_limit):
             yield f"group_backoff_limit: must be a whole number >= 0 or None, got {self.group_backoff_limit!r}"
-        if self.active_deadline_seconds is not None and self.active_deadline_seconds <= 0:
-            yield f"active_deadline_seconds: must be positive, got {self.active_deadline_seconds}"
+        deadline = bounds("active_deadline_seconds")
+        if self.active_deadline_seconds is not None and not deadline.holds(self.active_deadline_seconds):
+            yield f"active_deadline_seconds: must be {deadline}, got {self.active_deadline_seconds}"
         if self.success_policy not in SUCCESS_POLICIES:
             yield f"success_policy: {self.success_policy!r} is not one of {', '.join(SUCCESS_POLICIES)}"
 
@@ -292,7 +289,7 @@ class GroupSpec:
             yield f"pass_env: must be a list of environment variable names, got {self.pass_env!r}"
         if not isinstance(self.isolate_network, bool):
             yield f"isolate_network: must be true or false, got {self.isolate_network!r}"
-        if not isinstance(self.port, int) or not 1 <= self.port <= 65535:
+        if not isinstance(self.port, int) or isinstance(self.port, bool) or not bounds("port").holds(self.port):
             yield f"port: must be a TCP port 1-65535, got {self.port!r}"
 
     def _timing_errors(self) -> Iterator[str]:
@@ -356,3 +353,7 @@ class GroupSpec:
         assert self.training is not None
         head = [python or sys.executable, *RUNTIME_COMMAND[1:]] if python else list(RUNTIME_COMMAND)
         return head + self.training.to_args()
+
+
+GroupSpec.__doc__ = (GroupSpec.__doc__ or "").replace(
+    "{group_options}", group_parameter_docs(tuple(name for name in OPTIONS if name not in ROLE_COUNTS)))

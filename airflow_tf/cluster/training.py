@@ -203,9 +203,9 @@ class TrainingConfig:
                           "raise it or lower min_shard_bytes")
         if self.ps_memory_limit is not None:
             try:
-                memory_bytes(self.ps_memory_limit)
+                memory_bytes(self.ps_memory_limit, "ps_memory_limit")
             except ValueError as err:
-                errors.append(f"ps_memory_limit: {err}")
+                errors.append(str(err))
         return errors
 
     def _coerce_types(self) -> list[str]:

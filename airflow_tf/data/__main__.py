@@ -3,7 +3,7 @@ partitioned prepare, in a process of its own (on Kubernetes, a pod on the traini
 mounts the shared volume the plan is on).
 
 The part streams its share of the input into the plan's directory, exactly as
-:func:`airflow_tf.data.partitioned.prepare_part` does in an Airflow task, printing its progress
+:func:`airflow_tf.data.parts.prepare_part` does in an Airflow task, printing its progress
 as it goes. Its result, a JSON object (``index``, ``rows``, ``counts``), goes to
 ``--result-file`` (on Kubernetes the container's termination message) and, after
 :data:`~airflow_tf.cluster.components.RESULT_MARKER`, to the log's last line.
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     part.add_argument("--result-file", dest="result_file",
                       help="write the result (a JSON object) here, e.g. the container's termination message")
     args = parser.parse_args(argv)
-    from .partitioned import prepare_part
+    from .parts import prepare_part
 
     if args.workers is not None:  # Python hides DeprecationWarning here by default: said on stderr
         print(f"--workers is deprecated and will be removed in airflow-tf {REMOVED_IN}: use --encode-threads",

@@ -8,8 +8,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+from ..cluster.declarations import Bounds, flag_name, flag_settings
+from ..cluster.declarations import option as declared_option
+from ..cluster.declarations import parameter_docs as declared_docs
 from ..cluster.training import is_unset, parse_bool
 from ..deprecation import renamed
 from .errors import DataError, SchemaError
@@ -17,8 +20,44 @@ from .schema import Schema
 
 COMPRESSIONS = ("gzip", "zlib")
 MAX_SHARDS = 10_000  # train files per split at most: each is a file every reader opens
+DEFAULT_TARGET_SHARD_MIB = 128.0
+"""The size of a train file when neither ``shards`` nor ``target_shard_mib`` is given."""
+EXCLUSIVE = ("shards", "target_shard_mib")
+"""Two ways to size the train files: one of them at most."""
 # Parameters renamed in 0.2 (old -> new); the old names work until 0.3.0, with a warning.
 RENAMED = {"target_shard_mb": "target_shard_mib", "workers": "encode_threads"}
+
+
+def _option(default: Any, doc: str, **declared: Any) -> Any:
+    """A prepare option, declared once (see :func:`airflow_tf.cluster.declarations.option`): the
+    checks, the flags of ``airflow-tf prepare`` (:func:`add_prepare_arguments`) and the parameter
+    documentation of the operator and of :class:`PrepareOptions` (:func:`parameter_docs`) read it."""
+    return declared_option(default, doc, **declared)
+
+
+def parameter_docs(names: Mapping[str, str] | None = None, indent: str = "    ") -> str:
+    """A ``:param name: ...`` line per prepare option (``names``: a parameter named otherwise)."""
+    return declared_docs(dataclasses.fields(PrepareOptions), names, indent)
+
+
+def add_prepare_arguments(parser: Any, **types: Callable[[str], Any]) -> None:
+    """Every prepare option as a flag of ``airflow-tf prepare``, made from its declaration:
+    ``--eval-fraction`` for ``eval_fraction``, its type, default, choices and help; the two
+    ways to size the train files exclusive; each deprecated name a hidden flag. ``types``: an
+    option's own argparse ``type`` (``vocabularies``: JSON or names)."""
+    import argparse
+
+    exclusive = parser.add_mutually_exclusive_group()
+    old_names = {new: old for old, new in RENAMED.items()}
+    for field in dataclasses.fields(PrepareOptions):
+        settings = flag_settings(field)
+        if field.name in types:
+            settings["type"] = types[field.name]
+        group = exclusive if field.name in EXCLUSIVE else parser
+        group.add_argument(flag_name(field), **settings)
+        if field.name in old_names:  # deprecated: the flag still works, unlisted
+            group.add_argument("--" + old_names[field.name].replace("_", "-"), type=settings.get("type"),
+                               help=argparse.SUPPRESS)
 
 
 def _number(value: Any, kind: type, name: str) -> Any:
@@ -52,32 +91,38 @@ class PrepareOptions:
     text (``"0.3"``, ``"None"``, ``"true"``): each is parsed to its type and checked when the
     options are made, and a bad one raises :class:`DataError` naming the option."""
 
-    label: str | None = None
-    """The label column."""
-    eval_fraction: float = 0.2
-    """Share of rows held out for evaluation, in [0, 1)."""
-    seed: int = 0
-    """Seed of the split: the same input and seed give the same split."""
-    split_key: str | None = None
-    """Split by a hash of this column, so that equal keys share a split."""
-    shards: int | None = None
-    """Number of train files (eval gets a proportional number)."""
-    target_shard_mib: float | None = None
-    """Instead of ``shards``: the size of each train file in MiB (default 128)."""
-    compression: str | None = None
-    """``"gzip"``, ``"zlib"`` or None."""
-    schema: Schema | None = None
-    """The declared schema (a Schema, its dict, JSON text or a path to schema.json); None infers it."""
-    string_columns: tuple[str, ...] = ()
-    """CSV columns to read as text (names, or one text of names separated by commas)."""
-    allow_nan: bool = False
-    """Accept NaN and infinity in float columns."""
-    vocabularies: Mapping[str, int] | tuple[str, ...] | str | None = None
-    """Columns whose top values to keep with the version (see :mod:`airflow_tf.data.vocabulary`)."""
-    encode_threads: int | None = None
-    """Threads that encode in parallel; None: the cores this process may use."""
-    buffer_mib: float = 512.0
-    """Memory for rows being read and encoded, in MiB."""
+    label: str | None = _option(None, "the label column")
+    eval_fraction: float = _option(0.2, "share of rows held out for evaluation", bounds=Bounds(0, 1, high_open=True))
+    seed: int = _option(0, "seed of the train/eval split and the row shuffle",
+                        python="the same input and seed give the same split")
+    split_key: str | None = _option(None, "split by a hash of this column: equal keys share a split",
+                                    cli={"metavar": "COL"})
+    shards: int | None = _option(None, "number of train files (eval gets a proportional number; at least 100 rows "
+                                 "per file and 10,000 files at most)", bounds=Bounds(1, MAX_SHARDS))
+    target_shard_mib: float | None = _option(None, "target size of each file in MiB", python="instead of ``shards``",
+                                             bounds=Bounds(0, low_open=True, why="MiB per train file"),
+                                             unset=DEFAULT_TARGET_SHARD_MIB)
+    compression: str | None = _option(None, "compress the files", python="``gzip``, ``zlib`` or None (TFRecord's "
+                                      "GZIP and ZLIB)", unset="none", cli={"choices": [*COMPRESSIONS, "none"]})
+    schema: Schema | None = _option(  # noqa: RUF009  a field(): ruff does not see through _option
+        None, "declared schema.json (features with name, dtype, shape; optional label)",
+        python="a path to schema.json, its dict or JSON text, or a ``Schema``; None infers it from the input")
+    string_columns: tuple[str, ...] = _option((), "CSV columns to read as text (an inferred column must otherwise "
+                                              "be all numbers or all text)",
+                                              python="a list, or names separated by commas",
+                                              cli={"note": "may be repeated", "action": "append",
+                                                   "metavar": "COL[,COL...]"})
+    allow_nan: bool = _option(False, "accept NaN and infinity in float columns")
+    vocabularies: Mapping[str, int] | tuple[str, ...] | str | None = _option(
+        None, "string or integer columns whose most frequent training values to keep with the dataset "
+        "(vocabularies/<col>.txt, read by a model as schema.vocabulary(\"<col>\")): column names for the top "
+        "100,000 each, or a JSON object of sizes, e.g. '{\"user\": 50000}'",
+        python="a dict of sizes (``{\"user\": 100000}``) or column names (see :mod:`airflow_tf.data.vocabulary`)",
+        cli={"metavar": "COL[,COL...]|JSON|@FILE"})
+    encode_threads: int | None = _option(None, "encoding threads", bounds=Bounds(1),
+                                         unset="the cores this process may use, within its CPU limit")
+    buffer_mib: float = _option(512.0, "memory for rows being read and encoded, in MiB",
+                                bounds=Bounds(1, why="MiB of buffered rows"), note="the input may be larger")
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -108,18 +153,12 @@ class PrepareOptions:
         self._check()
 
     def _check(self) -> None:
-        if not 0 <= self.eval_fraction < 1:
-            raise DataError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
-        if self.shards is not None and not 1 <= self.shards <= MAX_SHARDS:
-            raise DataError(f"shards must be between 1 and {MAX_SHARDS:,}, got {self.shards}")
-        if self.shards is not None and self.target_shard_mib is not None:
-            raise DataError("give either shards or target_shard_mib, not both")
-        if self.target_shard_mib is not None and not self.target_shard_mib > 0:
-            raise DataError(f"target_shard_mib must be positive (MiB per train file), got {self.target_shard_mib}")
-        if self.encode_threads is not None and self.encode_threads < 1:
-            raise DataError(f"encode_threads must be at least 1, got {self.encode_threads}")
-        if not self.buffer_mib >= 1:
-            raise DataError(f"buffer_mib must be at least 1 (MiB of buffered rows), got {self.buffer_mib}")
+        for option in dataclasses.fields(self):
+            bounds, value = option.metadata["bounds"], getattr(self, option.name)
+            if bounds is not None and value is not None and not bounds.holds(value):
+                raise DataError(f"{option.name} must be {bounds}, got {value}")
+        if all(getattr(self, name) is not None for name in EXCLUSIVE):
+            raise DataError(f"give either {' or '.join(EXCLUSIVE)}, not both")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -180,6 +219,9 @@ class PrepareOptions:
         if "target_shard_mb" in values:
             values.setdefault("target_shard_mib", values.pop("target_shard_mb"))
         return cls(**{k: v for k, v in values.items() if k in cls.names()})
+
+
+PrepareOptions.__doc__ = f"{PrepareOptions.__doc__}\n\n    {parameter_docs()}\n    "
 
 
 def _compression(value: Any) -> str | None:

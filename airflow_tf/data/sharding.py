@@ -10,10 +10,9 @@ import numpy as np
 from .encode import record_lengths
 from .errors import DataError
 from .inputs import Block
-from .options import MAX_SHARDS
+from .options import DEFAULT_TARGET_SHARD_MIB, MAX_SHARDS
 from .schema import Schema
 
-DEFAULT_TARGET_SHARD_MIB = 128.0
 MIN_ROWS_PER_SHARD = 100  # fewer rows per file only add per-file overhead for every reader
 
 

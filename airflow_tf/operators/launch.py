@@ -16,6 +16,9 @@ from airflow_tf.backends.ownership import (NotOurGroupError, RunDirTakenError, R
                                            intent, record_of)
 from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name
 from airflow_tf.cluster.results import LaunchResult
+from airflow_tf.cluster.group_options import LAUNCH_OPTIONS, GroupOptions, bounds, group_parameter_docs
+from airflow_tf.cluster.spec import (DEFAULT_BACKOFF_LIMIT, DEFAULT_PORT, DEFAULT_PS, DEFAULT_SUCCESS_POLICY,
+                                     DEFAULT_WORKERS)
 from airflow_tf.cluster.model_code import snapshot_model_code
 from airflow_tf.cluster.training import dataset_uri_of, is_unset, parse_bool
 from airflow_tf.plugins.links import TensorBoardLink
@@ -40,14 +43,14 @@ def _holds_template(value: Any) -> bool:
     return is_template(value)
 
 
-def _whole(value: Any, name: str, low: int) -> int:
-    """A count that may arrive as rendered template text ("2")."""
+def _whole(value: Any, name: str) -> int:
+    """A task count that may arrive as rendered template text ("2"), within its declared bounds."""
     try:
         number = int(str(value).strip()) if isinstance(value, str) else value
     except ValueError:
         number = None
-    if isinstance(number, bool) or not isinstance(number, int) or number < low:
-        raise ValueError(f"{name}: expected a whole number >= {low}, got {value!r}")
+    if isinstance(number, bool) or not isinstance(number, int) or number < bounds(name).low:
+        raise ValueError(f"{name}: expected a whole number >= {bounds(name).low:g}, got {value!r}")
     return number
 
 
@@ -68,13 +71,13 @@ class LaunchTFClusterOperator(LineageMethods, BaseOperator):
 
     Every parameter is templated; every one works in ``.partial()`` and ``.expand()``. The
     training options (``model`` to ``ps_memory_limit`` below, and ``sync``) are the fields of
-    :class:`~airflow_tf.cluster.TrainingConfig`, with its defaults and documentation.
+    :class:`~airflow_tf.cluster.TrainingConfig`, and the group options (``ps`` to ``pass_env``)
+    those of :class:`~airflow_tf.cluster.group_options.GroupOptions`, with their defaults and
+    documentation.
 
     :param dataset: dataset directory, or the prepare task's XCom (``prepare.output``).
     {training_options}
-    :param ps: parameter-server tasks.
-    :param workers: worker tasks.
-    :param chief: 0, or 1 for a separate chief task (required by ``mode="coordinator"``).
+    {group_options}
     :param run_dir: checkpoints and event files; default ``<storage>/runs/<group name>``.
     :param backend: ``local`` (processes on this machine) or ``kubernetes``; None (default): the
         deployment's, ``[airflow_tf] backend``, else ``local``.
@@ -83,17 +86,7 @@ class LaunchTFClusterOperator(LineageMethods, BaseOperator):
         which a Kueue ``queue_name`` requires; a queue with the default ``"jobs"`` is refused here).
     :param image: the training image (kubernetes).
     :param role_options: per role ``RoleSpec`` fields: ``{"worker": {"resources": {...}}}``.
-    :param backoff_limit: restarts of a failed task before the group fails.
-    :param active_deadline_seconds: the group fails when it runs longer than this.
-    :param success_policy: ``AllWorkers`` (default) or ``ChiefOrWorker0``.
-    :param port: the gRPC port of each task (kubernetes; local tasks get free ports).
     :param group_name: a fixed group name instead of the derived one.
-    :param isolate_network: local backend: run the group in a private network namespace
-        (default True), reachable from nowhere, and unable to reach anything either. A group
-        whose dataset is on ``gs://`` needs ``False``: its gRPC ports then listen on every
-        interface without authentication (firewall them).
-    :param pass_env: local backend: names of the launcher's environment variables the tasks
-        get (e.g. ``["GOOGLE_APPLICATION_CREDENTIALS"]``); nothing else of it reaches them.
     :param training: deprecated since 0.2.0, removed in 0.3.0: a dict of the training options
         above (``{"steps": 300, "learning_rate": 0.1}``); pass each as its own parameter.
     """
@@ -113,7 +106,7 @@ class LaunchTFClusterOperator(LineageMethods, BaseOperator):
                  learning_rate: float | str = TrainingConfig.learning_rate,
                  batch_size: int | str = TrainingConfig.batch_size, optimizer: str = TrainingConfig.optimizer,
                  loss: str | None = TrainingConfig.loss, model_kwargs: dict[str, Any] | None = None,
-                 ps: int | str = 1, workers: int | str = 2, chief: int | str = 0,
+                 ps: int | str = DEFAULT_PS, workers: int | str = DEFAULT_WORKERS, chief: int | str = GroupOptions.chief,
                  sync: bool | str = TrainingConfig.sync,
                  replicas_to_aggregate: int | str | None = TrainingConfig.replicas_to_aggregate,
                  mode: str = TrainingConfig.mode, devices_per_worker: int | str | None = TrainingConfig.devices_per_worker,
@@ -131,10 +124,10 @@ class LaunchTFClusterOperator(LineageMethods, BaseOperator):
                  max_shard_bytes: int | str = TrainingConfig.max_shard_bytes,
                  ps_memory_limit: str | None = TrainingConfig.ps_memory_limit, run_dir: str | None = None,
                  backend: str | None = None, backend_options: dict[str, Any] | None = None, image: str | None = None,
-                 role_options: dict[str, dict[str, Any]] | None = None, backoff_limit: int = 3,
-                 active_deadline_seconds: float | None = None, success_policy: str = "AllWorkers",
-                 port: int = 2222, group_name: str | None = None, training: dict[str, Any] | None = None,
-                 isolate_network: bool = True, pass_env: Sequence[str] | None = None, **kwargs: Any) -> None:
+                 role_options: dict[str, dict[str, Any]] | None = None, backoff_limit: int = DEFAULT_BACKOFF_LIMIT,
+                 active_deadline_seconds: float | None = None, success_policy: str = DEFAULT_SUCCESS_POLICY,
+                 port: int = DEFAULT_PORT, group_name: str | None = None, training: dict[str, Any] | None = None,
+                 isolate_network: bool = GroupOptions.isolate_network, pass_env: Sequence[str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.dataset = dataset
         self.model = model
@@ -236,8 +229,8 @@ class LaunchTFClusterOperator(LineageMethods, BaseOperator):
         labels = {**launch_labels(ti.dag_id, ti.task_id, ti.run_id, map_index),
                   "airflow.try_number": str(ti.try_number)}
         spec = GroupSpec.for_training(
-            name, config, ps=_whole(self.ps, "ps", 1), workers=_whole(self.workers, "workers", 1),
-            chief=_whole(self.chief, "chief", 0), image=self.image, role_options=self.role_options,
+            name, config, ps=_whole(self.ps, "ps"), workers=_whole(self.workers, "workers"),
+            chief=_whole(self.chief, "chief"), image=self.image, role_options=self.role_options,
             backoff_limit=self.backoff_limit, active_deadline_seconds=self.active_deadline_seconds,
             success_policy=self.success_policy, port=self.port, labels=labels,
             isolate_network=self.isolate_network, pass_env=self.pass_env,
@@ -316,7 +309,8 @@ def _training_option_docs(doc: str) -> str:
     return doc.replace("{training_options}", "\n    ".join(lines))
 
 
-LaunchTFClusterOperator.__doc__ = _training_option_docs(LaunchTFClusterOperator.__doc__ or "")
+LaunchTFClusterOperator.__doc__ = _training_option_docs(LaunchTFClusterOperator.__doc__ or "").replace(
+    "{group_options}", group_parameter_docs(LAUNCH_OPTIONS))
 
 
 GROUP_RECORD_KEY = "airflow_tf.training_group"

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from airflow.sdk import BaseOperator
 
 from airflow_tf.cluster.training import is_unset, parse_bool
-from airflow_tf.data.options import DEFAULTS, PrepareOptions
+from airflow_tf.data.options import DEFAULTS, PrepareOptions, parameter_docs
 from airflow_tf.deprecation import renamed
 from airflow_tf.storage import datasets_dir
 
@@ -77,32 +77,15 @@ class PrepareTFRecordsOperator(LineageMethods, BaseOperator):
         (see ``airflow_tf.storage``).
     :param name: dataset name (the directory under ``output``).
     :param version: version directory; default the next integer after the existing versions.
-    :param label: the label column.
-    :param eval_fraction: share of rows held out for evaluation (default 0.2).
-    :param seed: seed of the split and of the row shuffle (same input + seed = same split).
-    :param split_key: split by a hash of this column, so a key always lands in the same split.
-    :param shards: number of train files.
-    :param target_shard_mib: instead of ``shards``, a size per train file in MiB (default 128).
-    :param compression: ``"gzip"``, ``"zlib"`` or None (TFRecord's GZIP and ZLIB).
-    :param schema: declared schema: a path to schema.json, or its dict.
-    :param string_columns: CSV columns to read as text (a list, or names separated by commas);
-        without it an inferred column holding a value that is not a number fails the task.
-    :param allow_nan: accept NaN/infinity in float columns.
+    {prepare_options}
     :param overwrite: replace the version if it exists (otherwise an existing version fails the task).
-    :param encode_threads: threads that encode in parallel; default: the cores the task may use (its CPU
-        affinity and cgroup CPU limit).
     :param cache: reuse the newest version made from the same input content and options
         instead of encoding again (logged; the input is read once more to fingerprint it).
     :param partition_key: the data partition this run prepares (e.g. ``"{{ ds }}"``): the
         version is named by it and the asset event carries it as its Airflow partition key
         (Airflow 3.2+; older: in the event's extra only). Join the last N partitions with
         :class:`DatasetWindowOperator`.
-    :param buffer_mib: memory for rows being read and encoded, in MiB (default 512): the input
-        is streamed, so it may be far larger than the worker's memory.
     :param progress_every: seconds between progress lines in the task log.
-    :param vocabularies: columns whose most frequent values to keep with the dataset, for a
-        model's lookups: ``{"user": 100000}`` (the top 100,000 values of ``user`` in the training
-        split), or column names for the default size; the model reads ``schema.vocabulary("user")``.
     :param aws_conn_id: Airflow connection with the credentials (and optionally the region and
         ``endpoint_url``) for ``s3://`` input or output; default: the environment's.
     :param gcp_conn_id: Airflow connection with a service-account key (``key_path`` or
@@ -212,6 +195,11 @@ class PrepareTFRecordsOperator(LineageMethods, BaseOperator):
         return summary
 
 
+# The prepare options' documentation is PrepareOptions' (with their defaults), as the flags' help is.
+PrepareTFRecordsOperator.__doc__ = (PrepareTFRecordsOperator.__doc__ or "").replace(
+    "{prepare_options}", parameter_docs())
+
+
 class DatasetWindowOperator(BaseOperator):
     """Commits a version of dataset ``name`` made of its last ``last`` partition versions
     (prepared with ``partition_key``), without copying a shard, and returns (XCom) the same
@@ -281,7 +269,7 @@ class PreparePartOperator(BaseOperator):
         return done
 
     def _run_here(self, index: int) -> dict[str, Any]:
-        from airflow_tf.data.partitioned import prepare_part
+        from airflow_tf.data.parts import prepare_part
 
         return prepare_part(self.job["plan"], index, encode_threads=self.encode_threads,
                             progress=lambda p: self.log.info("part %d: %s", index, p.describe()),

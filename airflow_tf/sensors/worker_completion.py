@@ -19,7 +19,7 @@ from airflow_tf.backends.wait import (
     still_waiting_message,
     waiting_message,
 )
-from airflow_tf.cluster import GroupStatus
+from airflow_tf.cluster import GroupStatus, OutcomeCode
 from airflow_tf.cluster.training import parse_bool
 from airflow_tf.metrics import TrainingMetrics, task_tags
 from airflow_tf.triggers.worker_completion import WorkerCompletionTrigger
@@ -27,6 +27,9 @@ from airflow_tf.triggers.worker_completion import WorkerCompletionTrigger
 
 FAILURE_XCOM_KEY = "failure_reason"
 """Where a failed wait records why the group failed (read by the Training view)."""
+FAILURE_CODE_XCOM_KEY = "failure_code"
+"""Where a wait the group failed records the failure's :class:`~airflow_tf.cluster.OutcomeCode`
+value, for code to branch on (the reason is words for people)."""
 TRIGGER_TIMEOUT_SLACK_SECONDS = 60.0
 """How long after the trigger's own deadline Airflow's deferral timeout ends the wait: the trigger
 fails it first, saying what the group waits for; Airflow's timeout is the net if no triggerer runs."""
@@ -65,6 +68,13 @@ class WorkerCompletionSensor(BaseSensorOperator):
 
     Each status read also sends the training's metrics through Airflow's ``Stats``
     (docs/reference/metrics.md).
+
+    Its XCom (return value) once the group succeeded: ``{"reason", "reason_code", "counts",
+    "progress"}``: ``reason`` in words for people, ``reason_code`` an
+    :class:`~airflow_tf.cluster.OutcomeCode` value (``"Succeeded"``), ``counts`` per role the
+    tasks per phase, ``progress`` the last training progress. A failed wait records ``reason``
+    under the XCom key ``failure_reason`` and, when the group failed (not a timeout), its code
+    (``"TaskFailed"``, ``"OutOfMemory"``, ``"DeadlineExceeded"``, ...) under ``failure_code``.
     """
 
     template_fields: Sequence[str] = ("group", "success_policy")
@@ -129,10 +139,13 @@ class WorkerCompletionSensor(BaseSensorOperator):
             self._recorded_replacements = replacements
 
     @staticmethod
-    def _record_failure(context: Any, reason: str) -> None:
-        """The reason alone (no log tail) for the Training view; the task log has the rest."""
+    def _record_failure(context: Any, reason: str, code: str | None = None) -> None:
+        """The reason alone (no log tail) for the Training view, and its code when the group
+        failed; the task log has the rest."""
         if ti := (context or {}).get("ti"):
             ti.xcom_push(key=FAILURE_XCOM_KEY, value=reason)
+            if code is not None:
+                ti.xcom_push(key=FAILURE_CODE_XCOM_KEY, value=code)
 
     def poke(self, context: Any) -> PokeReturnValue | bool:
         event = self._check(context)
@@ -192,13 +205,15 @@ class WorkerCompletionSensor(BaseSensorOperator):
             raise AirflowSensorTimeout(event["reason"])
         if event["status"] != "success":
             failed = event["failed_task"]
-            self._record_failure(context, event["reason"])
+            self._record_failure(context, event["reason"], event.get("reason_code"))
             raise TrainingGroupFailed(group_failure_message(
                 event["group"]["name"], event["reason"], failed and failed["name"], event["log_tail"],
                 self.log_tail_lines,
             ))
         self.log.info("group %s done: %s; per role: %s", event["group"]["name"], event["reason"], event["counts"])
-        return {k: event[k] for k in ("reason", "counts", "progress")}
+        # An event from a trigger of an earlier version (deferred across an upgrade) has no code.
+        return {"reason": event["reason"], "reason_code": event.get("reason_code", str(OutcomeCode.SUCCEEDED)),
+                "counts": event["counts"], "progress": event["progress"]}
 
     def on_kill(self) -> None:
         """A killed wait leaves nothing running: the group it watches is torn down."""

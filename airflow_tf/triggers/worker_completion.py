@@ -13,6 +13,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_tf.backends import GroupRef, backend_for
 from airflow_tf.backends.follow import LogFollower, check_follow_logs
 from airflow_tf.backends.wait import completion_event, timeout_event, waiting_message
+from airflow_tf.cluster.spec import DEFAULT_SUCCESS_POLICY
 from airflow_tf.metrics import TrainingMetrics
 
 
@@ -21,6 +22,12 @@ class WorkerCompletionTrigger(BaseTrigger):
 
     It only reads the group's state, so running it twice (triggerer failover) is harmless;
     it never deletes anything: teardown is the teardown task's job.
+
+    Its event is :func:`airflow_tf.backends.wait.completion_event`'s payload (``status``
+    ``"success"`` or ``"failed"``, ``reason``, ``reason_code``: an
+    :class:`~airflow_tf.cluster.OutcomeCode` value, ``group``, ``counts``, ``progress``,
+    ``failed_task``, ``log_tail``, ``replacements``), or once ``deadline`` passes
+    ``{"status": "timeout", "reason", "group", "replacements"}``.
 
     :param group: the group reference (a :class:`~airflow_tf.backends.GroupRef` dict).
     :param success_policy: ``AllWorkers`` or ``ChiefOrWorker0``; default the group's.
@@ -46,7 +53,7 @@ class WorkerCompletionTrigger(BaseTrigger):
                  metrics: dict[str, Any] | None = None, metric_tags: dict[str, str] | None = None) -> None:
         super().__init__()
         self.group = GroupRef.coerce(group).to_dict()
-        self.success_policy = success_policy or self.group.get("success_policy", "AllWorkers")
+        self.success_policy = success_policy or self.group.get("success_policy", DEFAULT_SUCCESS_POLICY)
         self.log_tail_lines = log_tail_lines
         self.log_every_seconds = log_every_seconds
         self.deadline = deadline

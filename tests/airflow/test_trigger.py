@@ -9,7 +9,7 @@ import time
 import pytest
 
 from airflow_tf.backends import get_backend
-from airflow_tf.cluster import GroupSpec, RoleSpec
+from airflow_tf.cluster import GroupSpec, OutcomeCode, RoleSpec
 from airflow_tf.triggers import WorkerCompletionTrigger
 
 SERVE_FOREVER = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -54,7 +54,7 @@ def test_one_success_event_when_all_workers_finish(launch_group):
     events = asyncio.run(_events(WorkerCompletionTrigger(group=ref.to_dict())))
     assert len(events) == 1
     payload = events[0].payload
-    assert payload["status"] == "success"
+    assert payload["status"] == "success" and payload["reason_code"] == OutcomeCode.SUCCEEDED == "Succeeded"
     assert payload["counts"]["worker"]["Succeeded"] == 2
     assert payload["counts"]["ps"]["Running"] == 1, "parameter servers are not expected to finish"
 
@@ -65,17 +65,17 @@ def test_one_failure_event_naming_the_task_and_quoting_its_log(launch_group):
     events = asyncio.run(_events(trigger))
     assert len(events) == 1
     payload = events[0].payload
-    assert payload["status"] == "failed"
+    assert payload["status"] == "failed" and payload["reason_code"] == "TaskFailed"
     assert "exit code 3" in payload["reason"] and payload["failed_task"]["role"] == "worker"
     assert "bad input row 7" in payload["log_tail"]
     again = asyncio.run(_events(WorkerCompletionTrigger(**trigger.serialize()[1])))
     assert [e.payload["status"] for e in again] == ["failed"], "running the trigger twice is harmless"
 
 
-def _poke_until_done(sensor, timeout: float = 60):
+def _poke_until_done(sensor, timeout: float = 60, context=None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        result = sensor.poke(context={})
+        result = sensor.poke(context=context or {})
         if result:
             return result
         time.sleep(0.2)
@@ -89,6 +89,8 @@ def test_poke_mode_succeeds_with_the_per_role_counts(launch_group):
     sensor = WorkerCompletionSensor(task_id="wait", group={"group": ref.to_dict()})
     result = _poke_until_done(sensor)
     assert result.is_done and result.xcom_value["counts"]["worker"]["Succeeded"] == 2
+    assert result.xcom_value["reason_code"] == "Succeeded" and result.xcom_value["reason"] == (
+        "all 2 training task(s) succeeded")
 
 
 def test_poke_mode_fails_fast_naming_the_task_and_quoting_its_log(launch_group):
@@ -96,8 +98,11 @@ def test_poke_mode_fails_fast_naming_the_task_and_quoting_its_log(launch_group):
 
     ref = launch_group("poke-bad", "import sys; print('cannot read shard 3'); sys.exit(4)")
     sensor = WorkerCompletionSensor(task_id="wait", group=ref.to_dict())
+    ti = _TaskInstance()
     with pytest.raises(TrainingGroupFailed, match=r"(?s)poke-bad-worker-\d.*exit code 4.*cannot read shard 3"):
-        _poke_until_done(sensor)
+        _poke_until_done(sensor, context={"ti": ti})
+    assert ti.pushed["failure_code"] == "TaskFailed", "code can tell why the group failed without reading prose"
+    assert ti.pushed["failure_reason"].startswith("task poke-bad-worker-")
 
 
 # -- a wait that never ends: the bound fails it with what the group still waits for ----------------
@@ -134,6 +139,7 @@ def test_the_triggers_deadline_ends_the_wait_with_what_the_group_still_waits_for
     with pytest.raises(AirflowSensorTimeout, match="did not finish within the sensor's timeout"):
         sensor.execute_complete({"ti": ti}, events[0].payload)
     assert ti.pushed["failure_reason"] == reason, "the Training view shows why the wait failed"
+    assert "failure_code" not in ti.pushed, "the group did not fail: the wait's bound ended it"
 
 
 def test_a_deferred_wait_is_bounded_by_the_tighter_of_timeout_and_execution_timeout(launch_group):

@@ -18,10 +18,10 @@ import pytest
 from processes import can_connect, environ_of, external_address
 
 from airflow_tf.backends.local import LocalBackend
-from airflow_tf.backends.local.memory import mem_available_mb
+from airflow_tf.backends.local.memory import mem_available_mib
 from airflow_tf.backends.local.processes import remove_temporary_directory, task_environment, temporary_directory
 from airflow_tf.backends.wait import completion_event, wait_for_group
-from airflow_tf.cluster import GroupSpec, Phase, RoleSpec
+from airflow_tf.cluster import GroupSpec, OutcomeCode, Phase, RoleSpec
 from airflow_tf.backends import BackendError
 from airflow_tf.files import read_json
 
@@ -322,6 +322,7 @@ def test_the_supervisor_stops_the_rest_of_a_group_that_failed_for_good(local_sta
     wait_until(lambda: not group_processes(local_state_dir), 20, what="the rest of the group to stop by itself")
     status = backend.status(ref)
     outcome = wait_for_group(backend, ref, timeout=20)[0]
+    assert outcome.code is OutcomeCode.TASK_FAILED, "the group failed because a task did, not the stopping"
     assert outcome.reason.startswith("task halfdead-worker-1 (worker 1) failed: exit code 1")
     assert outcome.reason.endswith("; the rest of the group was stopped")
     assert status.task("worker", 0).reason == "stopped by the supervisor: the group had failed"
@@ -336,7 +337,8 @@ def test_a_task_with_no_progress_is_restarted_then_fails_the_group_by_name(local
     outcome, status = wait_for_group(backend, ref, timeout=30)
     try:
         assert not outcome.succeeded and outcome.failed_task.name == "stall-worker-0"
-        assert "no progress for 3 s" in outcome.reason and "backoff limit of 1" in outcome.reason
+        assert outcome.code is OutcomeCode.NO_PROGRESS and outcome.failed_task.code == "NoProgress"
+        assert "3 s" in outcome.reason and "backoff limit of 1" in outcome.reason
         assert status.task("worker", 0).restarts == 1
         assert "restart 1 of stall-worker-0" in backend.logs(ref, "worker", 0)
     finally:
@@ -392,7 +394,7 @@ def test_a_group_that_does_not_fit_in_memory_is_refused_with_the_numbers(local_s
 def test_memory_promised_to_a_group_still_starting_is_counted_by_the_next_launch(local_state_dir, group_processes):
     # Tasks that will take a quarter of the free memory each but hold almost none yet: what
     # MemAvailable shows right after a launch, before TensorFlow is imported.
-    quarter = f"{int(mem_available_mb() / 4)}Mi"
+    quarter = f"{int(mem_available_mib() / 4)}Mi"
 
     def hungry(name):
         spec = group(name, SERVE_FOREVER)

@@ -20,7 +20,7 @@ from airflow_tf.backends.local import LocalBackend
 from airflow_tf.backends.local.files import STATE_DIR_ENV, write_group_file
 from airflow_tf.backends.local.processes import STOP_GRACE, is_running, process_start_time, stop_processes
 from airflow_tf.backends.wait import failure_report, wait_for_group
-from airflow_tf.cluster import GroupSpec, Phase, RoleSpec, SpecError, TrainingConfig
+from airflow_tf.cluster import GroupSpec, OutcomeCode, Phase, RoleSpec, SpecError, TrainingConfig
 from airflow_tf.data import DatasetNotReadyError
 from airflow_tf.files import read_json
 
@@ -271,7 +271,8 @@ def test_active_deadline_fails_the_group_and_stops_everything(local_state_dir, g
     backend = LocalBackend()
     ref = backend.launch(group("slow", SERVE_FOREVER, active_deadline_seconds=1.0))
     outcome, status = wait_for_group(backend, ref, timeout=30)
-    assert not outcome.succeeded and "active deadline of 1 s passed" in outcome.reason
+    assert not outcome.succeeded and outcome.code is OutcomeCode.DEADLINE_EXCEEDED
+    assert "active deadline of 1 s passed" in outcome.reason
     wait_until(lambda: not group_processes(local_state_dir), SETTLE, what="every process to stop")
     assert all(t.phase is Phase.FAILED for t in status.tasks)
     backend.teardown(ref)
@@ -290,7 +291,8 @@ def test_tasks_die_with_a_killed_supervisor(local_state_dir, group_processes, wa
     # A task in the middle of exiting has no environment left to find it by, yet is not a zombie.
     wait_until(lambda: all(not alive(pid) for pid in tasks.values()), SETTLE, what="every task to be gone")
     outcome, _ = wait_for_group(backend, ref, timeout=SETTLE)
-    assert not outcome.succeeded and "supervisor of group 'orphans'" in outcome.reason and "died" in outcome.reason
+    assert not outcome.succeeded and outcome.code is OutcomeCode.SUPERVISOR_LOST
+    assert "supervisor of group 'orphans'" in outcome.reason
     assert len(os.listdir(temporary)) == 3, "each task had a temporary directory of its own"
     assert sorted(backend.teardown(ref)) == sorted(tasks)
     assert os.listdir(temporary) == [], "the teardown removed what the dead supervisor could not"
@@ -344,7 +346,7 @@ def test_group_stops_when_its_owner_process_dies(local_state_dir, group_processe
         owner.wait()
     wait_until(lambda: not group_processes(local_state_dir), SETTLE, what="the group to stop with its owner")
     outcome, _ = wait_for_group(backend, ref, timeout=SETTLE)
-    assert f"launching process (pid {owner.pid}) exited" in outcome.reason
+    assert outcome.code is OutcomeCode.LAUNCHER_EXITED and f"(pid {owner.pid})" in outcome.reason
     backend.teardown(ref)
 
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_tf.data.partitioned import plan_parts
+from airflow_tf.data.parts import plan_parts
 from airflow_tf.data import (
     DataError, DatasetExistsError, InputDataError, SchemaError, load_schema, prepare_dataset,
 )

@@ -187,7 +187,7 @@ def test_prepare_operator_takes_credentials_from_an_airflow_connection(gcs, tmp_
 
 
 def test_versions_committed_by_rename_refuse_an_object_storage_output():
-    from airflow_tf.data.partitioned import plan_parts
+    from airflow_tf.data.parts import plan_parts
     from airflow_tf.data.window import make_window
 
     with pytest.raises(DataError, match=r"output 'gs://b/datasets': parallel parts write into a directory they share"):

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_tf.data import DataError, prepare_dataset
-from airflow_tf.data.partitioned import commit_parts, plan_parts, prepare_part, prepare_partitioned
+from airflow_tf.data.parts import commit_parts, plan_parts, prepare_part, prepare_partitioned
 
 
 def _inputs(tmp_path: Path) -> Path:
@@ -61,7 +61,7 @@ def test_partitioned_prepare_writes_the_same_records_per_split_as_one_prepare(tm
 # Runs in a fresh interpreter (a fork of the test process could inherit locked thread pools).
 KILL_AFTER_FIRST_WRITE = r"""
 import os, signal, sys
-from airflow_tf.data.partitioned import prepare_part
+from airflow_tf.data.parts import prepare_part
 
 def stop(progress):
     if progress.done:

@@ -16,7 +16,7 @@ import pytest
 
 from airflow_tf.data import DataError, prepare_dataset
 from airflow_tf.data.options import DEFAULTS, PrepareOptions
-from airflow_tf.data.partitioned import plan_parts, prepare_partitioned
+from airflow_tf.data.parts import plan_parts, prepare_partitioned
 from airflow_tf.data.samples import write_linear_regression_csv
 from airflow_tf.deprecation import AirflowTFDeprecationWarning
 

@@ -20,7 +20,7 @@ from processes import can_connect, environ_of, external_address
 from airflow_tf.backends import BackendError
 from airflow_tf.backends.local import LocalBackend
 from airflow_tf.backends.wait import completion_event, wait_for_group
-from airflow_tf.cluster import GroupSpec, Phase, TrainingConfig
+from airflow_tf.cluster import GroupSpec, OutcomeCode, Phase, TrainingConfig
 from airflow_tf.files import read_json
 
 pytestmark = pytest.mark.slow
@@ -159,7 +159,8 @@ def test_a_stuck_chief_fails_the_group_by_name_once_the_budget_is_spent(local_st
         os.kill(backend.processes(ref)["stuck-worker-0"], signal.SIGSTOP)  # alive, but no step ever ends
         outcome, _ = wait_for_group(backend, ref, timeout=600)
         assert not outcome.succeeded and outcome.failed_task.name == "stuck-worker-0"
-        assert "no progress for 15 s" in outcome.reason and "backoff limit of 0" in outcome.reason
+        assert outcome.code is OutcomeCode.NO_PROGRESS
+        assert "15 s" in outcome.reason and "backoff limit of 0" in outcome.reason
         wait_until(lambda: not group_processes(local_state_dir), 60, what="the rest of the group to stop by itself")
     finally:
         backend.teardown(ref)

@@ -26,7 +26,7 @@ from airflow_tf.backends import BackendError, backend_for, get_backend
 from airflow_tf.backends.kubernetes.jobs import render_group
 from airflow_tf.backends.kubernetes.status import assess
 from airflow_tf.backends.kubernetes.labels import GROUP_LABEL, ROLE_LABEL
-from airflow_tf.cluster import GroupSpec, Phase, TrainingConfig, group_outcome, group_name
+from airflow_tf.cluster import GroupSpec, OutcomeCode, Phase, TrainingConfig, group_outcome, group_name
 from airflow_tf.cluster.progress import format_progress
 
 SETTLE_SECONDS = 1.5
@@ -252,42 +252,49 @@ def _scenario_spec(worker_image=None):
     return make_spec(role_options={"worker": {**worker, **({"image": worker_image} if worker_image else {})}})
 
 
+_RUNNING = OutcomeCode.RUNNING
 SCENARIOS = {
-    # name: (the group, what happens to its pods, done, succeeded, words the outcome must contain)
+    # name: (the group, what happens to its pods, done, succeeded, the outcome's code(s), words its
+    # reason must contain for people: the task, the limit, what to change)
     "running": (_scenario_spec, lambda k: [k.running(pod(k, "ps", 0)), k.running(pod(k, "worker", 0)),
-                                           k.running(pod(k, "worker", 1))], False, False, ["workers done 0/2"]),
+                                           k.running(pod(k, "worker", 1))], False, False, {_RUNNING},
+                ["workers done 0/2"]),
     "one_succeeded": (_scenario_spec, lambda k: [k.running(pod(k, "worker", 0)), k.succeed(pod(k, "worker", 1))],
-                      False, False, ["workers done 1/2"]),
+                      False, False, {_RUNNING}, ["workers done 1/2"]),
     "succeeded": (_scenario_spec, lambda k: [k.running(pod(k, "ps", 0)), k.succeed(pod(k, "worker", 0)),
                                              k.succeed(pod(k, "worker", 1))],
-                  True, True, ["all 2 training task(s) succeeded"]),
+                  True, True, {OutcomeCode.SUCCEEDED}, ["all 2 training task(s) succeeded"]),
     "program_error": (_scenario_spec, lambda k: k.fail(pod(k, "worker", 1), exit_code=2), True, False,
+                      {OutcomeCode.TASK_FAILED},
                       ["tf-mnist-worker-1", "exit code 2", "a program error, not retried (podFailurePolicy)",
                        "Container worker for pod {ns}/tf-mnist-worker-1-"]),
     # The workers' image is in no registry: the node's pull is refused (ErrImagePull, then ImagePullBackOff).
     "image_pull": (lambda: _scenario_spec(worker_image=ABSENT_IMAGE), lambda k: None, True, False,
-                   ["pod tf-mnist-worker-", "the image cannot be pulled", ABSENT_IMAGE]),
+                   {OutcomeCode.IMAGE_PULL}, ["pod tf-mnist-worker-", "the image cannot be pulled", ABSENT_IMAGE]),
     # Not on the node, and never to be pulled: waiting cannot help.
     "image_never_pulled": (lambda: make_spec(role_options={"ps": {"image": ABSENT_IMAGE, "kubernetes": {
                                "image_pull_policy": "Never"}}}), lambda k: None, True, False,
-                           ["pod tf-mnist-ps-0-", "ErrImageNeverPull", "image_pull_policy is Never"]),
+                           {OutcomeCode.IMAGE_PULL}, ["pod tf-mnist-ps-0-", "image_pull_policy is Never"]),
     # The real scheduler's verdict: the node has no GPU.
-    "unschedulable_waiting": (lambda: _unschedulable_spec(600), lambda k: None, False, False, ["workers done 0/2"]),
+    "unschedulable_waiting": (lambda: _unschedulable_spec(600), lambda k: None, False, False, {_RUNNING},
+                              ["workers done 0/2"]),
     "unschedulable_timeout": (lambda: _unschedulable_spec(2), lambda k: None, True, False,
-                              ["pod tf-mnist-worker-", "unschedulable for more than 2s",
-                               f"the scheduler says: {NO_GPU}"]),
-    "oom": (_scenario_spec, lambda k: k.oom(pod(k, "worker", 0)), True, False,
-            ["pod tf-mnist-worker-0-", "OOMKilled", f"limit {SCENARIO_MEMORY}", "resources.limits.memory"]),
-    "evicted_is_replaced": (_scenario_spec, lambda k: k.evict(pod(k, "ps", 0)), False, False, ["workers done 0/2"]),
-    # Whichever Job the garbage collector lets go of last, the group is reported deleted: "does
-    # not exist" once both are gone, "Job tf-mnist-worker not found ... deleted" while the ps's remains.
-    "worker_job_deleted": (_scenario_spec, lambda k: k.remove_jobs_orphaning_pods(), True, False, ["deleted"]),
+                              {OutcomeCode.UNSCHEDULABLE},
+                              ["pod tf-mnist-worker-", "more than 2s", f"the scheduler says: {NO_GPU}"]),
+    "oom": (_scenario_spec, lambda k: k.oom(pod(k, "worker", 0)), True, False, {OutcomeCode.OUT_OF_MEMORY},
+            ["pod tf-mnist-worker-0-", f"limit {SCENARIO_MEMORY}", "resources.limits.memory"]),
+    "evicted_is_replaced": (_scenario_spec, lambda k: k.evict(pod(k, "ps", 0)), False, False, {_RUNNING},
+                            ["workers done 0/2"]),
+    # Whichever Job the garbage collector lets go of last, the group is reported deleted: not
+    # found once both are gone, a trainer's Job deleted while the ps's remains.
+    "worker_job_deleted": (_scenario_spec, lambda k: k.remove_jobs_orphaning_pods(), True, False,
+                           {OutcomeCode.GROUP_NOT_FOUND, OutcomeCode.GROUP_DELETED}, []),
     "ps_job_deleted_outside": (_scenario_spec, lambda k: [k.remove_job("tf-mnist-ps"), k.succeed(pod(k, "worker", 0)),
                                                           k.succeed(pod(k, "worker", 1))], True, True,
-                               ["all 2 training task(s) succeeded"]),
+                               {OutcomeCode.SUCCEEDED}, ["all 2 training task(s) succeeded"]),
     "ps_being_torn_down": (_scenario_spec, lambda k: [k.succeed(pod(k, "worker", 0)), k.succeed(pod(k, "worker", 1)),
                                                       k.terminating(pod(k, "ps", 0))], True, True,
-                           ["all 2 training task(s) succeeded"]),
+                           {OutcomeCode.SUCCEEDED}, ["all 2 training task(s) succeeded"]),
 }
 
 
@@ -311,7 +318,7 @@ class _Scene:
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 @pytest.mark.parametrize("path", ["status", "watch"])
 def test_pod_states_give_the_right_outcome(kube, scripted, backend, scenario, path):
-    spec, act, done, succeeded, words = SCENARIOS[scenario]
+    spec, act, done, succeeded, codes, words = SCENARIOS[scenario]
     ref = backend.launch(spec())
     act(_Scene(kube, scripted))
     if path == "status":
@@ -326,6 +333,7 @@ def test_pod_states_give_the_right_outcome(kube, scripted, backend, scenario, pa
         seen = collect(backend, ref, timeout=30.0 if done else SETTLE_SECONDS, until_done=done)
         outcome = group_outcome(seen[-1], ref.success_policy)
     assert (outcome.done, outcome.succeeded) == (done, succeeded), outcome
+    assert outcome.code in codes, outcome
     for word in words:
         word = word.format(ns=kube.ns)
         assert word in outcome.reason, f"{word!r} not in {outcome.reason!r}"
@@ -337,7 +345,7 @@ def test_unschedulable_pod_is_failed_when_its_timeout_passes_during_the_watch(ku
     ref = backend.launch(_unschedulable_spec(8))
     seen = collect(backend, ref, timeout=40.0)
     outcome = group_outcome(seen[-1])
-    assert outcome.done and not outcome.succeeded
+    assert outcome.done and not outcome.succeeded and outcome.code is OutcomeCode.UNSCHEDULABLE
     assert f"the scheduler says: {NO_GPU}" in outcome.reason
     assert [s for s in seen if not group_outcome(s).done], "the pod was first reported as waiting for a node"
     assert len(kube.calls("list", "events")) >= 1
@@ -381,7 +389,7 @@ def test_a_user_error_fails_the_group_at_once_with_its_reason(kube, scripted, ba
     scripted.fail(failing, exit_code=2, log=log_text)  # the runtime's CONFIG_ERROR: no restart would help
     outcome = outcome_when_done(backend, ref)
     assert not outcome.succeeded
-    assert outcome.failed_task.name == "tf-mnist-worker-1"
+    assert outcome.failed_task.name == "tf-mnist-worker-1" and outcome.code is OutcomeCode.TASK_FAILED
     assert "exit code 2" in outcome.reason and "podFailurePolicy" in outcome.reason
     # The cause, carried by the pod's status (terminationMessagePolicy), not a traceback frame.
     assert "last log line: model refused: expected a Keras model" in outcome.reason
@@ -414,6 +422,58 @@ def test_a_worker_stopped_because_its_job_failed_is_not_named_as_the_failure():
     outcome = group_outcome(status)
     assert outcome.failed_task.name == "tf-mnist-worker-1" and "exit code 2" in outcome.reason
     assert status.task("worker", 0).reason.startswith("stopped by Kubernetes: a program error, not retried")
+
+
+def _assessed_alone(worker_status: dict, job_condition: dict | None = None):
+    """The outcome of a group whose worker-0 pod's status is ``worker_status`` (its Job failed with
+    ``job_condition``), read as the backend reads it, without an API server."""
+    jobs = [o for o in render_group(make_spec(workers=1), "ml") if o["kind"] == "Job"]
+    if job_condition is not None:
+        next(j for j in jobs if j["metadata"]["name"] == "tf-mnist-worker")["status"] = {
+            "conditions": [{"type": "Failed", "status": "True", **job_condition}]}
+    pods = [] if worker_status is None else [{
+        "metadata": {"name": "tf-mnist-worker-0-a", "creationTimestamp": "2026-11-26T09:59:00Z",
+                     "labels": {GROUP_LABEL: "tf-mnist", ROLE_LABEL: "worker",
+                                "batch.kubernetes.io/job-completion-index": "0"}},
+        "spec": {"containers": [{"name": "worker"}]}, "status": worker_status}]
+    return group_outcome(assess("tf-mnist", jobs, pods, dt.datetime(2026, 11, 26, 10, 0, 2, tzinfo=dt.UTC)))
+
+
+def _waiting(reason):
+    return {"phase": "Pending", "containerStatuses": [{"name": "worker", "state": {"waiting": {"reason": reason}}}]}
+
+
+@pytest.mark.parametrize("worker_status, job_condition, code", [
+    (_waiting("ImagePullBackOff"), None, OutcomeCode.IMAGE_PULL),
+    (_waiting("InvalidImageName"), None, OutcomeCode.IMAGE_PULL),
+    (_waiting("CreateContainerConfigError"), None, OutcomeCode.CONFIG_MISSING),
+    ({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                          "lastTransitionTime": "2026-11-26T09:00:00Z", "message": "0/1 nodes"}]},
+     None, OutcomeCode.UNSCHEDULABLE),
+    ({"phase": "Failed", "containerStatuses": [
+        {"name": "worker", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]},
+     None, OutcomeCode.OUT_OF_MEMORY),
+    ({"phase": "Failed", "reason": "DeadlineExceeded"}, None, OutcomeCode.DEADLINE_EXCEEDED),
+    (None, {"reason": "DeadlineExceeded"}, OutcomeCode.DEADLINE_EXCEEDED),
+    ({"phase": "Failed", "containerStatuses": [{"name": "worker", "state": {"terminated": {"exitCode": 143}}}]},
+     {"reason": "DeadlineExceeded"}, OutcomeCode.DEADLINE_EXCEEDED),
+    ({"phase": "Failed", "containerStatuses": [{"name": "worker", "state": {"terminated": {"exitCode": 2}}}]},
+     {"reason": "PodFailurePolicy", "message": "exit code 2 matching FailJob rule"}, OutcomeCode.TASK_FAILED),
+    (None, {"reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"},
+     OutcomeCode.GROUP_FAILED),
+])
+def test_each_kind_of_kubernetes_failure_gives_its_code(worker_status, job_condition, code):
+    outcome = _assessed_alone(worker_status, job_condition)
+    assert (outcome.done, outcome.succeeded, outcome.code) == (True, False, code), outcome
+
+
+def test_a_trainers_job_deleted_outside_airflow_tf_is_group_deleted():
+    ps_job = next(o for o in render_group(make_spec(), "ml") if o["kind"] == "Job" and
+                  o["metadata"]["name"] == "tf-mnist-ps")
+    outcome = group_outcome(assess("tf-mnist", [ps_job], [], dt.datetime(2026, 11, 26, tzinfo=dt.UTC)))
+    assert outcome.done and outcome.code is OutcomeCode.GROUP_DELETED, outcome
+    assert group_outcome(assess("tf-mnist", [], [], dt.datetime(2026, 11, 26, tzinfo=dt.UTC))).code \
+        is OutcomeCode.GROUP_NOT_FOUND
 
 
 @pytest.mark.slow  # the Job controller's 10 s backoff before it replaces a failed pod
@@ -452,7 +512,7 @@ def test_waiting_uses_a_watch_not_a_poll(kube, scripted, backend):
     seen = collect(backend, ref, steps, timeout=30.0)
 
     assert group_outcome(seen[-1]).succeeded
-    assert [group_outcome(s).reason for s in seen if "done" in group_outcome(s).reason][-1] == "workers done 1/2"
+    assert [group_outcome(s).reason for s in seen if group_outcome(s).code is OutcomeCode.RUNNING][-1] == "workers done 1/2"
     assert any(s.progress and s.progress["global_step"] == 50 for s in seen), "progress from worker 0's log"
     watches = kube.calls("watch", "pods", since=start)
     lists = kube.calls("list", "pods", since=start)
@@ -591,7 +651,7 @@ def test_parameter_servers_of_workers_that_never_finish_are_bounded_by_their_dea
     scripted.running(pod(scripted, "worker", 0))  # hangs forever; Airflow is gone
     assert kube.get("jobs", "tf-mnist-ps")["spec"]["activeDeadlineSeconds"] == 3
     wait_for(lambda: tasks_of(kube, f"{ROLE_LABEL}=ps") == [], 30, "the ps pod to be stopped at its deadline")
-    assert "DeadlineExceeded" in outcome_when_done(backend, ref).reason
+    assert outcome_when_done(backend, ref).code is OutcomeCode.DEADLINE_EXCEEDED
 
 
 def test_group_deadline_fails_the_group(kube, scripted, backend):
@@ -601,7 +661,7 @@ def test_group_deadline_fails_the_group(kube, scripted, backend):
     # Its pods run on (scripted: they wait to be told), past the deadline.
     outcome = outcome_when_done(backend, ref, timeout=60)
     assert not outcome.succeeded
-    assert "DeadlineExceeded" in outcome.reason and "(10s)" in outcome.reason
+    assert outcome.code is OutcomeCode.DEADLINE_EXCEEDED and "(10s)" in outcome.reason
 
 
 def test_a_queue_with_the_jobs_form_is_refused_before_anything_is_created(kube, kubeconfig):

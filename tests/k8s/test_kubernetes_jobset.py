@@ -29,7 +29,7 @@ from airflow_tf.backends.kubernetes.status import assess
 from airflow_tf.backends.kubernetes.render import render_workload
 from airflow_tf.backends.kubernetes.workloads import check_launch_options
 from airflow_tf.cli import main
-from airflow_tf.cluster import GroupSpec, Phase, SpecError, TrainingConfig, group_name, group_outcome
+from airflow_tf.cluster import GroupSpec, OutcomeCode, Phase, SpecError, TrainingConfig, group_name, group_outcome
 
 from .test_kubernetes_manifests import SUPPORTED_VERSIONS
 
@@ -529,10 +529,10 @@ def test_a_failed_jobset_fails_the_group_with_the_jobs_reason_or_its_own():
     pods = [task_pod("worker", 0, "Failed", terminated={"exitCode": 2, "message": "model refused"}),
             task_pod("worker", 1)]
     outcome = group_outcome(assess("tf-demo", [worker], pods, NOW, jobset=jobset))
-    assert outcome.done and not outcome.succeeded
-    assert outcome.reason.startswith("task tf-demo-worker-0-0 (worker 0) failed: ") and "podFailurePolicy" in outcome.reason
+    assert outcome.done and not outcome.succeeded and outcome.code is OutcomeCode.TASK_FAILED
+    assert outcome.failed_task.name == "tf-demo-worker-0-0" and "podFailurePolicy" in outcome.reason
     # Its Jobs gone (deleted by its controller): the JobSet's own condition is the reason.
     status = assess("tf-demo", [], [], NOW, jobset=jobset)
     assert status.tasks == [] and status.failure == (
         "JobSet tf-demo failed: FailedJobs: jobset failed due to one or more job failures")
-    assert not group_outcome(status).succeeded
+    assert not group_outcome(status).succeeded and group_outcome(status).code is OutcomeCode.GROUP_FAILED

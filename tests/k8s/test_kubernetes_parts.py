@@ -31,7 +31,7 @@ from airflow_tf.cluster import SpecError
 from airflow_tf.cluster.names import is_dns1123_label
 from airflow_tf.data import prepare_dataset
 from airflow_tf.data.errors import DataError
-from airflow_tf.data.partitioned import commit_parts, plan_parts
+from airflow_tf.data.parts import commit_parts, plan_parts
 
 PARTS = "airflow-tf/component=prepare-part"
 ROOT = Path(__file__).resolve().parents[2]

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from functools import cached_property
 from typing import Any
 
-from airflow_tf.cluster import GroupSpec, GroupStatus, SpecError
+from airflow_tf.cluster import DEFAULT_SUCCESS_POLICY, GroupSpec, GroupStatus, SpecError
 from airflow_tf.cluster.progress import parse_progress
 
 from ..base import BackendError, GroupRef
@@ -471,13 +471,13 @@ class KubernetesBackend(OneOffJobs):
             jobset = JobSetGroup(self).get(self.namespace, name)
             if jobset is None:
                 return None
-            policy = (jobset["metadata"].get("annotations") or {}).get(SUCCESS_POLICY, "AllWorkers")
+            policy = (jobset["metadata"].get("annotations") or {}).get(SUCCESS_POLICY, DEFAULT_SUCCESS_POLICY)
             return self._ref(name, policy, task_template=lead_template(jobset), root=jobset)
         jobs = self._list("jobs", self.namespace, group_selector(name))
         roots = [j for j in jobs if (j["metadata"].get("annotations") or {}).get(ROOT_ANNOTATION) == "true"]
         if not roots:
             return None
-        policy = roots[0]["metadata"]["annotations"].get(SUCCESS_POLICY, "AllWorkers")
+        policy = roots[0]["metadata"]["annotations"].get(SUCCESS_POLICY, DEFAULT_SUCCESS_POLICY)
         return self._ref(name, policy, task_template=(roots[0].get("spec") or {}).get("template"),
                          root=roots[0])
 

@@ -36,7 +36,7 @@ import logging
 import re
 from typing import Any
 
-from airflow_tf.cluster import GroupSpec, SpecError
+from airflow_tf.cluster import CHIEF_OR_WORKER0, GroupSpec, SpecError
 
 from ..base import BackendError
 
@@ -131,7 +131,7 @@ def _replicated_job(group: Group, role: Role) -> dict[str, Any]:
 def success_policy(group: Group, roles: dict[str, Role]) -> dict[str, Any]:
     """All of the trainers' Jobs: every worker's and chief's (``AllWorkers``), or the lead
     trainer's, which completes with its index 0 (``ChiefOrWorker0``)."""
-    if group.spec.success_policy == "ChiefOrWorker0":
+    if group.spec.success_policy == CHIEF_OR_WORKER0:
         targets = [group.root]
     else:
         targets = [r for r in START_ORDER if r in roles and r in group.spec.training_roles()]

@@ -29,7 +29,7 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from airflow_tf.cluster import GroupSpec, RoleSpec, SpecError, cluster_def, label_value, task_name
 from airflow_tf.cluster.names import GROUP_ENV, RUN_ENV
-from airflow_tf.cluster.spec import HEALTH_STARTUP_SECS
+from airflow_tf.cluster.spec import CHIEF_OR_WORKER0, HEALTH_STARTUP_SECS
 
 from .labels import (
     GROUP_LABEL,
@@ -409,7 +409,7 @@ def _lifecycle(group: Group, role: Role, *, standalone: bool) -> dict[str, Any]:
         "backoff_limit_per_index": 0 if role.spec.restart_policy == "Never" else group.spec.backoff_limit,
         "pod_failure_rules": pod_failure_rules(role),
         "success_policy": ({"rules": [{"succeededIndexes": "0", "succeededCount": 1}]}
-                           if group.spec.success_policy == "ChiefOrWorker0" and is_root else None),
+                           if group.spec.success_policy == CHIEF_OR_WORKER0 and is_root else None),
         "active_deadline_seconds": group.deadline or (
             group.ps_max_lifetime_seconds if group.serves_until_stopped(role.name) else None),
         "ttl_seconds_after_finished": group.ttl_seconds_after_finished if is_root and standalone else None,

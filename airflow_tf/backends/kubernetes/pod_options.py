@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from airflow_tf.cluster import SpecError
-from airflow_tf.cluster.memory import QUANTITY, quantity_value
+from airflow_tf.cluster.memory import parse_quantity, quantity_text, quantity_value
 
 from .labels import (
     KUEUE_PRIORITY_LABEL,
@@ -102,13 +102,11 @@ class PodOptions:
 
 def _quantity(amount: Any, where: str, errors: list[str]) -> str:
     """A Kubernetes resource quantity (never negative) as its string, or an error added."""
-    text = str(amount).strip() if not isinstance(amount, bool) and isinstance(amount, (str, int, float)) else ""
-    if isinstance(amount, float) and not math.isfinite(amount):
-        text = ""
-    match = QUANTITY.match(text)
-    if not match:
-        errors.append(f"{where}: {amount!r} is not a Kubernetes quantity (>= 0, e.g. 2, 500m, 4Gi)")
-    return text
+    try:
+        parse_quantity(amount, where)
+    except ValueError as err:
+        errors.append(str(err))
+    return quantity_text(amount)
 
 
 def _is_str_map(value: Any) -> bool:
@@ -400,8 +398,9 @@ def check_resources(role: str, resources: dict[str, Any], where: str | None = No
             if not isinstance(name, str) or not LABEL_KEY.match(name):
                 errors.append(f"{where}.{kind}.{name}: not a resource name (e.g. cpu, memory, nvidia.com/gpu)")
                 continue
+            before = len(errors)
             text = _quantity(amount, f"{where}.{kind}.{name}", errors)
-            if name in GPU_RESOURCES and QUANTITY.match(text) and quantity_value(text) != int(quantity_value(text)):
+            if name in GPU_RESOURCES and len(errors) == before and quantity_value(text) != int(quantity_value(text)):
                 errors.append(f"{where}.{kind}.{name}: {amount!r} GPUs; a GPU count is a whole number >= 0")
             out[kind][name] = text
     for gpu in GPU_RESOURCES:

@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_tf.cluster import GroupStatus, Phase, ReasonCode, TaskStatus, describe_exit, describe_failure, task_name
+from airflow_tf.cluster import GroupStatus, OutcomeCode, Phase, ReasonCode, TaskStatus, describe_exit, task_failure_reason, task_name
 
 from .nodes import EVICTION_API, LOST_NODE_REASONS, disruption, node_of
 from .labels import INDEX_LABEL, KUEUE_QUEUE_LABEL, REPLICAS, ROLE_LABEL, ROOT_ANNOTATION, SCHEDULE_TIMEOUT
@@ -39,6 +39,8 @@ FAIL_FAST_WAITING = {
                          "or let them pull it (image_pull_policy IfNotPresent)",
     "CreateContainerConfigError": "a Secret or ConfigMap the pod refers to is missing",
 }
+CONFIG_WAITING = "CreateContainerConfigError"
+"""The one waiting reason of :data:`FAIL_FAST_WAITING` that is not the image's."""
 TRAINERS = ("chief", "worker")
 
 
@@ -175,6 +177,9 @@ class _RoleJob:
     def failure(self) -> str:
         return _job_failure(self.job, self.failed)
 
+    def failure_code(self) -> OutcomeCode:
+        return _job_failure_code(self.failed)
+
     def gave_up_on(self, index: int) -> bool:
         """The Job failed, or this index spent its restarts: no new pod will come for it."""
         return self.failed is not None or index in self.failed_indexes
@@ -245,7 +250,7 @@ def assess(group: str, jobs: list[dict], pods: list[dict], now: dt.datetime, *,
     attempts = _Attempts(pods)
     tasks: list[TaskStatus] = []
     stopped: set[str] = set()  # tasks Kubernetes stopped because another one failed
-    failure = None
+    failure: tuple[str, OutcomeCode] | None = None
     for role, count in sorted(form.expected.items()):
         job = by_role.get(role)
         if job is None:
@@ -263,12 +268,14 @@ def assess(group: str, jobs: list[dict], pods: list[dict], now: dt.datetime, *,
                 if was_stopped:
                     stopped.add(task.name)
         if role_job.failed and not _failed_on_its_own(tasks, stopped, role):
-            failure = failure or f"Job {role_job.name} failed: {role_job.failure()}"
+            failure = failure or (f"Job {role_job.name} failed: {role_job.failure()}", role_job.failure_code())
     if failure is None and not _failed_on_its_own(tasks, stopped):
         failure = form.jobset_failure()
     # The task that failed comes before those stopped because of it: it is the reason.
     tasks.sort(key=lambda t: (t.name in stopped, t.role, t.index))
-    return GroupStatus(name=group, tasks=tasks, failure=failure, progress=progress)
+    return GroupStatus(name=group, tasks=tasks, failure=failure[0] if failure else None,
+                       failure_code=failure[1] if failure else None,
+                       progress=progress)
 
 
 def _failed_on_its_own(tasks: list[TaskStatus], stopped: set[str], role: str | None = None) -> bool:
@@ -301,7 +308,7 @@ class _Form:
         """Why a JobSet's role whose Job exists has not started (suspended, or after the roles before it)."""
         return None if self.jobset is None else _waiting_for_jobset(self.jobset, role, self.queue_reason, made=True)
 
-    def without_job(self, role: str, count: int) -> tuple[list[TaskStatus], str | None]:
+    def without_job(self, role: str, count: int) -> tuple[list[TaskStatus], tuple[str, OutcomeCode] | None]:
         """A role with no Job: a JobSet's tasks waiting for it, or the group's failure when a
         trainer's Job of the Jobs form was deleted. Parameter servers are gone after a ps-only
         teardown, and every Job still running once its JobSet finished (its controller deletes
@@ -311,15 +318,17 @@ class _Form:
             return [TaskStatus(role=role, index=index, name=f"{self.job_name(role)}-{index}", phase=Phase.PENDING,
                                reason=reason) for index in range(count)], None
         if role in TRAINERS and self.jobset is None:
-            return [], f"Job {self.group}-{role} not found: it was deleted outside airflow-tf; launch the group again"
+            return [], (f"Job {self.group}-{role} not found: it was deleted outside airflow-tf; launch the group again",
+                        OutcomeCode.GROUP_DELETED)
         return [], None
 
-    def jobset_failure(self) -> str | None:
-        """The JobSet's own failure (its condition's reason and message), when no task's explains it."""
+    def jobset_failure(self) -> tuple[str, OutcomeCode] | None:
+        """The JobSet's own failure (its condition's reason and message) and its code, when no task's explains it."""
         if self.failed is None:
             return None
         reason, message = self.failed.get("reason") or "Failed", self.failed.get("message") or ""
-        return f"JobSet {_meta(self.jobset or {}).get('name')} failed: {reason}" + (f": {message}" if message else "")
+        return (f"JobSet {_meta(self.jobset or {}).get('name')} failed: {reason}" + (f": {message}" if message else ""),
+                _job_failure_code(self.failed))
 
 
 def _assess_task(group: str, role: str, index: int, job: _RoleJob, *, attempts: _Attempts, now: dt.datetime,
@@ -449,10 +458,12 @@ def _judge_exit(task: TaskStatus, job: _RoleJob, pod: dict) -> None:
     With terminationMessagePolicy FallbackToLogsOnError the kubelet puts the end of a failed
     container's log into its terminated state's message."""
     assert task.exit_code is not None
-    exited = describe_failure(task.exit_code, _container_state(pod)[1].get("message"))
+    exited = task_failure_reason(task.exit_code, _container_state(pod)[1].get("message"))
     if job.gave_up_on(task.index):
         why = job.failure() if job.failed else "its restarts are spent (backoffLimitPerIndex)"
         task.reason = f"{exited}: {why}"
+        if job.failed and job.failure_code() is OutcomeCode.DEADLINE_EXCEEDED:
+            task.code = ReasonCode.DEADLINE_EXCEEDED  # the exit was the deadline's kill
     else:
         task.phase = Phase.RESTARTING
         task.reason = f"{exited}; Kubernetes restarts it (Job {job.name})"
@@ -460,6 +471,16 @@ def _judge_exit(task: TaskStatus, job: _RoleJob, pod: dict) -> None:
 
 def _disrupted(task: TaskStatus) -> bool:
     return task.code in (ReasonCode.EVICTED, ReasonCode.PREEMPTED)
+
+
+def _job_failure_code(condition: dict | None) -> OutcomeCode:
+    """The group's outcome code when a Job's (or JobSet's) failed condition, not a task, fails it."""
+    reason = (condition or {}).get("reason")
+    if reason == "DeadlineExceeded":
+        return OutcomeCode.DEADLINE_EXCEEDED
+    if reason == "PodFailurePolicy":
+        return OutcomeCode.TASK_FAILED  # a program error of a task, not retried
+    return OutcomeCode.GROUP_FAILED
 
 
 def _job_failure(job: dict, condition: dict | None) -> str:
@@ -502,12 +523,14 @@ def _pending(task: TaskStatus, pod: dict, now: dt.datetime, scheduler_messages: 
         hint = FAIL_FAST_WAITING[state["reason"]]
         task.phase = Phase.FAILED
         task.reason = f"pod {pod_name}: {state['reason']}: {state.get('message') or hint} ({hint})"
+        task.code = ReasonCode.CONFIG_MISSING if state["reason"] == CONFIG_WAITING else ReasonCode.IMAGE_PULL
     elif (deadline := schedule_deadline(pod)) is not None and now >= deadline:
         timeout = _annotation(pod, SCHEDULE_TIMEOUT, str(DEFAULT_SCHEDULE_TIMEOUT))
         message = scheduler_messages.get(pod_name) or _scheduled_condition_message(pod)
         task.phase = Phase.FAILED
         task.reason = (f"pod {pod_name} unschedulable for more than {timeout}s (schedule_timeout_seconds); "
                        f"the scheduler says: {message}")
+        task.code = ReasonCode.UNSCHEDULABLE
     elif kind == "waiting":
         task.reason = state.get("reason")
     elif unschedulable_since(pod) is not None:

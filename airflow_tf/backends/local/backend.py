@@ -37,8 +37,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from airflow_tf.cluster import GroupSpec, GroupStatus, Phase, TaskStatus
+from airflow_tf.cluster import GroupSpec, GroupStatus, OutcomeCode, Phase, TaskStatus
 from airflow_tf.cluster.names import GROUP_ENV, RUN_ENV, task_name
+from airflow_tf.cluster.spec import DEFAULT_SUCCESS_POLICY
 from airflow_tf.files import is_local, read_json, strip_file_scheme
 from airflow_tf.storage import kept_log_bytes
 
@@ -46,7 +47,7 @@ from ..base import BackendError, GroupRef, poll_watch
 from ..options import BackendOption, check_options, optional, path_option
 from .files import (STATE_DIR_ENV, GroupDir, archive_logs, default_state_dir, read_since, tail_text,
                           write_group_file)
-from .memory import check_capacity, expected_memory_mb, resident_mb
+from .memory import check_capacity, expected_memory_mib, resident_mib
 from .processes import (
     KILL_WAIT, STOP_GRACE, describe_process, is_running, marked_processes, process_start_time,
     remove_temporary_directory, signal_process, stop_processes, task_environment, wait_gone,
@@ -97,7 +98,7 @@ class LocalBackend:
 
     def _ref(self, name: str, saved: dict[str, Any]) -> GroupRef:
         return GroupRef(backend=self.name, name=name, options={"state_dir": str(self.state_dir)},
-                        success_policy=saved["spec"].get("success_policy", "AllWorkers"),
+                        success_policy=saved["spec"].get("success_policy", DEFAULT_SUCCESS_POLICY),
                         uid=saved.get("group_id"), labels=dict(saved["spec"].get("labels") or {}))
 
     def find(self, name: str) -> GroupRef | None:
@@ -124,7 +125,7 @@ class LocalBackend:
             return self._ref(spec.name, saved)
         _check_inputs(spec)
         with self._admission():
-            check_capacity(spec, self._promised_memory_mb())
+            check_capacity(spec, self._promised_memory_mib())
             return self._create(spec, group, saved, owner_pid)
 
     def _create(self, spec: GroupSpec, group: GroupDir, saved: dict[str, Any] | None, owner_pid: int | None) -> GroupRef:
@@ -172,7 +173,7 @@ class LocalBackend:
         finally:
             os.close(fd)  # releases the lock
 
-    def _promised_memory_mb(self) -> float:
+    def _promised_memory_mib(self) -> float:
         """MiB the live groups of this state directory are expected to take but do not hold yet:
         tasks not started, or still importing TensorFlow (expected minus resident)."""
         total = 0.0
@@ -190,14 +191,14 @@ class LocalBackend:
                     state["supervisor"]["pid"], state["supervisor"]["start_time"]):
                 continue
             spec = GroupSpec.from_dict(saved["spec"])
-            per_role = expected_memory_mb(spec)
+            per_role = expected_memory_mib(spec)
             processes = state.get("processes", {})
             phases = {t["name"]: t["phase"] for t in state.get("status", {}).get("tasks", [])}
             for role, index in spec.tasks():
                 name, expected = task_name(spec.name, role, index), per_role.get(role, 0.0)
                 process = processes.get(name)
                 if process and is_running(process["pid"], process["start_time"]):
-                    total += max(0.0, expected - resident_mb(process["pid"]))
+                    total += max(0.0, expected - resident_mib(process["pid"]))
                 elif phases.get(name, Phase.PENDING.value) in (Phase.PENDING.value, Phase.RESTARTING.value):
                     total += expected
         return total
@@ -297,10 +298,10 @@ class LocalBackend:
             state = read_json(group.state, missing_ok=True)
             if state["supervisor"]["state"] == "running":
                 status = GroupStatus.from_dict(state["status"])
-                status.failure = status.failure or (
-                    f"the supervisor of group {ref.name!r} (pid {state['supervisor']['pid']}) died and its "
-                    f"tasks were stopped with it; see {group.supervisor_log}"
-                )
+                if not status.failure:
+                    status.failure = (f"the supervisor of group {ref.name!r} (pid {state['supervisor']['pid']}) "
+                                      f"died and its tasks were stopped with it; see {group.supervisor_log}")
+                    status.failure_code = OutcomeCode.SUPERVISOR_LOST
                 return status
         return GroupStatus.from_dict(state["status"])
 
@@ -312,6 +313,7 @@ class LocalBackend:
         if time.time() - saved["launched_at"] > NEVER_STARTED_AFTER:
             status.failure = (f"the supervisor of group {name!r} never started; see {group.supervisor_log}, "
                               "then tear the group down and launch it again")
+            status.failure_code = OutcomeCode.SUPERVISOR_LOST
         return status
 
     def watch(self, ref: GroupRef, timeout: float | None = None) -> AsyncIterator[GroupStatus]:

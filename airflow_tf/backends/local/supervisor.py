@@ -32,15 +32,15 @@ from airflow_tf.cluster import (
     GroupStatus,
     Phase,
     cluster_def,
-    describe_failure,
     group_outcome,
     is_retryable_exit,
+    task_failure_reason,
     task_name,
     tf_config_json,
 )
 from airflow_tf.cluster.names import GROUP_ENV, RUN_ENV, TASK_ENV
 from airflow_tf.cluster.progress import describe, parse_progress
-from airflow_tf.cluster.status import GROUP_RESTARTED, ReasonCode
+from airflow_tf.cluster.status import GROUP_RESTARTED, OutcomeCode, ReasonCode
 from airflow_tf.cluster.spec import TASK_TEMPORARY_DIRECTORY, TRAINERS_ON_THIS_MACHINE
 from airflow_tf.files import read_json
 
@@ -83,6 +83,7 @@ class Supervisor:
         self.chief = next(t for t in self.tasks if (t.role, t.index) == self.spec.chief_task())
         self.restarts = 0
         self.failure: str | None = None
+        self.failure_code: OutcomeCode | None = None
         self.progress: dict[str, Any] | None = None
         self.progress_size = -1
         self.started = time.monotonic()
@@ -118,7 +119,8 @@ class Supervisor:
         while self.running:
             signum = signal.sigtimedwait(WAKE_SIGNALS, TICK)
             if signum is not None and signum.si_signo in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                self.shutdown(f"the supervisor received {signal.Signals(signum.si_signo).name}")
+                self.shutdown(f"the supervisor received {signal.Signals(signum.si_signo).name}",
+                              OutcomeCode.SUPERVISOR_LOST)
                 break
             self.reap()
             self.launch_waiting()
@@ -294,11 +296,12 @@ class Supervisor:
             task.phase = Phase.SUCCEEDED  # a reason left from a restart still says why it restarted
             return
         if task.stuck:
-            why = task.stuck
+            why, task.code = task.stuck, ReasonCode.STUCK
         elif task.stalled:
-            why = f"no progress for {self.spec.progress_timeout:g} s (stopped by the watchdog)"
+            why, task.code = f"no progress for {self.spec.progress_timeout:g} s (stopped by the watchdog)", \
+                ReasonCode.NO_PROGRESS
         else:
-            why = describe_failure(code, tail_text(self.group.log(task.role, task.index), 20))
+            why, task.code = task_failure_reason(code, tail_text(self.group.log(task.role, task.index), 20)), None
         if task.role == "ps" and self.succeeded():
             # Nothing needs a parameter server once training is done.
             task.phase, task.reason = Phase.SUCCEEDED, f"stopped after training finished ({why})"
@@ -312,7 +315,7 @@ class Supervisor:
             return
         self.restarts += 1
         task.failures += 1
-        task.phase, task.reason, task.code = Phase.RESTARTING, why, None
+        task.phase, task.reason = Phase.RESTARTING, why
         if task.role == "ps":
             # The variables lived on that ps: restart every unfinished task from the checkpoint.
             others = [t for t in self.tasks if t is not task and not t.deleted and t.phase is not Phase.SUCCEEDED]
@@ -321,7 +324,7 @@ class Supervisor:
             for t in group:
                 t.restarts += 1
                 t.reason = f"{GROUP_RESTARTED}{task.name} {why}" if t is not task else why
-                t.code = ReasonCode.GROUP_RESTARTED if t is not task else None
+                t.code = ReasonCode.GROUP_RESTARTED if t is not task else t.code
             self.start(group, new_ports=True)
         else:
             task.restarts += 1
@@ -341,8 +344,8 @@ class Supervisor:
         return group_outcome(self.status(), self.spec.success_policy).succeeded
 
     # -- group-level events -----------------------------------------------------------------
-    def shutdown(self, failure: str | None) -> None:
-        """Stop every task; the group fails with ``failure`` unless it had already succeeded."""
+    def shutdown(self, failure: str | None, code: OutcomeCode) -> None:
+        """Stop every task; the group fails with ``failure`` (of kind ``code``) unless it had already succeeded."""
         done = self.succeeded()
         live = [t for t in self.tasks if t.proc is not None]
         self.stop(live)
@@ -353,15 +356,15 @@ class Supervisor:
                 t.phase, t.reason = Phase.SUCCEEDED, "stopped after training finished"
             else:
                 t.phase, t.reason = Phase.FAILED, f"stopped: {failure}"
-        if failure and not done:
-            self.failure = self.failure or failure
+        if failure and not done and not self.failure:
+            self.failure, self.failure_code = failure, code
         self.running = False
 
     def check_deadline(self) -> None:
         limit = self.spec.active_deadline_seconds
         if limit is not None and self.running and time.monotonic() - self.started >= limit:
             self.shutdown(f"the active deadline of {limit:g} s passed ({describe(self.progress)}); "
-                          "raise active_deadline_seconds or train for fewer steps")
+                          "raise active_deadline_seconds or train for fewer steps", OutcomeCode.DEADLINE_EXCEEDED)
 
     def check_owner(self) -> None:
         """Until the group is handed over (``owner.json`` null), it ends with its launcher."""
@@ -370,7 +373,7 @@ class Supervisor:
             return
         if read_json(self.group.owner, missing_ok=True) == owner:  # not handed over just before the owner exited
             self.shutdown(f"the launching process (pid {owner['pid']}) exited before handing the group over, "
-                          "so its group was stopped")
+                          "so its group was stopped", OutcomeCode.LAUNCHER_EXITED)
 
     def stop_when_done(self) -> None:
         """Once no training task runs any more, or the group has failed for good, stop what
@@ -389,9 +392,9 @@ class Supervisor:
         live = [t for t in self.tasks if t.proc is not None]
         if not live or now - self.done_at < self.spec.ps_grace_seconds:
             return
-        if any(t.role in training for t in live):
+        if any(t.role in training for t in live) and not self.failure:
             # Said for the group as a whole: stopped workers must not look like the cause.
-            self.failure = self.failure or f"{outcome.reason}; the rest of the group was stopped"
+            self.failure, self.failure_code = f"{outcome.reason}; the rest of the group was stopped", outcome.code
         self.stop(live)
         grace = self.spec.ps_grace_seconds
         for t in live:
@@ -436,7 +439,7 @@ class Supervisor:
     # -- state ------------------------------------------------------------------------------
     def status(self) -> GroupStatus:
         return GroupStatus(name=self.spec.name, tasks=[t.status() for t in self.tasks if not t.deleted],
-                           failure=self.failure, progress=self.progress)
+                           failure=self.failure, failure_code=self.failure_code, progress=self.progress)
 
     def write_state(self) -> None:
         state = {
@@ -473,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         supervisor.run()
     except BaseException:
-        supervisor.shutdown("the supervisor crashed; see supervisor.log")
+        supervisor.shutdown("the supervisor crashed; see supervisor.log", OutcomeCode.SUPERVISOR_LOST)
         supervisor.write_state()
         raise
     return 0
