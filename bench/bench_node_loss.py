@@ -4,7 +4,7 @@ recovery from a killed task of the same role, in one run.
     .venv/bin/python bench/bench_node_loss.py [--runs 3] [--steps 100000] [--local-steps 40000]   (as root)
 
 Ours: ``--runs`` scheduled runs of the demo DAG (real Airflow, ``tests/nodes/scheduled.py``) on
-``scripts/kube up --nodes 3``, each with the faults of ``tests/nodes/test_node_loss.py``, one after
+``scripts/kube up --nodes 3``, each with the faults of ``tests/nodes/faults.py``, one after
 another and each after a checkpoint: the ps's node stopped (``scripts/kube node stop``: kubelet,
 containerd and containers SIGKILLed), a worker's that is not the chief, the chief's, then the ps's
 node drained (``kubectl drain``); the stopped node is started and the drained one uncordoned before

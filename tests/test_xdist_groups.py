@@ -62,6 +62,6 @@ def test_each_planes_tests_share_one_worker_and_the_two_planes_may_run_side_by_s
     assert {xdist_groups.group_of(Item(tests / "k8s" / name, ("plane",)), tests) for name in (
         "test_kubernetes.py", "test_real_nodes.py", "test_kubernetes_logs.py")} == {"k8s-plane"}
     assert {xdist_groups.group_of(Item(tests / "nodes" / name, ("nodes_plane", "tmp_path")), tests) for name in (
-        "test_machines.py", "test_nodes.py", "test_nodes_kueue.py", "test_node_loss.py")} == {"nodes-plane"}
+        "test_machines.py", "test_nodes.py", "test_nodes_kueue.py")} == {"nodes-plane"}
     assert xdist_groups.group_of(Item(tests / "stack" / "test_compose_stack.py", ("tmp_path",)), tests) not in (
         "k8s-plane", "nodes-plane")

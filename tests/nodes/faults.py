@@ -1,8 +1,8 @@
 """A node taken from a training group on a plane of real nodes, timed: the node holding one of its
 tasks stopped as a lost machine goes (``scripts/kube node stop``) or drained (``kubectl drain``), and
 the seconds from the fault to the node ``NotReady``, the task's pod evicted and released (gone or
-``Failed``), its replacement running on another node, and the training moving again. What
-``test_node_loss.py`` and ``bench/bench_node_loss.py`` share."""
+``Failed``), its replacement running on another node, and the training moving again. Used by
+``bench/bench_node_loss.py``."""
 
 from __future__ import annotations
 
