@@ -81,7 +81,15 @@ def test_killed_ps_restarts_the_group_from_the_checkpoint(local_state_dir, linea
                    what="both workers to train")
         saved = wait_until(lambda: checkpoint_step(run_dir), 60, what="a first checkpoint")
         before = backend.processes(ref)
+        # The workers hold still while the ps dies: on a loaded machine they could otherwise reach
+        # the last step between the checkpoint seen and the kill, leaving nothing to restart.
+        workers = [before[f"killps-worker-{i}"] for i in (0, 1)]
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        assert checkpoint_step(run_dir) < 1500, "training ended before the ps could be killed"
         os.kill(before["killps-ps-0"], signal.SIGKILL)
+        for pid in workers:
+            os.kill(pid, signal.SIGCONT)
 
         outcome, status = wait_for_group(backend, ref, timeout=120)
         assert outcome.succeeded, outcome.reason

@@ -749,18 +749,45 @@ def test_a_component_that_is_not_evaluate_or_export_is_refused_before_any_job(ku
 def test_rbac_role_grants_exactly_what_the_backend_uses(kube, scripted, kubeconfig):
     """A whole life cycle touches every rule of the Role; the authorizer refuses anything else."""
     backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=kubeconfig, namespace=kube.ns,
-                          network_policy=True)
+                          network_policy=True, disruption_budget=True)
     ref = backend.launch(make_spec(role_options={"worker": {"resources": {"limits": {"nvidia.com/gpu": 1}},
                                                             "kubernetes": {"schedule_timeout_seconds": 1}}}))
+    lost = _pod_stuck_on_a_lost_node(kube, ref.name)
     scripted.running(pod(scripted, "ps", 0))
     time.sleep(1.5)  # past the worker's schedule timeout: status reads the scheduler's events
     assert outcome_when_done(backend, ref)
+    wait_for(lambda: backend.status(ref) and kube.get("pods", lost) is None, 30,
+             f"the backend to release pod {lost}, stuck on a lost node")
     collect(backend, ref, timeout=15.0, until_done=False)  # long enough to open a watch, on a busy machine too
     backend.logs(ref, "ps", 0)
     backend.teardown(ref)
     used = {(c.api_group, c.resource, c.verb) for c in kube.calls()}
     # The jobsets and workloads rules serve workload="jobset" (test_kubernetes_kueue.py checks them).
     assert used == {grant for grant in _granted() if grant[0] not in ("jobset.x-k8s.io", "kueue.x-k8s.io")}
+
+
+def _pod_stuck_on_a_lost_node(kube, group: str) -> str:
+    """A pod of the group as the taint eviction controller leaves it on a lost node: bound to a
+    node no kubelet serves (none will confirm its deletion), marked DisruptionTarget
+    (DeletionByTaintManager) and deleted with a grace period, so it stays Terminating until the
+    backend releases it (marks it Failed and deletes it at once)."""
+    from kubernetes import client
+
+    name = f"{group}-ps-0-lost"
+    kube.plane.core.create_namespaced_pod(kube.ns, {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {GROUP_LABEL: group, ROLE_LABEL: "ps"}},
+        "spec": {"nodeName": "node-lost", "containers": [{"name": "ps", "image": ABSENT_IMAGE, "securityContext": {
+            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"}}}]}})
+    # Deleted first: the disruption controller resets the condition of a pod not being deleted.
+    kube.plane.core.delete_namespaced_pod(name, kube.ns, body=client.V1DeleteOptions(grace_period_seconds=1))
+    kube.plane.core.patch_namespaced_pod_status(name, kube.ns, {"status": {"conditions": [{
+        "type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+        "lastTransitionTime": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "message": "Taint manager: deleting due to NoExecute taint"}]}})
+    assert kube.get("pods", name)["metadata"].get("deletionTimestamp"), "no kubelet confirms the deletion"
+    return name
 
 
 def _allowed(kube, verb, resource, group) -> bool:
