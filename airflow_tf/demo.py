@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from airflow_tf.plane_env import read_plane_env
+
 REPO_DAGS = Path(__file__).resolve().parents[1] / "dags"
 
 
@@ -97,7 +99,10 @@ def plane_settings(plane: str | os.PathLike) -> dict[str, str]:
     path = Path(plane) / "env"
     if not path.is_file():
         raise SystemExit(f"airflow-tf demo: {path} is missing: start the plane with `scripts/kube up {plane} --nodes 1`")
-    settings = dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    try:
+        settings = read_plane_env(path)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"airflow-tf demo: {exc}") from None
     if "AIRFLOW_TF_KUBE_STORAGE" not in settings:
         raise SystemExit(f"airflow-tf demo: the plane of {plane} has no node nor storage (its {path} names none): "
                          f"start it with `scripts/kube up {plane} --nodes 1`")

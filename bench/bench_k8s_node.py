@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 
 from airflow_tf.demo import DEMO_NAMESPACE, airflow_env, dag_run_state, dags_test, init_airflow, kubernetes_env
+from airflow_tf.plane_env import read_plane_env
 
 KUBE = Path(__file__).resolve().parents[1] / "scripts" / "kube"
 
@@ -100,7 +101,7 @@ def main() -> None:
         plane_seconds = time.monotonic() - started
         env = airflow_env(work / "kubernetes")
         env.update(kubernetes_env(plane))
-        settings = dict(line.split("=", 1) for line in (plane / "env").read_text().splitlines())
+        settings = read_plane_env(plane / "env")
         starts = pod_starts(settings["KUBECONFIG"], settings["AIRFLOW_TF_KUBE_IMAGE"], args.pods)
         kube_seconds, kube_first = run(env, args.steps, args.rows)
     finally:

@@ -14,6 +14,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from airflow_tf.plane_env import read_plane_env
+
 from k8s.plane import KUBE_SCRIPT
 
 
@@ -66,7 +68,7 @@ NOTHING = {"processes": [], "mounts": [], "cgroups": [], "links": [], "network n
 
 def plane_env(directory: Path) -> dict[str, str]:
     """What ``scripts/kube up DIR --nodes N`` wrote to ``DIR/env``."""
-    return dict(line.split("=", 1) for line in (directory / "env").read_text().splitlines())
+    return read_plane_env(directory / "env")
 
 
 def up_with_nodes(directory: Path, storage: Path, kueue: bool = False, nodes: int = 1) -> None:
