@@ -2,7 +2,8 @@
 ``workload="jobset"``, the group is one JobSet: :mod:`.jobset`), the group's headless
 Service gives every task a stable DNS name, and Kubernetes owns the lifecycle (restarts,
 deadline, cleanup); see :mod:`.jobs` and :mod:`.manifests` for the objects and why. The
-one-off Jobs (evaluation, export, a prepare's parts) are :mod:`.one_off`'s.
+one-off Jobs (evaluation, export, a prepare's parts) are :mod:`.one_off`'s, which the backend
+hands its connection.
 
 Every API call goes through the cncf-kubernetes provider's hooks: ``KubernetesHook`` for
 the synchronous calls (launch, status, logs, teardown, one-off Jobs) and
@@ -150,7 +151,7 @@ def _role(obj: dict) -> str | None:
     return (obj["metadata"].get("labels") or {}).get(ROLE_LABEL)
 
 
-class KubernetesBackend(OneOffJobs):
+class KubernetesBackend:
     """Run a training group as Indexed Jobs and a headless Service in one namespace.
 
     :param kubernetes_conn_id: the provider's Kubernetes connection (None: no connection,
@@ -404,6 +405,32 @@ class KubernetesBackend(OneOffJobs):
             if e.status in (400, 404):  # not started yet, or gone
                 return ""
             raise BackendError(_explain(f"read the log of pod {pod}", e.status, e.reason, e.body)) from e
+
+    # -- one-off Jobs (:mod:`.one_off`) ----------------------------------------------------
+    @property
+    def one_off(self) -> OneOffJobs:
+        """The one-off Jobs run on this backend's connection, with its settings as they are now."""
+        return OneOffJobs(self, task_template=self.task_template, poll_interval=self.poll_interval,
+                          ttl_seconds_after_finished=self.ttl_seconds_after_finished)
+
+    def run_component(self, ref: GroupRef, component: str, request: dict[str, Any], *,
+                      timeout: float = 3600.0) -> dict[str, Any]:
+        """Run ``component`` (evaluate, export) once as a Job on the group's training image and return
+        its result: see :meth:`.one_off.OneOffJobs.run_component`."""
+        return self.one_off.run_component(ref, component, request, timeout=timeout)
+
+    def run_one_off(self, body: dict, *, what: str, on_log: Callable[[str], None] | None = None) -> dict:
+        """Run the one-off Job ``body`` to its end and return its pod: see
+        :meth:`.one_off.OneOffJobs.run_one_off`."""
+        return self.one_off.run_one_off(body, what=what, on_log=on_log)
+
+    def one_off_result(self, pod: dict, container: str) -> dict[str, Any]:
+        """The result a one-off Job's pod returned: see :meth:`.one_off.OneOffJobs.one_off_result`."""
+        return self.one_off.one_off_result(pod, container)
+
+    def delete_job(self, namespace: str, name: str) -> bool:
+        """Delete a Job and its pods; False when it was gone already."""
+        return self.one_off.delete_job(namespace, name)
 
     # -- the protocol --------------------------------------------------------------------
     def render(self, spec: GroupSpec) -> list[dict]:
