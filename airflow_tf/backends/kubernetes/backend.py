@@ -38,7 +38,13 @@ from ..base import BackendError, GroupRef
 from ..options import BackendOption, BackendOptionError, boolean, check_options, mapping, optional, path_option, seconds, text, whole_seconds
 from .labels import COMPONENT_LABEL, ROLE_LABEL, ROOT_ANNOTATION, SUCCESS_POLICY
 from .manifests import DEFAULT_PS_MAX_LIFETIME_SECONDS, DEFAULT_TTL_SECONDS_AFTER_FINISHED, group_selector, owned_by
-from .nodes import DEFAULT_UNREACHABLE_TOLERATION_SECONDS, disruption, failed_on_lost_node, lost_pods, node_of
+from .nodes import (
+    DEFAULT_UNREACHABLE_TOLERATION_SECONDS,
+    FORCE_DELETE_MISSES,
+    disruption,
+    force_deletion,
+    lost_pods,
+)
 from .pod_options import check_cluster_domain, check_image, check_namespace, pod_options
 from .status import (
     INDEX_LABEL,
@@ -371,25 +377,20 @@ class KubernetesBackend:
         return True
 
     def _force_delete(self, namespace: str, pod: dict) -> None:
-        """Release a pod stuck on a lost node (:mod:`.nodes`) as the pod garbage collector does: mark
-        it ``Failed`` (its Job, which replaces only terminal pods, replaces it at once, the
-        disruption not counted) and delete it at once (grace 0). Both carry the pod's uid, which
-        spares a newer pod of the same name."""
-        from kubernetes import client
+        """Release a pod stuck on a lost node (:class:`.nodes.ForceDeletion`), through the sync client."""
         from kubernetes.client.exceptions import ApiException
 
-        name, uid = _name(pod), pod["metadata"].get("uid")
+        release = force_deletion(pod, namespace)
         try:
-            with self._api(f"mark pod {name} Failed in namespace {namespace}"):
-                self._core.patch_namespaced_pod_status(name, namespace, failed_on_lost_node(pod))
-            with self._api(f"force-delete pod {name} in namespace {namespace}"):
-                self._core.delete_namespaced_pod(name, namespace, body=client.V1DeleteOptions(
-                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)))
+            with self._api(release.marking):
+                self._core.patch_namespaced_pod_status(release.pod, namespace, release.status_patch)
+            with self._api(release.deleting):
+                self._core.delete_namespaced_pod(release.pod, namespace, body=release.delete_options)
         except BackendError as e:
-            if isinstance(e.__cause__, ApiException) and e.__cause__.status in (404, 409):
+            if isinstance(e.__cause__, ApiException) and e.__cause__.status in FORCE_DELETE_MISSES:
                 return  # gone, or replaced, meanwhile
             raise
-        log.warning(_FORCE_DELETED, name, node_of(pod))
+        release.done(log)
 
     def _read_log(self, namespace: str, pod: str, container: str, tail_lines: int | None, **since: Any) -> str:
         """``since``: the API's since_seconds, timestamps and limit_bytes, when given."""
@@ -756,19 +757,19 @@ class _WatchedGroup:
 
     async def _force_delete(self, pod: dict) -> None:
         """As :meth:`KubernetesBackend._force_delete`, through the async client."""
-        from kubernetes_asyncio import client as async_client
+        from kubernetes_asyncio.client.exceptions import ApiException
 
-        body = async_client.V1DeleteOptions(grace_period_seconds=0,
-                                            preconditions=async_client.V1Preconditions(uid=pod["metadata"].get("uid")))
+        release = force_deletion(pod, self.namespace)
+        action = release.marking
         try:
-            await self.core.patch_namespaced_pod_status(_name(pod), self.namespace, failed_on_lost_node(pod))
-            await self.core.delete_namespaced_pod(_name(pod), self.namespace, body=body)
-        except async_client.exceptions.ApiException as e:
-            if e.status in (404, 409):
-                return
-            raise BackendError(_explain(f"force-delete pod {_name(pod)} in namespace {self.namespace}", e.status,
-                                        e.reason, e.body)) from e
-        log.warning(_FORCE_DELETED, _name(pod), node_of(pod))
+            await self.core.patch_namespaced_pod_status(release.pod, self.namespace, release.status_patch)
+            action = release.deleting
+            await self.core.delete_namespaced_pod(release.pod, self.namespace, body=release.delete_options)
+        except ApiException as e:
+            if e.status in FORCE_DELETE_MISSES:
+                return  # gone, or replaced, meanwhile
+            raise BackendError(_explain(action, e.status, e.reason, e.body)) from e
+        release.done(log)
 
     async def status(self) -> GroupStatus:
         now = _now()
@@ -787,9 +788,6 @@ class _WatchedGroup:
         jobset = await read_view(self.api, self.namespace, self.ref.name) if is_jobset(self.ref) else {}
         return assess(self.ref.name, jobs, pods, now, scheduler_messages=messages, progress=self.progress, **jobset)
 
-
-_FORCE_DELETED = ("pod %s marked Failed and force-deleted: its node %s was judged lost and Kubernetes evicted the "
-                  "pod, which its kubelet cannot confirm; its Job replaces it on another node")
 
 LOG_CLOCK_SLACK_SECONDS = 60
 """How far before the last line read a log is read again (its lines up to that one skipped):
