@@ -36,7 +36,7 @@ from airflow_tf.cluster.progress import parse_progress
 
 from ..base import BackendError, GroupRef
 from ..options import BackendOption, BackendOptionError, boolean, check_options, mapping, optional, path_option, seconds, text, whole_seconds
-from .labels import COMPONENT_LABEL, ROLE_LABEL, ROOT_ANNOTATION, SUCCESS_POLICY
+from .labels import ROLE_LABEL, ROOT_ANNOTATION, SUCCESS_POLICY
 from .manifests import DEFAULT_PS_MAX_LIFETIME_SECONDS, DEFAULT_TTL_SECONDS_AFTER_FINISHED, group_selector, owned_by
 from .nodes import (
     DEFAULT_UNREACHABLE_TOLERATION_SECONDS,
@@ -60,6 +60,7 @@ from .one_off import (
     PROGRESS_TAIL_LINES,
     STARTED_PHASES,
     OneOffJobs,
+    is_one_off,
 )
 from .one_off import name_of as _name
 from .one_off import now as _now
@@ -155,6 +156,18 @@ OPTIONS: dict[str, BackendOption] = {
 
 def _role(obj: dict) -> str | None:
     return (obj["metadata"].get("labels") or {}).get(ROLE_LABEL)
+
+
+def _tasks(objects: Iterable[dict]) -> list[dict]:
+    """The group's own Jobs or pods among ``objects`` (listed by the group's label), without its
+    one-off Jobs and their pods."""
+    return [obj for obj in objects if not is_one_off(obj)]
+
+
+def _progress_pod(pods: list[dict]) -> dict | None:
+    """The pod whose log tells the group's progress: the lead trainer's, once it started."""
+    lead = lead_pod(pods)
+    return lead if lead is not None and (lead.get("status") or {}).get("phase") in STARTED_PHASES else None
 
 
 class KubernetesBackend:
@@ -510,15 +523,12 @@ class KubernetesBackend:
                          root=roots[0])
 
     def _group_jobs(self, namespace: str, group: str) -> list[dict]:
-        # One-off Jobs (evaluation, export) carry the group label too; they are not tasks.
-        return [j for j in self._list("jobs", namespace, group_selector(group))
-                if COMPONENT_LABEL not in (j["metadata"].get("labels") or {})]
+        return _tasks(self._list("jobs", namespace, group_selector(group)))
 
     def status(self, ref: GroupRef) -> GroupStatus:
         namespace, now = self._ns(ref), _now()
         jobs = self._group_jobs(namespace, ref.name)
-        pods = [p for p in self._list("pods", namespace, group_selector(ref.name))
-                if COMPONENT_LABEL not in (p["metadata"].get("labels") or {})]
+        pods = _tasks(self._list("pods", namespace, group_selector(ref.name)))
         for lost in lost_pods(pods, now):
             self._force_delete(namespace, lost)
         messages = {}
@@ -526,9 +536,9 @@ class KubernetesBackend:
             with self._api(f"list events of pod {pod}"):
                 events = self._core.list_namespaced_event(namespace, field_selector=_event_selector(pod))
             messages[pod] = scheduler_message([self._plain(e) for e in events.items])
-        lead = lead_pod(pods)
+        lead = _progress_pod(pods)
         progress = None
-        if lead is not None and (lead.get("status") or {}).get("phase") in STARTED_PHASES:
+        if lead is not None:
             progress = parse_progress(self._read_log(namespace, _name(lead), _role(lead) or "", PROGRESS_TAIL_LINES))
         jobset = JobSetGroup(self).view(namespace, ref.name) if is_jobset(ref) else {}
         return assess(ref.name, jobs, pods, now, scheduler_messages=messages, progress=progress, **jobset)
@@ -713,14 +723,13 @@ class _WatchedGroup:
 
     async def relist(self) -> None:
         result = await self.core.list_namespaced_pod(self.namespace, label_selector=self.selector)
-        self.pods = {_name(p): p for p in (self.api.sanitize_for_serialization(i) for i in result.items)
-                     if COMPONENT_LABEL not in (p["metadata"].get("labels") or {})}
+        self.pods = {_name(p): p for p in _tasks(self.api.sanitize_for_serialization(i) for i in result.items)}
         self.resource_version = result.metadata.resource_version
 
     def apply(self, kind: str, pod: dict) -> bool:
         """Update the cache from one watch event; True when a pod changed."""
         self.resource_version = pod.get("metadata", {}).get("resourceVersion", self.resource_version)
-        if kind == "BOOKMARK" or COMPONENT_LABEL in (pod["metadata"].get("labels") or {}):
+        if kind == "BOOKMARK" or is_one_off(pod):
             return False
         name = _name(pod)
         if kind == "DELETED":
@@ -739,8 +748,8 @@ class _WatchedGroup:
         loop = asyncio.get_running_loop()
         if self._progress_read_at is not None and loop.time() - self._progress_read_at < self.backend.progress_interval:
             return
-        lead = lead_pod(list(self.pods.values()))
-        if lead is None or (lead.get("status") or {}).get("phase") not in STARTED_PHASES:
+        lead = _progress_pod(list(self.pods.values()))
+        if lead is None:
             return
         self._progress_read_at = loop.time()
         from kubernetes_asyncio.client.exceptions import ApiException
@@ -773,9 +782,8 @@ class _WatchedGroup:
 
     async def status(self) -> GroupStatus:
         now = _now()
-        jobs = [j for j in (self.api.sanitize_for_serialization(i) for i in
-                            (await self.batch.list_namespaced_job(self.namespace, label_selector=self.selector)).items)
-                if COMPONENT_LABEL not in (j["metadata"].get("labels") or {})]
+        listed = await self.batch.list_namespaced_job(self.namespace, label_selector=self.selector)
+        jobs = _tasks(self.api.sanitize_for_serialization(i) for i in listed.items)
         pods = list(self.pods.values())
         for lost in lost_pods(pods, now):
             await self._force_delete(lost)

@@ -40,6 +40,12 @@ def name_of(obj: dict) -> str:
     return obj["metadata"]["name"]
 
 
+def is_one_off(obj: dict) -> bool:
+    """A one-off Job or its pod (evaluation, export, a prepare's part): it may carry its group's
+    label, but it is none of the group's tasks."""
+    return COMPONENT_LABEL in (obj["metadata"].get("labels") or {})
+
+
 class BackendCalls(Protocol):
     """What one-off Jobs need of the backend's connection (:class:`~.backend.KubernetesBackend`
     provides them): its namespace, and listing, creating and deleting objects and reading a
