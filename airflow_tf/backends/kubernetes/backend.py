@@ -7,8 +7,8 @@ hands its connection.
 
 Every API call goes through the cncf-kubernetes provider's hooks: ``KubernetesHook`` for
 the synchronous calls (launch, status, logs, teardown, one-off Jobs) and
-``AsyncKubernetesHook`` for ``watch()``, which follows pod events with a resource version
-and reads a fresh list only when the watch breaks. Connection settings are the provider's
+``AsyncKubernetesHook`` for ``watch()`` (:mod:`.watch`), which follows pod events with a
+resource version and reads a fresh list only when the watch breaks. Connection settings are the provider's
 own (``kubernetes_conn_id``, ``in_cluster``, ``config_file``, ``cluster_context``,
 ``namespace``) and travel in the GroupRef, so any process can reconnect.
 
@@ -20,11 +20,9 @@ the group is decided in :mod:`.status`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import datetime
-import json
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -36,12 +34,16 @@ from airflow_tf.cluster.progress import parse_progress
 
 from ..base import BackendError, GroupRef
 from ..options import BackendOption, BackendOptionError, boolean, check_options, mapping, optional, path_option, seconds, text, whole_seconds
-from .labels import ROLE_LABEL, ROOT_ANNOTATION, SUCCESS_POLICY
+from .calls import event_selector as _event_selector
+from .calls import explain as _explain
+from .calls import progress_pod as _progress_pod
+from .calls import role_of as _role
+from .calls import tasks as _tasks
+from .labels import ROOT_ANNOTATION, SUCCESS_POLICY
 from .manifests import DEFAULT_PS_MAX_LIFETIME_SECONDS, DEFAULT_TTL_SECONDS_AFTER_FINISHED, group_selector, owned_by
 from .nodes import (
     DEFAULT_UNREACHABLE_TOLERATION_SECONDS,
     FORCE_DELETE_MISSES,
-    disruption,
     force_deletion,
     lost_pods,
 )
@@ -50,21 +52,19 @@ from .status import (
     INDEX_LABEL,
     assess,
     latest_pods,
-    lead_pod,
-    next_wakeup,
     overdue_unschedulable,
     scheduler_message,
 )
-from .jobset import JobSetGroup, is_jobset, lead_template, read_view
+from .jobset import JobSetGroup, is_jobset, lead_template
 from .one_off import (
     PROGRESS_TAIL_LINES,
     STARTED_PHASES,
     OneOffJobs,
-    is_one_off,
 )
 from .one_off import name_of as _name
 from .one_off import now as _now
 from .render import render_workload
+from .watch import watch_group
 from .workloads import DEFAULT_WORKLOAD, WORKLOADS, check_workload
 
 log = logging.getLogger(__name__)
@@ -152,22 +152,6 @@ OPTIONS: dict[str, BackendOption] = {
                                        "interrupt it; default false", boolean),
 }
 """Every option of the Kubernetes backend (the parameters of :class:`KubernetesBackend`)."""
-
-
-def _role(obj: dict) -> str | None:
-    return (obj["metadata"].get("labels") or {}).get(ROLE_LABEL)
-
-
-def _tasks(objects: Iterable[dict]) -> list[dict]:
-    """The group's own Jobs or pods among ``objects`` (listed by the group's label), without its
-    one-off Jobs and their pods."""
-    return [obj for obj in objects if not is_one_off(obj)]
-
-
-def _progress_pod(pods: list[dict]) -> dict | None:
-    """The pod whose log tells the group's progress: the lead trainer's, once it started."""
-    lead = lead_pod(pods)
-    return lead if lead is not None and (lead.get("status") or {}).get("phase") in STARTED_PHASES else None
 
 
 class KubernetesBackend:
@@ -615,186 +599,14 @@ class KubernetesBackend:
         return deleted
 
     # -- watching ------------------------------------------------------------------------
-    async def watch(self, ref: GroupRef, timeout: float | None = None) -> AsyncIterator[GroupStatus]:
-        """Yield the status now and whenever it changes, following pod events.
+    def watch(self, ref: GroupRef, timeout: float | None = None) -> AsyncIterator[GroupStatus]:
+        """Yield the status now and whenever it changes, following pod events (:mod:`.watch`).
 
         One watch request stays open for at most ``progress_interval`` seconds (or until
         the next timeout of a pending pod); when it ends, progress is re-read from the
         chief's log. Only if the watch fails does this fall back to listing pods every
         ``poll_interval`` seconds."""
-        import aiohttp
-        from kubernetes_asyncio import client as async_client
-        from kubernetes_asyncio import watch as async_watch
-
-        loop = asyncio.get_running_loop()
-        end = None if timeout is None else loop.time() + timeout
-        namespace, selector = self._ns(ref), group_selector(ref.name)
-        hook = await self._async_hook()
-        async with hook.get_conn() as api:
-            group = _WatchedGroup(self, ref, async_client.CoreV1Api(api), api, namespace=namespace, selector=selector)
-            await self._relist_after_error(group, loop, end)
-            last = None
-            watch_allowed = True
-            while True:
-                status = await group.status()
-                if status.to_dict() != last:
-                    last = status.to_dict()
-                    yield status
-                remaining = None if end is None else end - loop.time()
-                if remaining is not None and remaining <= 0:
-                    return
-                wait = min(x for x in (self.progress_interval, remaining, group.seconds_to_wakeup()) if x is not None)
-                if not watch_allowed or wait < 1:
-                    # No watch allowed, or less than the API's one-second watch timeout left.
-                    await asyncio.sleep(min(self.poll_interval, wait))
-                    await group.relist()
-                    continue
-                try:
-                    async with async_watch.Watch() as pod_watch:
-                        stream = pod_watch.stream(
-                            group.core.list_namespaced_pod, namespace, label_selector=selector,
-                            resource_version=group.resource_version, allow_watch_bookmarks=True,
-                            timeout_seconds=max(1, math.ceil(wait)))
-                        async for event in stream:
-                            if group.apply(event["type"], event["raw_object"]):
-                                status = await group.status()
-                                if status.to_dict() != last:
-                                    last = status.to_dict()
-                                    yield status
-                except async_client.exceptions.ApiException as e:
-                    if e.status == 410:  # our version was compacted away: start from a fresh list
-                        await group.relist()
-                        continue
-                    if e.status == 403:
-                        watch_allowed = False
-                        log.warning("not allowed to watch pods in %s (%s); listing every %.0fs instead; "
-                                    "grant 'watch' on pods (airflow_tf/rbac/role.yaml)", namespace, e.reason,
-                                    self.poll_interval)
-                    else:
-                        await self._pause_after_error(e, loop, end)
-                    await self._relist_after_error(group, loop, end)
-                except (TimeoutError, aiohttp.ClientError, OSError) as e:
-                    await self._pause_after_error(e, loop, end)
-                    await self._relist_after_error(group, loop, end)
-
-    async def _pause_after_error(self, error: BaseException, loop: asyncio.AbstractEventLoop, end: float | None) -> None:
-        pause = self.poll_interval if end is None else max(0.0, min(self.poll_interval, end - loop.time()))
-        log.warning("watching pods failed (%s); listing them again in %.0fs", error, pause)
-        await asyncio.sleep(pause)
-
-    async def _relist_after_error(self, group: _WatchedGroup, loop: asyncio.AbstractEventLoop,
-                                  end: float | None) -> None:
-        """List the pods (again); while the API server is unavailable, keep trying every
-        ``poll_interval``: a trigger outlives an API server restart."""
-        import aiohttp
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        while True:
-            try:
-                await group.relist()
-                return
-            except (TimeoutError, ApiException, aiohttp.ClientError, OSError) as e:
-                if isinstance(e, ApiException) and e.status in (401, 403, 404):
-                    raise BackendError(_explain(f"list the pods of group {group.ref.name}", e.status, e.reason,
-                                                e.body)) from e
-                if end is not None and loop.time() >= end:
-                    return
-                await self._pause_after_error(e, loop, end)
-
-
-class _WatchedGroup:
-    """The pods of one group as last seen by ``watch()``, and their status. The Jobs are
-    re-read whenever a pod changed: their conditions (failed, complete) come with pod events."""
-
-    def __init__(self, backend: KubernetesBackend, ref: GroupRef, core: Any, api: Any, *, namespace: str,
-                 selector: str):
-        from kubernetes_asyncio import client as async_client
-
-        self.backend, self.ref, self.core, self.api = backend, ref, core, api
-        self.batch = async_client.BatchV1Api(api)
-        self.namespace, self.selector = namespace, selector
-        self.pods: dict[str, dict] = {}
-        self.moved: dict[str, dict] = {}
-        """Pods Kubernetes disrupted (node lost, drain) and then removed, as last seen: once its Job
-        replaced it the pod is gone from the API, and the status still says where the task moved."""
-        self.resource_version: str | None = None
-        self.progress: dict[str, Any] | None = None
-        self._progress_read_at: float | None = None
-
-    async def relist(self) -> None:
-        result = await self.core.list_namespaced_pod(self.namespace, label_selector=self.selector)
-        self.pods = {_name(p): p for p in _tasks(self.api.sanitize_for_serialization(i) for i in result.items)}
-        self.resource_version = result.metadata.resource_version
-
-    def apply(self, kind: str, pod: dict) -> bool:
-        """Update the cache from one watch event; True when a pod changed."""
-        self.resource_version = pod.get("metadata", {}).get("resourceVersion", self.resource_version)
-        if kind == "BOOKMARK" or is_one_off(pod):
-            return False
-        name = _name(pod)
-        if kind == "DELETED":
-            if disruption(pod) is not None:
-                self.moved[name] = pod
-            return self.pods.pop(name, None) is not None
-        self.pods[name] = pod
-        return True
-
-    def seconds_to_wakeup(self) -> float | None:
-        now = _now()
-        moment = next_wakeup(list(self.pods.values()), now)
-        return None if moment is None else max(0.0, (moment - now).total_seconds()) + 0.5
-
-    async def _read_progress(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._progress_read_at is not None and loop.time() - self._progress_read_at < self.backend.progress_interval:
-            return
-        lead = _progress_pod(list(self.pods.values()))
-        if lead is None:
-            return
-        self._progress_read_at = loop.time()
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        try:
-            response = await self.core.read_namespaced_pod_log(
-                _name(lead), self.namespace, container=_role(lead), tail_lines=PROGRESS_TAIL_LINES,
-                _preload_content=False)
-            async with response:
-                text = await response.text(errors="replace")
-        except ApiException:
-            return
-        self.progress = parse_progress(text) or self.progress
-
-    async def _force_delete(self, pod: dict) -> None:
-        """As :meth:`KubernetesBackend._force_delete`, through the async client."""
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        release = force_deletion(pod, self.namespace)
-        action = release.marking
-        try:
-            await self.core.patch_namespaced_pod_status(release.pod, self.namespace, release.status_patch)
-            action = release.deleting
-            await self.core.delete_namespaced_pod(release.pod, self.namespace, body=release.delete_options)
-        except ApiException as e:
-            if e.status in FORCE_DELETE_MISSES:
-                return  # gone, or replaced, meanwhile
-            raise BackendError(_explain(action, e.status, e.reason, e.body)) from e
-        release.done(log)
-
-    async def status(self) -> GroupStatus:
-        now = _now()
-        listed = await self.batch.list_namespaced_job(self.namespace, label_selector=self.selector)
-        jobs = _tasks(self.api.sanitize_for_serialization(i) for i in listed.items)
-        pods = list(self.pods.values())
-        for lost in lost_pods(pods, now):
-            await self._force_delete(lost)
-        pods += [pod for name, pod in self.moved.items() if name not in self.pods]
-        messages = {}
-        for pod in overdue_unschedulable(pods, now):
-            events = await self.core.list_namespaced_event(self.namespace, field_selector=_event_selector(pod))
-            messages[pod] = scheduler_message([self.api.sanitize_for_serialization(e) for e in events.items])
-        await self._read_progress()
-        jobset = await read_view(self.api, self.namespace, self.ref.name) if is_jobset(self.ref) else {}
-        return assess(self.ref.name, jobs, pods, now, scheduler_messages=messages, progress=self.progress, **jobset)
+        return watch_group(self, ref, timeout)
 
 
 LOG_CLOCK_SLACK_SECONDS = 60
@@ -810,24 +622,6 @@ def _log_time(stamp: str) -> int:
         raise ValueError(f"not a log timestamp: {stamp!r}")
     moment = datetime.datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.UTC)
     return int(moment.timestamp()) * 1_000_000_000 + int((fraction + "0" * 9)[:9])
-
-
-def _event_selector(pod: str) -> str:
-    return f"involvedObject.kind=Pod,involvedObject.name={pod}"
-
-
-def _explain(action: str, status: int | None, reason: str | None, body: Any) -> str:
-    message = reason or ""
-    with contextlib.suppress(TypeError, ValueError, AttributeError):  # a body that is no JSON object
-        message = json.loads(body).get("message") or message
-    hint = {
-        401: "the credentials were refused; check the Kubernetes connection",
-        403: "the Airflow worker/triggerer's service account lacks this permission; "
-             "bind it to the Role in airflow_tf/rbac/role.yaml",
-        404: "check that the namespace exists",
-        422: "the API server refused the manifest; run `airflow-tf render` with the same options to inspect it",
-    }.get(status or 0, "")
-    return f"{action}: HTTP {status} {message}" + (f" ({hint})" if hint else "")
 
 
 def _airflow_labels(obj: dict) -> dict[str, str]:

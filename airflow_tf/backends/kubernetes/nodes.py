@@ -43,10 +43,6 @@ pod garbage collector once the Node was deleted or marked out of service."""
 EVICTION_API = "EvictionByEvictionAPI"
 """The reason of the ``DisruptionTarget`` condition of a pod evicted through the Eviction API (a drain)."""
 
-FORCE_DELETE_MISSES = (404, 409)
-"""API statuses of a force deletion that finds the pod gone (404) or replaced by a newer pod of its
-name (409, the uid precondition): nothing is left to release."""
-
 SPREAD_WEIGHTS = {"ps": 100, "worker": 50}
 """Preferred anti-affinity weights: a parameter server away from the trainers matters most (its
 node lost takes every variable shard with it), workers away from each other less."""
@@ -145,6 +141,11 @@ def failed_on_lost_node(pod: dict) -> dict:
 def node_of(pod: dict) -> str:
     return (pod.get("spec") or {}).get("nodeName") or "?"
 
+
+
+FORCE_DELETE_MISSES = (404, 409)
+"""API statuses of a force deletion that finds the pod gone (404) or replaced by a newer pod of its
+name (409, the uid precondition): nothing is left to release."""
 
 
 @dataclasses.dataclass(frozen=True)
