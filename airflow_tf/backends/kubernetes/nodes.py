@@ -142,7 +142,6 @@ def node_of(pod: dict) -> str:
     return (pod.get("spec") or {}).get("nodeName") or "?"
 
 
-
 FORCE_DELETE_MISSES = (404, 409)
 """API statuses of a force deletion that finds the pod gone (404) or replaced by a newer pod of its
 name (409, the uid precondition): nothing is left to release."""
@@ -174,7 +173,7 @@ class ForceDeletion:
         return f"force-delete pod {self.pod} in namespace {self.namespace}"
 
     def done(self, log: logging.Logger) -> None:
-        """Log the release (on the caller's logger: the backend's, where users look for it)."""
+        """Log the release on the caller's logger (the status read's or the watch's)."""
         log.warning("pod %s marked Failed and force-deleted: its node %s was judged lost and Kubernetes evicted "
                     "the pod, which its kubelet cannot confirm; its Job replaces it on another node",
                     self.pod, self.node)
