@@ -18,7 +18,7 @@ from airflow_tf.backends.kubernetes import KubernetesBackend
 from airflow_tf.backends.kubernetes.jobs import render_group
 from airflow_tf.backends.kubernetes.jobset import render_jobset
 from airflow_tf.backends.kubernetes.labels import GROUP_LABEL, ROLE_LABEL
-from airflow_tf.backends.kubernetes.nodes import failed_on_lost_node, lost_pods
+from airflow_tf.backends.kubernetes.nodes import force_deletion, lost_pods
 from airflow_tf.backends.kubernetes.status import assess
 from airflow_tf.cluster import Phase
 
@@ -154,11 +154,15 @@ def test_a_pod_evicted_from_a_lost_node_is_released_only_once_its_grace_period_i
     assert lost_pods([running, LOST["ps_failed"]], at("10:30:00")) == []
 
 
-def test_the_release_marks_that_very_pod_failed_naming_its_node():
-    patch = failed_on_lost_node(LOST["ps_evicted"])
-    assert patch["metadata"] == {"uid": LOST["ps_evicted"]["metadata"]["uid"]}, "a newer pod of the name is spared"
-    assert patch["status"]["phase"] == "Failed"
-    assert "node node-1" in patch["status"]["message"]
+def test_the_release_marks_that_very_pod_failed_naming_its_node_then_deletes_it_at_once():
+    release = force_deletion(LOST["ps_evicted"], "ml")
+    uid = LOST["ps_evicted"]["metadata"]["uid"]
+    assert release.status_patch["metadata"] == {"uid": uid}, "a newer pod of the name is spared"
+    assert release.status_patch["status"]["phase"] == "Failed"
+    assert "node node-1" in release.status_patch["status"]["message"]
+    # The same body from the sync and the async client: no grace period, and only that very pod.
+    assert release.delete_options == {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}}
+    assert release.deleting == "force-delete pod lose-ps-0-v7pdd in namespace ml"
 
 
 def test_the_status_says_a_task_waits_on_a_lost_node_then_where_it_runs_again_and_after_how_long():

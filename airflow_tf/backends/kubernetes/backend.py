@@ -2,12 +2,13 @@
 ``workload="jobset"``, the group is one JobSet: :mod:`.jobset`), the group's headless
 Service gives every task a stable DNS name, and Kubernetes owns the lifecycle (restarts,
 deadline, cleanup); see :mod:`.jobs` and :mod:`.manifests` for the objects and why. The
-one-off Jobs (evaluation, export, a prepare's parts) are :mod:`.one_off`'s.
+one-off Jobs (evaluation, export, a prepare's parts) are :mod:`.one_off`'s, which the backend
+hands its connection.
 
 Every API call goes through the cncf-kubernetes provider's hooks: ``KubernetesHook`` for
 the synchronous calls (launch, status, logs, teardown, one-off Jobs) and
-``AsyncKubernetesHook`` for ``watch()``, which follows pod events with a resource version
-and reads a fresh list only when the watch breaks. Connection settings are the provider's
+``AsyncKubernetesHook`` for ``watch()`` (:mod:`.watch`), which follows pod events with a
+resource version and reads a fresh list only when the watch breaks. Connection settings are the provider's
 own (``kubernetes_conn_id``, ``in_cluster``, ``config_file``, ``cluster_context``,
 ``namespace``) and travel in the GroupRef, so any process can reconnect.
 
@@ -19,11 +20,9 @@ the group is decided in :mod:`.status`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import datetime
-import json
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -34,21 +33,29 @@ from airflow_tf.cluster import DEFAULT_SUCCESS_POLICY, GroupSpec, GroupStatus, S
 from airflow_tf.cluster.progress import parse_progress
 
 from ..base import BackendError, GroupRef
-from ..options import BackendOption, BackendOptionError, boolean, check_options, mapping, optional, path_option, seconds, text, whole_seconds
-from .labels import COMPONENT_LABEL, ROLE_LABEL, ROOT_ANNOTATION, SUCCESS_POLICY
+from ..options import BackendOptionError, check_options
+from .backend_options import OPTIONS, TEAM_PLACEHOLDER
+from .calls import event_selector as _event_selector
+from .calls import explain as _explain
+from .calls import progress_pod as _progress_pod
+from .calls import role_of as _role
+from .calls import tasks as _tasks
+from .labels import ROOT_ANNOTATION, SUCCESS_POLICY
 from .manifests import DEFAULT_PS_MAX_LIFETIME_SECONDS, DEFAULT_TTL_SECONDS_AFTER_FINISHED, group_selector, owned_by
-from .nodes import DEFAULT_UNREACHABLE_TOLERATION_SECONDS, disruption, failed_on_lost_node, lost_pods, node_of
-from .pod_options import check_cluster_domain, check_image, check_namespace, pod_options
+from .nodes import (
+    DEFAULT_UNREACHABLE_TOLERATION_SECONDS,
+    FORCE_DELETE_MISSES,
+    force_deletion,
+    lost_pods,
+)
 from .status import (
     INDEX_LABEL,
     assess,
     latest_pods,
-    lead_pod,
-    next_wakeup,
     overdue_unschedulable,
     scheduler_message,
 )
-from .jobset import JobSetGroup, is_jobset, lead_template, read_view
+from .jobset import JobSetGroup, is_jobset, lead_template
 from .one_off import (
     PROGRESS_TAIL_LINES,
     STARTED_PHASES,
@@ -57,7 +64,8 @@ from .one_off import (
 from .one_off import name_of as _name
 from .one_off import now as _now
 from .render import render_workload
-from .workloads import DEFAULT_WORKLOAD, WORKLOADS, check_workload
+from .watch import watch_group
+from .workloads import DEFAULT_WORKLOAD
 
 log = logging.getLogger(__name__)
 
@@ -69,88 +77,7 @@ _KIND_OF = {"jobs": "Job", "services": "Service", "networkpolicies": "NetworkPol
 _PROPAGATION = "Background"
 
 
-TEAM_PLACEHOLDER = "{team}"
-"""In the ``namespace`` option: the team of the task's DAG (Airflow's multi-team mode), filled in
-when the task runs (:func:`airflow_tf.operators.common.resolved_backend`)."""
-
-
-def _check_namespace(value: Any) -> str:
-    try:
-        check_namespace(value.replace(TEAM_PLACEHOLDER, "team") if isinstance(value, str) else value)
-    except SpecError:
-        raise ValueError("a Kubernetes namespace name (a DNS-1123 label: at most 63 lowercase letters, "
-                         "digits and '-', starting and ending with a letter or digit), which may hold "
-                         f"{TEAM_PLACEHOLDER}, the task's team") from None
-    return value
-
-
-def _check_cluster_domain(value: Any) -> str | None:
-    try:
-        return check_cluster_domain(value)
-    except SpecError:
-        raise ValueError("a DNS domain such as cluster.local (no trailing dot)") from None
-
-
-def _check_image(value: Any) -> str:
-    try:
-        return check_image(value, "image")
-    except SpecError:
-        raise ValueError("a container image reference ([registry[:port]/]repository[:tag][@sha256:digest], "
-                         "e.g. registry.example/tf:2.21)") from None
-
-
-def _check_workload(value: Any) -> str:
-    try:
-        return check_workload(value)
-    except SpecError:
-        raise ValueError("a workload form, one of " + "; ".join(f"{name!r} ({doc})" for name, doc in WORKLOADS.items())) from None
-
-
-def _check_pod_defaults(value: Any) -> dict[str, Any]:
-    """Every role's pod settings, checked as a role's are (each problem named under pod_defaults)."""
-    pod_options("pod_defaults", mapping(value), where="pod_defaults")
-    return value
-
-
-OPTIONS: dict[str, BackendOption] = {
-    "kubernetes_conn_id": BackendOption("the provider's Kubernetes connection; null: none", optional(text)),
-    "namespace": BackendOption("where the groups run, {team}: the task's team; default: the connection's, "
-                               "else default",
-                               optional(_check_namespace)),
-    "in_cluster": BackendOption("true/false: use the pod's service account (as KubernetesHook)", optional(boolean)),
-    "config_file": BackendOption("path of a kubeconfig", optional(path_option)),
-    "cluster_context": BackendOption("the kubeconfig's context", optional(text)),
-    "cluster_domain": BackendOption("appended to the tasks' DNS names, e.g. cluster.local", _check_cluster_domain),
-    "network_policy": BackendOption("true (default): each group's pods accept connections only from the group",
-                                    boolean),
-    "workload": BackendOption("'jobs' (default) or 'jobset'", _check_workload),
-    "pod_defaults": BackendOption("pod settings of every role (as RoleSpec.kubernetes)", optional(_check_pod_defaults)),
-    "image": BackendOption("training image of groups that name none", optional(_check_image)),
-    "ttl_seconds_after_finished": BackendOption(
-        "whole seconds >= 0 the group is kept after its root Job finished; null: until deleted",
-        optional(whole_seconds(0))),
-    "ps_max_lifetime_seconds": BackendOption("whole seconds > 0: the parameter servers' deadline when the group "
-                                             "has none", whole_seconds(1)),
-    "progress_interval": BackendOption("seconds > 0 between progress reads while watching", seconds),
-    "poll_interval": BackendOption("seconds > 0 between lists while the watch API is unavailable", seconds),
-    "task_template": BackendOption("recorded at launch: the lead trainer's pod template", optional(mapping)),
-    "unreachable_toleration_seconds": BackendOption(
-        "whole seconds >= 0 a group's pod stays on a node judged lost (unreachable or not-ready) before it is "
-        f"evicted and replaced (default {DEFAULT_UNREACHABLE_TOLERATION_SECONDS}); null: Kubernetes' default (300)",
-        optional(whole_seconds(0))),
-    "spread_over_nodes": BackendOption("true (default): the ps prefer nodes without the group's trainers, the "
-                                       "workers nodes without another worker (preferred pod anti-affinity)", boolean),
-    "disruption_budget": BackendOption("true: a PodDisruptionBudget per group lets no eviction (kubectl drain) "
-                                       "interrupt it; default false", boolean),
-}
-"""Every option of the Kubernetes backend (the parameters of :class:`KubernetesBackend`)."""
-
-
-def _role(obj: dict) -> str | None:
-    return (obj["metadata"].get("labels") or {}).get(ROLE_LABEL)
-
-
-class KubernetesBackend(OneOffJobs):
+class KubernetesBackend:
     """Run a training group as Indexed Jobs and a headless Service in one namespace.
 
     :param kubernetes_conn_id: the provider's Kubernetes connection (None: no connection,
@@ -370,25 +297,20 @@ class KubernetesBackend(OneOffJobs):
         return True
 
     def _force_delete(self, namespace: str, pod: dict) -> None:
-        """Release a pod stuck on a lost node (:mod:`.nodes`) as the pod garbage collector does: mark
-        it ``Failed`` (its Job, which replaces only terminal pods, replaces it at once, the
-        disruption not counted) and delete it at once (grace 0). Both carry the pod's uid, which
-        spares a newer pod of the same name."""
-        from kubernetes import client
+        """Release a pod stuck on a lost node (:class:`.nodes.ForceDeletion`), through the sync client."""
         from kubernetes.client.exceptions import ApiException
 
-        name, uid = _name(pod), pod["metadata"].get("uid")
+        release = force_deletion(pod, namespace)
         try:
-            with self._api(f"mark pod {name} Failed in namespace {namespace}"):
-                self._core.patch_namespaced_pod_status(name, namespace, failed_on_lost_node(pod))
-            with self._api(f"force-delete pod {name} in namespace {namespace}"):
-                self._core.delete_namespaced_pod(name, namespace, body=client.V1DeleteOptions(
-                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)))
+            with self._api(release.marking):
+                self._core.patch_namespaced_pod_status(release.pod, namespace, release.status_patch)
+            with self._api(release.deleting):
+                self._core.delete_namespaced_pod(release.pod, namespace, body=release.delete_options)
         except BackendError as e:
-            if isinstance(e.__cause__, ApiException) and e.__cause__.status in (404, 409):
+            if isinstance(e.__cause__, ApiException) and e.__cause__.status in FORCE_DELETE_MISSES:
                 return  # gone, or replaced, meanwhile
             raise
-        log.warning(_FORCE_DELETED, name, node_of(pod))
+        release.done(log)
 
     def _read_log(self, namespace: str, pod: str, container: str, tail_lines: int | None, **since: Any) -> str:
         """``since``: the API's since_seconds, timestamps and limit_bytes, when given."""
@@ -404,6 +326,32 @@ class KubernetesBackend(OneOffJobs):
             if e.status in (400, 404):  # not started yet, or gone
                 return ""
             raise BackendError(_explain(f"read the log of pod {pod}", e.status, e.reason, e.body)) from e
+
+    # -- one-off Jobs (:mod:`.one_off`) ----------------------------------------------------
+    @property
+    def one_off(self) -> OneOffJobs:
+        """The one-off Jobs run on this backend's connection, with its settings as they are now."""
+        return OneOffJobs(self, task_template=self.task_template, poll_interval=self.poll_interval,
+                          ttl_seconds_after_finished=self.ttl_seconds_after_finished)
+
+    def run_component(self, ref: GroupRef, component: str, request: dict[str, Any], *,
+                      timeout: float = 3600.0) -> dict[str, Any]:
+        """Run ``component`` (evaluate, export) once as a Job on the group's training image and return
+        its result: see :meth:`.one_off.OneOffJobs.run_component`."""
+        return self.one_off.run_component(ref, component, request, timeout=timeout)
+
+    def run_one_off(self, body: dict, *, what: str, on_log: Callable[[str], None] | None = None) -> dict:
+        """Run the one-off Job ``body`` to its end and return its pod: see
+        :meth:`.one_off.OneOffJobs.run_one_off`."""
+        return self.one_off.run_one_off(body, what=what, on_log=on_log)
+
+    def one_off_result(self, pod: dict, container: str) -> dict[str, Any]:
+        """The result a one-off Job's pod returned: see :meth:`.one_off.OneOffJobs.one_off_result`."""
+        return self.one_off.one_off_result(pod, container)
+
+    def delete_job(self, namespace: str, name: str) -> bool:
+        """Delete a Job and its pods; False when it was gone already."""
+        return self.one_off.delete_job(namespace, name)
 
     # -- the protocol --------------------------------------------------------------------
     def render(self, spec: GroupSpec) -> list[dict]:
@@ -482,15 +430,12 @@ class KubernetesBackend(OneOffJobs):
                          root=roots[0])
 
     def _group_jobs(self, namespace: str, group: str) -> list[dict]:
-        # One-off Jobs (evaluation, export) carry the group label too; they are not tasks.
-        return [j for j in self._list("jobs", namespace, group_selector(group))
-                if COMPONENT_LABEL not in (j["metadata"].get("labels") or {})]
+        return _tasks(self._list("jobs", namespace, group_selector(group)))
 
     def status(self, ref: GroupRef) -> GroupStatus:
         namespace, now = self._ns(ref), _now()
         jobs = self._group_jobs(namespace, ref.name)
-        pods = [p for p in self._list("pods", namespace, group_selector(ref.name))
-                if COMPONENT_LABEL not in (p["metadata"].get("labels") or {})]
+        pods = _tasks(self._list("pods", namespace, group_selector(ref.name)))
         for lost in lost_pods(pods, now):
             self._force_delete(namespace, lost)
         messages = {}
@@ -498,9 +443,9 @@ class KubernetesBackend(OneOffJobs):
             with self._api(f"list events of pod {pod}"):
                 events = self._core.list_namespaced_event(namespace, field_selector=_event_selector(pod))
             messages[pod] = scheduler_message([self._plain(e) for e in events.items])
-        lead = lead_pod(pods)
+        lead = _progress_pod(pods)
         progress = None
-        if lead is not None and (lead.get("status") or {}).get("phase") in STARTED_PHASES:
+        if lead is not None:
             progress = parse_progress(self._read_log(namespace, _name(lead), _role(lead) or "", PROGRESS_TAIL_LINES))
         jobset = JobSetGroup(self).view(namespace, ref.name) if is_jobset(ref) else {}
         return assess(ref.name, jobs, pods, now, scheduler_messages=messages, progress=progress, **jobset)
@@ -577,192 +522,15 @@ class KubernetesBackend(OneOffJobs):
         return deleted
 
     # -- watching ------------------------------------------------------------------------
-    async def watch(self, ref: GroupRef, timeout: float | None = None) -> AsyncIterator[GroupStatus]:
-        """Yield the status now and whenever it changes, following pod events.
+    def watch(self, ref: GroupRef, timeout: float | None = None) -> AsyncIterator[GroupStatus]:
+        """Yield the status now and whenever it changes, following pod events (:mod:`.watch`).
 
         One watch request stays open for at most ``progress_interval`` seconds (or until
         the next timeout of a pending pod); when it ends, progress is re-read from the
         chief's log. Only if the watch fails does this fall back to listing pods every
         ``poll_interval`` seconds."""
-        import aiohttp
-        from kubernetes_asyncio import client as async_client
-        from kubernetes_asyncio import watch as async_watch
+        return watch_group(self, ref, timeout)
 
-        loop = asyncio.get_running_loop()
-        end = None if timeout is None else loop.time() + timeout
-        namespace, selector = self._ns(ref), group_selector(ref.name)
-        hook = await self._async_hook()
-        async with hook.get_conn() as api:
-            group = _WatchedGroup(self, ref, async_client.CoreV1Api(api), api, namespace=namespace, selector=selector)
-            await self._relist_after_error(group, loop, end)
-            last = None
-            watch_allowed = True
-            while True:
-                status = await group.status()
-                if status.to_dict() != last:
-                    last = status.to_dict()
-                    yield status
-                remaining = None if end is None else end - loop.time()
-                if remaining is not None and remaining <= 0:
-                    return
-                wait = min(x for x in (self.progress_interval, remaining, group.seconds_to_wakeup()) if x is not None)
-                if not watch_allowed or wait < 1:
-                    # No watch allowed, or less than the API's one-second watch timeout left.
-                    await asyncio.sleep(min(self.poll_interval, wait))
-                    await group.relist()
-                    continue
-                try:
-                    async with async_watch.Watch() as pod_watch:
-                        stream = pod_watch.stream(
-                            group.core.list_namespaced_pod, namespace, label_selector=selector,
-                            resource_version=group.resource_version, allow_watch_bookmarks=True,
-                            timeout_seconds=max(1, math.ceil(wait)))
-                        async for event in stream:
-                            if group.apply(event["type"], event["raw_object"]):
-                                status = await group.status()
-                                if status.to_dict() != last:
-                                    last = status.to_dict()
-                                    yield status
-                except async_client.exceptions.ApiException as e:
-                    if e.status == 410:  # our version was compacted away: start from a fresh list
-                        await group.relist()
-                        continue
-                    if e.status == 403:
-                        watch_allowed = False
-                        log.warning("not allowed to watch pods in %s (%s); listing every %.0fs instead; "
-                                    "grant 'watch' on pods (airflow_tf/rbac/role.yaml)", namespace, e.reason,
-                                    self.poll_interval)
-                    else:
-                        await self._pause_after_error(e, loop, end)
-                    await self._relist_after_error(group, loop, end)
-                except (TimeoutError, aiohttp.ClientError, OSError) as e:
-                    await self._pause_after_error(e, loop, end)
-                    await self._relist_after_error(group, loop, end)
-
-    async def _pause_after_error(self, error: BaseException, loop: asyncio.AbstractEventLoop, end: float | None) -> None:
-        pause = self.poll_interval if end is None else max(0.0, min(self.poll_interval, end - loop.time()))
-        log.warning("watching pods failed (%s); listing them again in %.0fs", error, pause)
-        await asyncio.sleep(pause)
-
-    async def _relist_after_error(self, group: _WatchedGroup, loop: asyncio.AbstractEventLoop,
-                                  end: float | None) -> None:
-        """List the pods (again); while the API server is unavailable, keep trying every
-        ``poll_interval``: a trigger outlives an API server restart."""
-        import aiohttp
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        while True:
-            try:
-                await group.relist()
-                return
-            except (TimeoutError, ApiException, aiohttp.ClientError, OSError) as e:
-                if isinstance(e, ApiException) and e.status in (401, 403, 404):
-                    raise BackendError(_explain(f"list the pods of group {group.ref.name}", e.status, e.reason,
-                                                e.body)) from e
-                if end is not None and loop.time() >= end:
-                    return
-                await self._pause_after_error(e, loop, end)
-
-
-class _WatchedGroup:
-    """The pods of one group as last seen by ``watch()``, and their status. The Jobs are
-    re-read whenever a pod changed: their conditions (failed, complete) come with pod events."""
-
-    def __init__(self, backend: KubernetesBackend, ref: GroupRef, core: Any, api: Any, *, namespace: str,
-                 selector: str):
-        from kubernetes_asyncio import client as async_client
-
-        self.backend, self.ref, self.core, self.api = backend, ref, core, api
-        self.batch = async_client.BatchV1Api(api)
-        self.namespace, self.selector = namespace, selector
-        self.pods: dict[str, dict] = {}
-        self.moved: dict[str, dict] = {}
-        """Pods Kubernetes disrupted (node lost, drain) and then removed, as last seen: once its Job
-        replaced it the pod is gone from the API, and the status still says where the task moved."""
-        self.resource_version: str | None = None
-        self.progress: dict[str, Any] | None = None
-        self._progress_read_at: float | None = None
-
-    async def relist(self) -> None:
-        result = await self.core.list_namespaced_pod(self.namespace, label_selector=self.selector)
-        self.pods = {_name(p): p for p in (self.api.sanitize_for_serialization(i) for i in result.items)
-                     if COMPONENT_LABEL not in (p["metadata"].get("labels") or {})}
-        self.resource_version = result.metadata.resource_version
-
-    def apply(self, kind: str, pod: dict) -> bool:
-        """Update the cache from one watch event; True when a pod changed."""
-        self.resource_version = pod.get("metadata", {}).get("resourceVersion", self.resource_version)
-        if kind == "BOOKMARK" or COMPONENT_LABEL in (pod["metadata"].get("labels") or {}):
-            return False
-        name = _name(pod)
-        if kind == "DELETED":
-            if disruption(pod) is not None:
-                self.moved[name] = pod
-            return self.pods.pop(name, None) is not None
-        self.pods[name] = pod
-        return True
-
-    def seconds_to_wakeup(self) -> float | None:
-        now = _now()
-        moment = next_wakeup(list(self.pods.values()), now)
-        return None if moment is None else max(0.0, (moment - now).total_seconds()) + 0.5
-
-    async def _read_progress(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._progress_read_at is not None and loop.time() - self._progress_read_at < self.backend.progress_interval:
-            return
-        lead = lead_pod(list(self.pods.values()))
-        if lead is None or (lead.get("status") or {}).get("phase") not in STARTED_PHASES:
-            return
-        self._progress_read_at = loop.time()
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        try:
-            response = await self.core.read_namespaced_pod_log(
-                _name(lead), self.namespace, container=_role(lead), tail_lines=PROGRESS_TAIL_LINES,
-                _preload_content=False)
-            async with response:
-                text = await response.text(errors="replace")
-        except ApiException:
-            return
-        self.progress = parse_progress(text) or self.progress
-
-    async def _force_delete(self, pod: dict) -> None:
-        """As :meth:`KubernetesBackend._force_delete`, through the async client."""
-        from kubernetes_asyncio import client as async_client
-
-        body = async_client.V1DeleteOptions(grace_period_seconds=0,
-                                            preconditions=async_client.V1Preconditions(uid=pod["metadata"].get("uid")))
-        try:
-            await self.core.patch_namespaced_pod_status(_name(pod), self.namespace, failed_on_lost_node(pod))
-            await self.core.delete_namespaced_pod(_name(pod), self.namespace, body=body)
-        except async_client.exceptions.ApiException as e:
-            if e.status in (404, 409):
-                return
-            raise BackendError(_explain(f"force-delete pod {_name(pod)} in namespace {self.namespace}", e.status,
-                                        e.reason, e.body)) from e
-        log.warning(_FORCE_DELETED, _name(pod), node_of(pod))
-
-    async def status(self) -> GroupStatus:
-        now = _now()
-        jobs = [j for j in (self.api.sanitize_for_serialization(i) for i in
-                            (await self.batch.list_namespaced_job(self.namespace, label_selector=self.selector)).items)
-                if COMPONENT_LABEL not in (j["metadata"].get("labels") or {})]
-        pods = list(self.pods.values())
-        for lost in lost_pods(pods, now):
-            await self._force_delete(lost)
-        pods += [pod for name, pod in self.moved.items() if name not in self.pods]
-        messages = {}
-        for pod in overdue_unschedulable(pods, now):
-            events = await self.core.list_namespaced_event(self.namespace, field_selector=_event_selector(pod))
-            messages[pod] = scheduler_message([self.api.sanitize_for_serialization(e) for e in events.items])
-        await self._read_progress()
-        jobset = await read_view(self.api, self.namespace, self.ref.name) if is_jobset(self.ref) else {}
-        return assess(self.ref.name, jobs, pods, now, scheduler_messages=messages, progress=self.progress, **jobset)
-
-
-_FORCE_DELETED = ("pod %s marked Failed and force-deleted: its node %s was judged lost and Kubernetes evicted the "
-                  "pod, which its kubelet cannot confirm; its Job replaces it on another node")
 
 LOG_CLOCK_SLACK_SECONDS = 60
 """How far before the last line read a log is read again (its lines up to that one skipped):
@@ -777,24 +545,6 @@ def _log_time(stamp: str) -> int:
         raise ValueError(f"not a log timestamp: {stamp!r}")
     moment = datetime.datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.UTC)
     return int(moment.timestamp()) * 1_000_000_000 + int((fraction + "0" * 9)[:9])
-
-
-def _event_selector(pod: str) -> str:
-    return f"involvedObject.kind=Pod,involvedObject.name={pod}"
-
-
-def _explain(action: str, status: int | None, reason: str | None, body: Any) -> str:
-    message = reason or ""
-    with contextlib.suppress(TypeError, ValueError, AttributeError):  # a body that is no JSON object
-        message = json.loads(body).get("message") or message
-    hint = {
-        401: "the credentials were refused; check the Kubernetes connection",
-        403: "the Airflow worker/triggerer's service account lacks this permission; "
-             "bind it to the Role in airflow_tf/rbac/role.yaml",
-        404: "check that the namespace exists",
-        422: "the API server refused the manifest; run `airflow-tf render` with the same options to inspect it",
-    }.get(status or 0, "")
-    return f"{action}: HTTP {status} {message}" + (f" ({hint})" if hint else "")
 
 
 def _airflow_labels(obj: dict) -> dict[str, str]:

@@ -20,7 +20,10 @@ finalizer) and deletes it with grace 0, so nothing is left ``Terminating``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import logging
+
 from .labels import GROUP_LABEL, ROLE_LABEL
 
 UNREACHABLE = "node.kubernetes.io/unreachable"
@@ -138,3 +141,47 @@ def failed_on_lost_node(pod: dict) -> dict:
 def node_of(pod: dict) -> str:
     return (pod.get("spec") or {}).get("nodeName") or "?"
 
+
+FORCE_DELETE_MISSES = (404, 409)
+"""API statuses of a force deletion that finds the pod gone (404) or replaced by a newer pod of its
+name (409, the uid precondition): nothing is left to release."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ForceDeletion:
+    """How the backend releases a pod stuck on a lost node, whichever client sends the calls (the
+    status read's sync one, the watch's async one): patch its status with ``status_patch`` (marked
+    ``Failed``: its Job replaces it at once, the disruption not counted), then delete it with
+    ``delete_options`` (grace 0, so nothing is left ``Terminating``). Both carry the pod's uid,
+    which spares a newer pod of the same name. A call failing with a status in
+    :data:`FORCE_DELETE_MISSES` means the pod needs no release any more."""
+
+    pod: str
+    namespace: str
+    node: str
+    status_patch: dict
+    delete_options: dict
+
+    @property
+    def marking(self) -> str:
+        """What the status patch does, for an error message."""
+        return f"mark pod {self.pod} Failed in namespace {self.namespace}"
+
+    @property
+    def deleting(self) -> str:
+        """What the deletion does, for an error message."""
+        return f"force-delete pod {self.pod} in namespace {self.namespace}"
+
+    def done(self, log: logging.Logger) -> None:
+        """Log the release on the caller's logger (the status read's or the watch's)."""
+        log.warning("pod %s marked Failed and force-deleted: its node %s was judged lost and Kubernetes evicted "
+                    "the pod, which its kubelet cannot confirm; its Job replaces it on another node",
+                    self.pod, self.node)
+
+
+def force_deletion(pod: dict, namespace: str) -> ForceDeletion:
+    """The release of ``pod`` (one of :func:`lost_pods`) in ``namespace``."""
+    meta = pod.get("metadata") or {}
+    return ForceDeletion(pod=meta["name"], namespace=namespace, node=node_of(pod),
+                         status_patch=failed_on_lost_node(pod),
+                         delete_options={"gracePeriodSeconds": 0, "preconditions": {"uid": meta.get("uid")}})

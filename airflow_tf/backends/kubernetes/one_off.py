@@ -1,7 +1,8 @@
 """One-off Jobs of the Kubernetes backend: evaluation, export and a prepare's parts, each run
 once as a Job on the group's training image (the lead trainer's pod template: its image,
 volumes, service account and security), its result read from its container's termination
-message (:class:`OneOffJobs`, which :class:`~.backend.KubernetesBackend` inherits)."""
+message (:class:`OneOffJobs`, which :class:`~.backend.KubernetesBackend` hands its connection
+and delegates to)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from airflow_tf.cluster import Phase
 from airflow_tf.cluster.components import REFUSED_EXIT, RESULT_MARKER, component_command
@@ -39,31 +40,43 @@ def name_of(obj: dict) -> str:
     return obj["metadata"]["name"]
 
 
-class OneOffJobs:
-    """The backend's one-off Jobs, on its connection (the calls below are the backend's)."""
+def is_one_off(obj: dict) -> bool:
+    """A one-off Job or its pod (evaluation, export, a prepare's part): it may carry its group's
+    label, but it is none of the group's tasks."""
+    return COMPONENT_LABEL in (obj["metadata"].get("labels") or {})
 
-    task_template: dict[str, Any] | None
-    ttl_seconds_after_finished: int | None
-    poll_interval: float
+
+class BackendCalls(Protocol):
+    """What one-off Jobs need of the backend's connection (:class:`~.backend.KubernetesBackend`
+    provides them): its namespace, and listing, creating and deleting objects and reading a
+    pod's log, each turning the API's errors into BackendErrors."""
 
     @property
-    def namespace(self) -> str:
-        raise NotImplementedError
+    def namespace(self) -> str: ...
 
-    def _list(self, kind: str, namespace: str, selector: str) -> list[dict]:
-        raise NotImplementedError
+    def _ns(self, ref: GroupRef) -> str: ...
 
-    def _create(self, obj: dict) -> dict | None:
-        raise NotImplementedError
+    def _list(self, kind: str, namespace: str, selector: str) -> list[dict]: ...
 
-    def _delete(self, kind: str, namespace: str, name: str) -> bool:
-        raise NotImplementedError
+    def _create(self, obj: dict) -> dict | None: ...
 
-    def _read_log(self, namespace: str, pod: str, container: str, tail_lines: int | None) -> str:
-        raise NotImplementedError
+    def _delete(self, kind: str, namespace: str, name: str) -> bool: ...
 
-    def _ns(self, ref: GroupRef) -> str:
-        raise NotImplementedError
+    def _read_log(self, namespace: str, pod: str, container: str, tail_lines: int | None) -> str: ...
+
+
+class OneOffJobs:
+    """Runs one-off Jobs (evaluation, export, a prepare's parts) through ``calls``, the backend's
+    connection. ``task_template``: the pod template of groups whose GroupRef records none;
+    ``ttl_seconds_after_finished``: the Jobs' TTL (None: none); ``poll_interval``: the longest
+    wait between checks of a running Job."""
+
+    def __init__(self, calls: BackendCalls, *, task_template: dict[str, Any] | None,
+                 ttl_seconds_after_finished: int | None, poll_interval: float) -> None:
+        self.calls = calls
+        self.task_template = task_template
+        self.ttl_seconds_after_finished = ttl_seconds_after_finished
+        self.poll_interval = poll_interval
 
     def run_component(self, ref: GroupRef, component: str, request: dict[str, Any], *,
                       timeout: float = 3600.0) -> dict[str, Any]:
@@ -84,7 +97,7 @@ class OneOffJobs:
         if not template:
             raise BackendError(f"group {ref.name}: the launch recorded no pod template to run {component} with; "
                                "launch the group again with this version of airflow-tf")
-        namespace, name = self._ns(ref), f"{ref.name}-{component}"
+        namespace, name = self.calls._ns(ref), f"{ref.name}-{component}"
         body = one_off_job(name, namespace, container=component, template=template, command=command,
                            timeout=timeout, ttl=self.ttl_seconds_after_finished,
                            labels={GROUP_LABEL: ref.name, COMPONENT_LABEL: component})
@@ -108,15 +121,15 @@ class OneOffJobs:
         log.info("running %s on the cluster as Job %s in namespace %s", what, name, namespace)
         follower = _LogFollower(on_log) if on_log else None
         job, state = self._wait_one_off(namespace, name, selector, container, follower)
-        pod = next(iter(latest_pods(self._list("pods", namespace, selector)).values()), None)
+        pod = next(iter(latest_pods(self.calls._list("pods", namespace, selector)).values()), None)
         if follower is not None and pod is not None:  # the lines written since the last poll
-            follower.feed(self._read_log(namespace, name_of(pod), container, PROGRESS_TAIL_LINES))
+            follower.feed(self.calls._read_log(namespace, name_of(pod), container, PROGRESS_TAIL_LINES))
         if state == "Complete":
             if pod is None:
                 raise BackendError(f"{what} Job {name} completed, but its pod, which holds the result, is gone "
                                    "(deleted outside airflow-tf); run the task again")
             return pod
-        text = self._read_log(namespace, name_of(pod), container, ONE_OFF_LOG_TAIL_LINES) if pod else ""
+        text = self.calls._read_log(namespace, name_of(pod), container, ONE_OFF_LOG_TAIL_LINES) if pod else ""
         raise _one_off_failure(what, name, job, pod, text)
 
     def one_off_result(self, pod: dict, container: str) -> dict[str, Any]:
@@ -125,8 +138,8 @@ class OneOffJobs:
         try:
             return _component_result(pod, container)
         except _ResultTooLarge as too_large:
-            last = self._read_log(pod["metadata"].get("namespace") or self.namespace, name_of(pod), container,
-                                  1).strip()
+            namespace = pod["metadata"].get("namespace") or self.calls.namespace
+            last = self.calls._read_log(namespace, name_of(pod), container, 1).strip()
             try:
                 result = json.loads(last.removeprefix(RESULT_MARKER))
             except json.JSONDecodeError:
@@ -137,20 +150,20 @@ class OneOffJobs:
 
     def delete_job(self, namespace: str, name: str) -> bool:
         """Delete a Job and its pods; False when it was gone already."""
-        return self._delete("jobs", namespace, name)
+        return self.calls._delete("jobs", namespace, name)
 
     def _start_one_off(self, body: dict, selector: str, what: str) -> None:
         """Create the one-off Job, replacing a finished one of its name and re-attaching to a
         running one (started by an earlier try)."""
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        for old in self._list("jobs", namespace, selector):
+        for old in self.calls._list("jobs", namespace, selector):
             if _job_finished(old):
-                self._delete("jobs", namespace, name_of(old))
+                self.calls._delete("jobs", namespace, name_of(old))
         deadline = time.monotonic() + 60
-        while self._create(body) is None:  # the old Job is still being deleted, or a running one
+        while self.calls._create(body) is None:  # the old Job is still being deleted, or a running one
             # Not being deleted: started by an earlier try (it may have finished since we listed).
-            if [j for j in self._list("jobs", namespace, selector) if not j["metadata"].get("deletionTimestamp")]:
+            if [j for j in self.calls._list("jobs", namespace, selector) if not j["metadata"].get("deletionTimestamp")]:
                 log.info("re-attaching to %s Job %s started by an earlier try", what, name)
                 return
             if time.monotonic() > deadline:
@@ -165,20 +178,20 @@ class OneOffJobs:
         of a few seconds ends its task within seconds, a long prepare part costs few calls."""
         delay = min(1.0, self.poll_interval)
         while True:
-            jobs = [j for j in self._list("jobs", namespace, selector) if name_of(j) == name]
+            jobs = [j for j in self.calls._list("jobs", namespace, selector) if name_of(j) == name]
             if not jobs:
                 raise BackendError(f"Job {name} in namespace {namespace} disappeared before it finished "
                                    "(deleted outside airflow-tf)")
             state = _job_finished(jobs[0])
             if state:
                 return jobs[0], state
-            pod = next(iter(latest_pods(self._list("pods", namespace, selector)).values()), None)
+            pod = next(iter(latest_pods(self.calls._list("pods", namespace, selector)).values()), None)
             if pod is not None:
                 phase = (pod.get("status") or {}).get("phase") or "Pending"
                 if phase == "Pending" and _task_status(pod, now(), {}, name, 0).phase == Phase.FAILED:
                     return jobs[0], "Failed"  # waiting cannot help (an image that cannot be pulled, a missing Secret)
                 if follower is not None and phase in STARTED_PHASES:
-                    follower.feed(self._read_log(namespace, name_of(pod), container, PROGRESS_TAIL_LINES))
+                    follower.feed(self.calls._read_log(namespace, name_of(pod), container, PROGRESS_TAIL_LINES))
             time.sleep(delay)
             delay = min(delay * 2, self.poll_interval)
 
