@@ -389,10 +389,10 @@ def add_training_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> 
         if "choices" in option.metadata:
             settings["choices"] = option.metadata["choices"]
         parser.add_argument(flag, **settings)
-    for old, new in RENAMED_OPTIONS.items():
-        # A task started by an earlier release's launcher passes the old flag.
-        parser.add_argument(_flag(old), dest=old, type=int, metavar=new.upper(),
-                            help=f"deprecated since 0.2.0, removed in 0.3.0: {_flag(new)}")
+    for old in RENAMED_OPTIONS:
+        # Deprecated, unlisted like prepare's old flags; a task started by an earlier release's
+        # launcher is given them.
+        parser.add_argument(_flag(old), dest=old, type=int, help=argparse.SUPPRESS)
     parser.set_defaults(**defaults)
 
 
