@@ -64,12 +64,12 @@ def test_the_parts_of_a_parallel_prepare_are_importable_from_their_old_module_wi
         from airflow_tf.data.partitioned import no_such_name  # noqa: F401
 
 
-# -- min/max_shard_bytes: the embedding tables' pieces are partitions ("shard" is a training file) -------------
-SHARD_TO_PARTITION = [("min_shard_bytes", "min_partition_bytes", 4096), ("max_shard_bytes", "max_partition_bytes", 2**30)]
+# -- min/max_shard_bytes: the embedding tables' pieces are slices ("shard" is a training file) -------------
+SHARD_TO_SLICE = [("min_shard_bytes", "min_slice_bytes", 4096), ("max_shard_bytes", "max_slice_bytes", 2**30)]
 
 
-@pytest.mark.parametrize(("old", "new", "value"), SHARD_TO_PARTITION)
-def test_the_old_training_option_name_sets_the_partition_option_with_the_projects_warning(old, new, value):
+@pytest.mark.parametrize(("old", "new", "value"), SHARD_TO_SLICE)
+def test_the_old_training_option_name_sets_the_slice_option_with_the_projects_warning(old, new, value):
     from airflow_tf.cluster import TrainingConfig
 
     with pytest.warns(AirflowTFDeprecationWarning, match=rf"TrainingConfig\({old}=\.\.\.\) is deprecated .* use {new}=") \
@@ -83,7 +83,7 @@ def test_the_old_training_option_name_sets_the_partition_option_with_the_project
         TrainingConfig(dataset="/d", run_dir="/r", steps=5, **{old: value, new: value + 1})
 
 
-@pytest.mark.parametrize(("old", "new", "value"), SHARD_TO_PARTITION)
+@pytest.mark.parametrize(("old", "new", "value"), SHARD_TO_SLICE)
 def test_the_old_flag_reaches_the_same_setting_in_a_task_and_in_airflow_tf_render(old, new, value, capsys):
     """A task started by an earlier release's launcher is given the old flag; ``airflow-tf
     render`` passes the new one to the tasks it writes."""
@@ -100,7 +100,7 @@ def test_the_old_flag_reaches_the_same_setting_in_a_task_and_in_airflow_tf_rende
             pytest.warns(AirflowTFDeprecationWarning):
         TrainingConfig.from_args([*base, flag, str(value), new_flag, str(value + 1)])
 
-    other = "--max-partition-bytes" if old == "min_shard_bytes" else "--min-partition-bytes"
+    other = "--max-slice-bytes" if old == "min_shard_bytes" else "--min-slice-bytes"
     render = ["render", "--name", "demo", "--image", "registry.example/tf:2.21", other, "4096"]
     with pytest.warns(AirflowTFDeprecationWarning, match=rf"{flag} is deprecated"):
         assert main([*render, flag, str(value)]) == 0
@@ -112,17 +112,17 @@ def test_a_dict_written_before_the_rename_is_read_with_the_warning():
     """A launch result in XCom or a local group's saved spec from an earlier release names the old keys."""
     from airflow_tf.cluster import GroupSpec, TrainingConfig
 
-    spec = GroupSpec.for_training("g", TrainingConfig(dataset="/d", run_dir="/r", steps=5, max_partition_bytes=2**30))
+    spec = GroupSpec.for_training("g", TrainingConfig(dataset="/d", run_dir="/r", steps=5, max_slice_bytes=2**30))
     saved = spec.to_dict()
-    saved["training"]["max_shard_bytes"] = saved["training"].pop("max_partition_bytes")
+    saved["training"]["max_shard_bytes"] = saved["training"].pop("max_slice_bytes")
     with pytest.warns(AirflowTFDeprecationWarning, match=r"max_shard_bytes=\.\.\.\) is deprecated .* use "
-                      r"max_partition_bytes="):
+                      r"max_slice_bytes="):
         assert GroupSpec.from_dict(saved) == spec
     with pytest.raises(ValueError, match=r"unknown training option\(s\): shard_bytes"):
         TrainingConfig.from_dict({"dataset": "/d", "run_dir": "/r", "steps": 5, "shard_bytes": 1})
 
 
-@pytest.mark.parametrize(("old", "new", "value"), SHARD_TO_PARTITION)
+@pytest.mark.parametrize(("old", "new", "value"), SHARD_TO_SLICE)
 def test_the_launch_operator_takes_the_old_name_as_parameter_and_training_key(old, new, value, tmp_path, monkeypatch):
     from types import SimpleNamespace
 

@@ -23,11 +23,11 @@ from .memory import memory_bytes
 OPTIMIZERS = ("sgd", "adam", "adagrad", "rmsprop", "lazy_adam", "ftrl")
 """``lazy_adam`` is Adam that updates the moments of the embedding rows a step looked up only
 (``adam`` decays every row's moments every step); ``ftrl`` is TensorFlow's FTRL-Proximal."""
-DEFAULT_MIN_PARTITION_BYTES = 16 * 2**20
-DEFAULT_MAX_PARTITION_BYTES = 128 * 2**20
-RENAMED_OPTIONS = {"min_shard_bytes": "min_partition_bytes", "max_shard_bytes": "max_partition_bytes"}
+DEFAULT_MIN_SLICE_BYTES = 16 * 2**20
+DEFAULT_MAX_SLICE_BYTES = 128 * 2**20
+RENAMED_OPTIONS = {"min_shard_bytes": "min_slice_bytes", "max_shard_bytes": "max_slice_bytes"}
 """Old name -> new name of the training options renamed in 0.2.0 ("shard" is a training file,
-an embedding table's piece a partition). The old names still work, as keywords, dict keys and
+an embedding table's piece a slice). The old names still work, as keywords, dict keys and
 flags, with AirflowTFDeprecationWarning, until 0.3.0."""
 DEFAULT_IN_MEMORY_INPUT_BYTES = 256 * 2**20
 MAX_IN_MEMORY_INPUT_BYTES = 2**30
@@ -144,19 +144,18 @@ class TrainingConfig:
                                        "global steps, besides every ``log_every_secs``", bounds=(1, 10**9))
     code_dir: str | None = _option(None, "snapshot of the model's code (written by the launch into the run "
                                    "directory); imported first")
-    min_partition_bytes: int = _option(DEFAULT_MIN_PARTITION_BYTES, "embedding tables are split over the ps tasks "
-                                       "in partitions of at least this many bytes (one partition per ps until they "
-                                       "reach ``max_partition_bytes``): a table under it stays in one piece",
-                                       bounds=(1, 2**50))
-    max_partition_bytes: int = _option(DEFAULT_MAX_PARTITION_BYTES, "largest partition of an embedding table: a "
-                                       "table larger than this times the ps count gets several partitions per ps, "
-                                       "so that a checkpoint save (one partition at a time) needs this much memory "
-                                       "over the tables at most", bounds=(1, 2**50))
+    min_slice_bytes: int = _option(DEFAULT_MIN_SLICE_BYTES, "embedding tables are split over the ps tasks in "
+                                   "slices of at least this many bytes (one slice per ps until they reach "
+                                   "``max_slice_bytes``): a table under it stays in one piece", bounds=(1, 2**50))
+    max_slice_bytes: int = _option(DEFAULT_MAX_SLICE_BYTES, "largest slice of an embedding table: a table larger "
+                                   "than this times the ps count gets several slices per ps, so that a checkpoint "
+                                   "save (one slice at a time) needs this much memory over the tables at most",
+                                   bounds=(1, 2**50))
     ps_memory_limit: str | None = _option(None, "memory of one ps task (a quantity: ``4Gi``) to check embedding "
                                           "tables and their optimizer slots against before training; None: the ps "
                                           "role's ``resources`` (limits, else requests), else on a local group the "
                                           "memory available on the machine")
-    # The deprecated names of min/max_partition_bytes (RENAMED_OPTIONS): keywords only, not fields.
+    # The deprecated names of min/max_slice_bytes (RENAMED_OPTIONS): keywords only, not fields.
     min_shard_bytes: InitVar[int | str | None] = None
     max_shard_bytes: InitVar[int | str | None] = None
 
@@ -209,10 +208,10 @@ class TrainingConfig:
         if self.sync and isinstance(self.steps_per_call, int) and self.steps_per_call > 1:
             errors.append(f"steps_per_call: sync mode runs one step per call (each waits for the other workers' "
                           f"gradients), got {self.steps_per_call}; drop steps_per_call or sync=True")
-        if isinstance(self.min_partition_bytes, int) and isinstance(self.max_partition_bytes, int) and \
-                self.min_partition_bytes > self.max_partition_bytes:
-            errors.append(f"max_partition_bytes: {self.max_partition_bytes:,} is below "
-                          f"min_partition_bytes={self.min_partition_bytes:,}; raise it or lower min_partition_bytes")
+        if isinstance(self.min_slice_bytes, int) and isinstance(self.max_slice_bytes, int) and \
+                self.min_slice_bytes > self.max_slice_bytes:
+            errors.append(f"max_slice_bytes: {self.max_slice_bytes:,} is below "
+                          f"min_slice_bytes={self.min_slice_bytes:,}; raise it or lower min_slice_bytes")
         if self.ps_memory_limit is not None:
             try:
                 memory_bytes(self.ps_memory_limit, "ps_memory_limit")

@@ -90,8 +90,8 @@ class LaunchTFClusterOperator(LineageMethods, BaseOperator):
     :param group_name: a fixed group name instead of the derived one.
     :param training: deprecated since 0.2.0, removed in 0.3.0: a dict of the training options
         above (``{"steps": 300, "learning_rate": 0.1}``); pass each as its own parameter.
-    :param min_shard_bytes: deprecated since 0.2.0, removed in 0.3.0: ``min_partition_bytes``.
-    :param max_shard_bytes: deprecated since 0.2.0, removed in 0.3.0: ``max_partition_bytes``.
+    :param min_shard_bytes: deprecated since 0.2.0, removed in 0.3.0: ``min_slice_bytes``.
+    :param max_shard_bytes: deprecated since 0.2.0, removed in 0.3.0: ``max_slice_bytes``.
     """
 
     template_fields: Sequence[str] = (
@@ -123,8 +123,8 @@ class LaunchTFClusterOperator(LineageMethods, BaseOperator):
                  variable_placement: str = TrainingConfig.variable_placement,
                  intra_op_threads: int | str | None = TrainingConfig.intra_op_threads,
                  inter_op_threads: int | str = TrainingConfig.inter_op_threads, seed: int | str = TrainingConfig.seed,
-                 min_partition_bytes: int | str = TrainingConfig.min_partition_bytes,
-                 max_partition_bytes: int | str = TrainingConfig.max_partition_bytes,
+                 min_slice_bytes: int | str = TrainingConfig.min_slice_bytes,
+                 max_slice_bytes: int | str = TrainingConfig.max_slice_bytes,
                  ps_memory_limit: str | None = TrainingConfig.ps_memory_limit, run_dir: str | None = None,
                  backend: str | None = None, backend_options: dict[str, Any] | None = None, image: str | None = None,
                  role_options: dict[str, dict[str, Any]] | None = None, backoff_limit: int = DEFAULT_BACKOFF_LIMIT,
@@ -159,12 +159,10 @@ class LaunchTFClusterOperator(LineageMethods, BaseOperator):
         self.intra_op_threads = intra_op_threads
         self.inter_op_threads = inter_op_threads
         self.seed = seed
-        self.min_partition_bytes = renamed(type(self).__name__, "min_shard_bytes", "min_partition_bytes",
-                                           min_shard_bytes, min_partition_bytes,
-                                           unset=TrainingConfig.min_partition_bytes)
-        self.max_partition_bytes = renamed(type(self).__name__, "max_shard_bytes", "max_partition_bytes",
-                                           max_shard_bytes, max_partition_bytes,
-                                           unset=TrainingConfig.max_partition_bytes)
+        self.min_slice_bytes = renamed(type(self).__name__, "min_shard_bytes", "min_slice_bytes",
+                                       min_shard_bytes, min_slice_bytes, unset=TrainingConfig.min_slice_bytes)
+        self.max_slice_bytes = renamed(type(self).__name__, "max_shard_bytes", "max_slice_bytes",
+                                       max_shard_bytes, max_slice_bytes, unset=TrainingConfig.max_slice_bytes)
         self.ps_memory_limit = ps_memory_limit
         self.run_dir = run_dir
         self.backend = backend
