@@ -10,7 +10,7 @@ local backend), for tables of 1k, 1M and 4M rows, against baselines measured in 
   TensorFlow's Adagrad, one step per ``session.run`` of a ``MonitoredTrainingSession``; 2 ps + 2
   async workers as processes of their own, in a private network namespace like the local
   backend's groups;
-- **ours**: the same model as users write it; airflow-tf shards each table over the ps tasks and
+- **ours**: the same model as users write it; airflow-tf slices each table over the ps tasks and
   looks the rows up there;
 - **ours-1-step** (only when named in ``--only``): ours run as the baseline runs, one step per
   ``session.run`` and the input streamed from the files (ours defaults to several steps per call

@@ -46,7 +46,7 @@ with DAG(
         ps=2,
         workers=2,
         model="recommendation_model:build",  # dags/recommendation_model.py, next to this file
-        model_kwargs={"buckets": 524_288, "dim": 16},  # 32 MiB per table: 2 shards of 16 MiB
+        model_kwargs={"buckets": 524_288, "dim": 16},  # 32 MiB per table: 2 slices of 16 MiB
         loss="binary_crossentropy",
         optimizer="adagrad",
         learning_rate=0.5,

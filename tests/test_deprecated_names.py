@@ -62,3 +62,87 @@ def test_the_parts_of_a_parallel_prepare_are_importable_from_their_old_module_wi
     assert plan_parts is parts.plan_parts
     with pytest.raises(ImportError):
         from airflow_tf.data.partitioned import no_such_name  # noqa: F401
+
+
+# -- min/max_shard_bytes: the embedding tables' pieces are slices ("shard" is a training file) -------------
+SHARD_TO_SLICE = [("min_shard_bytes", "min_slice_bytes", 4096), ("max_shard_bytes", "max_slice_bytes", 2**30)]
+
+
+@pytest.mark.parametrize(("old", "new", "value"), SHARD_TO_SLICE)
+def test_the_old_training_option_name_sets_the_slice_option_with_the_projects_warning(old, new, value):
+    from airflow_tf.cluster import TrainingConfig
+
+    with pytest.warns(AirflowTFDeprecationWarning, match=rf"TrainingConfig\({old}=\.\.\.\) is deprecated .* use {new}=") \
+            as caught:
+        config = TrainingConfig(dataset="/d", run_dir="/r", steps=5, **{old: value})
+    assert caught[0].filename == __file__, "the warning points at the caller's line"
+    assert config == TrainingConfig(dataset="/d", run_dir="/r", steps=5, **{new: value})
+    assert old not in config.to_dict() and config.to_args()[-4:].count(str(value)) == 1
+    with pytest.raises(ValueError, match=rf"{old} is the deprecated name of {new}; give {new} only"), \
+            pytest.warns(AirflowTFDeprecationWarning):
+        TrainingConfig(dataset="/d", run_dir="/r", steps=5, **{old: value, new: value + 1})
+
+
+@pytest.mark.parametrize(("old", "new", "value"), SHARD_TO_SLICE)
+def test_the_old_flag_reaches_the_same_setting_in_a_task_and_in_airflow_tf_render(old, new, value, capsys):
+    """A task started by an earlier release's launcher is given the old flag; ``airflow-tf
+    render`` passes the new one to the tasks it writes."""
+    from airflow_tf.cli import main
+    from airflow_tf.cluster import TrainingConfig
+
+    flag, new_flag = "--" + old.replace("_", "-"), "--" + new.replace("_", "-")
+    base = ["--dataset", "/d", "--run-dir", "/r", "--steps", "5"]
+    with pytest.warns(AirflowTFDeprecationWarning, match=rf"{flag} is deprecated .* use {new_flag}"):
+        config = TrainingConfig.from_args([*base, flag, str(value)])
+    assert config == TrainingConfig.from_args([*base, new_flag, str(value)])
+    assert getattr(config, new) == value
+    with pytest.raises(ValueError, match=rf"{flag} is the deprecated name of {new_flag}; give {new_flag} only"), \
+            pytest.warns(AirflowTFDeprecationWarning):
+        TrainingConfig.from_args([*base, flag, str(value), new_flag, str(value + 1)])
+
+    other = "--max-slice-bytes" if old == "min_shard_bytes" else "--min-slice-bytes"
+    render = ["render", "--name", "demo", "--image", "registry.example/tf:2.21", other, "4096"]
+    with pytest.warns(AirflowTFDeprecationWarning, match=rf"{flag} is deprecated"):
+        assert main([*render, flag, str(value)]) == 0
+    manifests = capsys.readouterr().out
+    assert f"- {new_flag}\n" in manifests and f"- '{value}'\n" in manifests and flag not in manifests
+
+
+def test_a_dict_written_before_the_rename_is_read_with_the_warning():
+    """A launch result in XCom or a local group's saved spec from an earlier release names the old keys."""
+    from airflow_tf.cluster import GroupSpec, TrainingConfig
+
+    spec = GroupSpec.for_training("g", TrainingConfig(dataset="/d", run_dir="/r", steps=5, max_slice_bytes=2**30))
+    saved = spec.to_dict()
+    saved["training"]["max_shard_bytes"] = saved["training"].pop("max_slice_bytes")
+    with pytest.warns(AirflowTFDeprecationWarning, match=r"max_shard_bytes=\.\.\.\) is deprecated .* use "
+                      r"max_slice_bytes="):
+        assert GroupSpec.from_dict(saved) == spec
+    with pytest.raises(ValueError, match=r"unknown training option\(s\): shard_bytes"):
+        TrainingConfig.from_dict({"dataset": "/d", "run_dir": "/r", "steps": 5, "shard_bytes": 1})
+
+
+@pytest.mark.parametrize(("old", "new", "value"), SHARD_TO_SLICE)
+def test_the_launch_operator_takes_the_old_name_as_parameter_and_training_key(old, new, value, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import pendulum
+    from airflow.sdk import DAG
+
+    from airflow_tf.operators import LaunchTFClusterOperator
+
+    monkeypatch.setenv("AIRFLOW_TF_STORAGE", str(tmp_path))
+    ti = SimpleNamespace(dag_id="renamed", task_id="launch", run_id="manual__1", map_index=-1, try_number=1)
+    with DAG("renamed", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
+        LaunchTFClusterOperator(task_id="imported_first", dataset="/d", steps=5)
+        with pytest.warns(AirflowTFDeprecationWarning, match=rf"LaunchTFClusterOperator\({old}=\.\.\.\) is "
+                          rf"deprecated .* use {new}="):
+            launch = LaunchTFClusterOperator(task_id="launch", dataset=str(tmp_path / "ds"), steps=5, **{old: value})
+        with pytest.warns(AirflowTFDeprecationWarning, match=rf"{old}=\.\.\.\) is deprecated .* use {new}="):
+            in_training = LaunchTFClusterOperator(task_id="in_training", dataset=str(tmp_path / "ds"),
+                                                  training={"steps": 5, old: value})
+        with pytest.raises(ValueError, match=rf"{old} is the deprecated name of {new}; give {new} only"), \
+                pytest.warns(AirflowTFDeprecationWarning):
+            LaunchTFClusterOperator(task_id="both", dataset="/d", steps=5, **{old: value, new: value + 1})
+    assert getattr(launch.build_spec({"ti": ti}).training, new) == value
+    assert getattr(in_training, new) == value

@@ -132,6 +132,8 @@ DEPRECATED_PARAMETERS = [
     ("airflow_tf.task_groups.tf_prepare", "partitions", 3, "parts"),
     ("airflow_tf.task_groups.tf_prepare", "workers", 2, "encode_threads"),
     ("airflow_tf.operators.LaunchTFClusterOperator", "training", {"steps": 5}, "one parameter per option"),
+    ("airflow_tf.operators.LaunchTFClusterOperator", "min_shard_bytes", 4096, "min_slice_bytes"),
+    ("airflow_tf.operators.LaunchTFClusterOperator", "max_shard_bytes", 2**30, "max_slice_bytes"),
     ("airflow_tf.operators.TeardownTFClusterOperator", "launch_task_id", "launch", "launch="),
 ]
 

@@ -11,10 +11,11 @@ import dataclasses
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from airflow_tf.deprecation import deprecated, renamed
 from airflow_tf.files import strip_file_scheme, training_location_problem
 
 from .memory import memory_bytes
@@ -22,8 +23,12 @@ from .memory import memory_bytes
 OPTIMIZERS = ("sgd", "adam", "adagrad", "rmsprop", "lazy_adam", "ftrl")
 """``lazy_adam`` is Adam that updates the moments of the embedding rows a step looked up only
 (``adam`` decays every row's moments every step); ``ftrl`` is TensorFlow's FTRL-Proximal."""
-DEFAULT_MIN_SHARD_BYTES = 16 * 2**20
-DEFAULT_MAX_SHARD_BYTES = 128 * 2**20
+DEFAULT_MIN_SLICE_BYTES = 16 * 2**20
+DEFAULT_MAX_SLICE_BYTES = 128 * 2**20
+RENAMED_OPTIONS = {"min_shard_bytes": "min_slice_bytes", "max_shard_bytes": "max_slice_bytes"}
+"""Old name -> new name of the training options renamed in 0.2.0 ("shard" is a training file,
+an embedding table's piece a slice). The old names still work, as keywords, dict keys and
+flags, with AirflowTFDeprecationWarning, until 0.3.0."""
 DEFAULT_IN_MEMORY_INPUT_BYTES = 256 * 2**20
 MAX_IN_MEMORY_INPUT_BYTES = 2**30
 """The share is held in the training graph as constants, which TensorFlow limits to 2 GiB a graph."""
@@ -139,20 +144,26 @@ class TrainingConfig:
                                        "global steps, besides every ``log_every_secs``", bounds=(1, 10**9))
     code_dir: str | None = _option(None, "snapshot of the model's code (written by the launch into the run "
                                    "directory); imported first")
-    min_shard_bytes: int = _option(DEFAULT_MIN_SHARD_BYTES, "embedding tables are split over the ps tasks in "
-                                   "shards of at least this many bytes (one shard per ps until they reach "
-                                   "``max_shard_bytes``): a table under it stays in one piece", bounds=(1, 2**50))
-    max_shard_bytes: int = _option(DEFAULT_MAX_SHARD_BYTES, "largest shard of an embedding table: a table larger "
-                                   "than this times the ps count gets several shards per ps, so that a checkpoint "
-                                   "save (one shard at a time) needs this much memory over the tables at most",
+    min_slice_bytes: int = _option(DEFAULT_MIN_SLICE_BYTES, "embedding tables are split over the ps tasks in "
+                                   "slices of at least this many bytes (one slice per ps until they reach "
+                                   "``max_slice_bytes``): a table under it stays in one piece", bounds=(1, 2**50))
+    max_slice_bytes: int = _option(DEFAULT_MAX_SLICE_BYTES, "largest slice of an embedding table: a table larger "
+                                   "than this times the ps count gets several slices per ps, so that a checkpoint "
+                                   "save (one slice at a time) needs this much memory over the tables at most",
                                    bounds=(1, 2**50))
     ps_memory_limit: str | None = _option(None, "memory of one ps task (a quantity: ``4Gi``) to check embedding "
                                           "tables and their optimizer slots against before training; None: the ps "
                                           "role's ``resources`` (limits, else requests), else on a local group the "
                                           "memory available on the machine")
+    # The deprecated names of min/max_slice_bytes (RENAMED_OPTIONS): keywords only, not fields.
+    min_shard_bytes: InitVar[int | str | None] = None
+    max_shard_bytes: InitVar[int | str | None] = None
 
-
-    def __post_init__(self) -> None:
+    def __post_init__(self, min_shard_bytes: int | str | None, max_shard_bytes: int | str | None) -> None:
+        for old, value in (("min_shard_bytes", min_shard_bytes), ("max_shard_bytes", max_shard_bytes)):
+            new = RENAMED_OPTIONS[old]
+            setattr(self, new, renamed("TrainingConfig", old, new, value, getattr(self, new),
+                                       unset=_FIELDS[new].default))
         errors = self._coerce_types()
         if errors:
             raise ValueError("invalid training options:\n  " + "\n  ".join(errors))
@@ -197,10 +208,10 @@ class TrainingConfig:
         if self.sync and isinstance(self.steps_per_call, int) and self.steps_per_call > 1:
             errors.append(f"steps_per_call: sync mode runs one step per call (each waits for the other workers' "
                           f"gradients), got {self.steps_per_call}; drop steps_per_call or sync=True")
-        if isinstance(self.min_shard_bytes, int) and isinstance(self.max_shard_bytes, int) and \
-                self.min_shard_bytes > self.max_shard_bytes:
-            errors.append(f"max_shard_bytes: {self.max_shard_bytes:,} is below min_shard_bytes={self.min_shard_bytes:,}; "
-                          "raise it or lower min_shard_bytes")
+        if isinstance(self.min_slice_bytes, int) and isinstance(self.max_slice_bytes, int) and \
+                self.min_slice_bytes > self.max_slice_bytes:
+            errors.append(f"max_slice_bytes: {self.max_slice_bytes:,} is below "
+                          f"min_slice_bytes={self.min_slice_bytes:,}; raise it or lower min_slice_bytes")
         if self.ps_memory_limit is not None:
             try:
                 memory_bytes(self.ps_memory_limit, "ps_memory_limit")
@@ -234,7 +245,9 @@ class TrainingConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainingConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
+        """The options of ``to_dict``, or of a dict an earlier release wrote (a launch result, a
+        local group's saved spec): its renamed keys are taken with their warning."""
+        known = {f.name for f in dataclasses.fields(cls)} | set(RENAMED_OPTIONS)
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown training option(s): {', '.join(unknown)}")
@@ -245,7 +258,7 @@ class TrainingConfig:
         args: list[str] = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            flag = "--" + f.name.replace("_", "-")
+            flag = _flag(f.name)
             if value is None or (f.name == "model_kwargs" and not value):
                 continue
             if isinstance(value, bool):
@@ -265,7 +278,27 @@ class TrainingConfig:
     def from_namespace(cls, ns: argparse.Namespace, **overrides: Any) -> TrainingConfig:
         """The training options among parsed arguments (other arguments are ignored)."""
         values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if hasattr(ns, f.name)}
+        for old, new in RENAMED_OPTIONS.items():
+            if getattr(ns, old, None) is not None:
+                values[new] = _renamed_flag(old, new, getattr(ns, old), values.get(new))
         return cls(**{**values, **overrides})
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainingConfig)}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _renamed_flag(old: str, new: str, old_value: Any, new_value: Any) -> Any:
+    """The value of a renamed option given by its old flag, with the warning. The new flag given
+    too is refused naming both, as :func:`~airflow_tf.deprecation.renamed` refuses keywords."""
+    deprecated(_flag(old), f"{_flag(new)} (the same value)")
+    if new_value not in (None, _FIELDS[new].default):
+        raise ValueError(f"{_flag(old)} is the deprecated name of {_flag(new)}; give {_flag(new)} only "
+                         f"(given {old_value} and {new_value})")
+    return old_value
 
 
 def _kind(option: dataclasses.Field) -> str:
@@ -332,7 +365,7 @@ def add_training_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> 
     ``learning_rate``, its type, default, choices and documentation. ``defaults`` overrides a
     default (and makes dataset or run_dir, otherwise required, optional)."""
     for option in dataclasses.fields(TrainingConfig):
-        flag = "--" + option.name.replace("_", "-")
+        flag = _flag(option.name)
         # argparse formats help with %: a literal one is doubled.
         settings: dict[str, Any] = {"dest": option.name,
                                     "help": option.metadata["doc"].replace("``", "").replace("%", "%%")}
@@ -355,6 +388,10 @@ def add_training_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> 
         if "choices" in option.metadata:
             settings["choices"] = option.metadata["choices"]
         parser.add_argument(flag, **settings)
+    for old in RENAMED_OPTIONS:
+        # Deprecated, unlisted like prepare's old flags; a task started by an earlier release's
+        # launcher is given them.
+        parser.add_argument(_flag(old), dest=old, type=int, help=argparse.SUPPRESS)
     parser.set_defaults(**defaults)
 
 

@@ -20,7 +20,8 @@ from airflow_tf.cluster.group_options import LAUNCH_OPTIONS, GroupOptions, bound
 from airflow_tf.cluster.spec import (DEFAULT_BACKOFF_LIMIT, DEFAULT_PORT, DEFAULT_PS, DEFAULT_SUCCESS_POLICY,
                                      DEFAULT_WORKERS)
 from airflow_tf.cluster.model_code import snapshot_model_code
-from airflow_tf.cluster.training import dataset_uri_of, is_unset, parse_bool
+from airflow_tf.cluster.training import RENAMED_OPTIONS, dataset_uri_of, is_unset, parse_bool
+from airflow_tf.deprecation import renamed
 from airflow_tf.plugins.links import TensorBoardLink
 from airflow_tf.storage import check_in_team_root, runs_dir, team_of
 
@@ -89,6 +90,8 @@ class LaunchTFClusterOperator(LineageMethods, BaseOperator):
     :param group_name: a fixed group name instead of the derived one.
     :param training: deprecated since 0.2.0, removed in 0.3.0: a dict of the training options
         above (``{"steps": 300, "learning_rate": 0.1}``); pass each as its own parameter.
+    :param min_shard_bytes: deprecated since 0.2.0, removed in 0.3.0: ``min_slice_bytes``.
+    :param max_shard_bytes: deprecated since 0.2.0, removed in 0.3.0: ``max_slice_bytes``.
     """
 
     template_fields: Sequence[str] = (
@@ -120,14 +123,16 @@ class LaunchTFClusterOperator(LineageMethods, BaseOperator):
                  variable_placement: str = TrainingConfig.variable_placement,
                  intra_op_threads: int | str | None = TrainingConfig.intra_op_threads,
                  inter_op_threads: int | str = TrainingConfig.inter_op_threads, seed: int | str = TrainingConfig.seed,
-                 min_shard_bytes: int | str = TrainingConfig.min_shard_bytes,
-                 max_shard_bytes: int | str = TrainingConfig.max_shard_bytes,
+                 min_slice_bytes: int | str = TrainingConfig.min_slice_bytes,
+                 max_slice_bytes: int | str = TrainingConfig.max_slice_bytes,
                  ps_memory_limit: str | None = TrainingConfig.ps_memory_limit, run_dir: str | None = None,
                  backend: str | None = None, backend_options: dict[str, Any] | None = None, image: str | None = None,
                  role_options: dict[str, dict[str, Any]] | None = None, backoff_limit: int = DEFAULT_BACKOFF_LIMIT,
                  active_deadline_seconds: float | None = None, success_policy: str = DEFAULT_SUCCESS_POLICY,
                  port: int = DEFAULT_PORT, group_name: str | None = None, training: dict[str, Any] | None = None,
-                 isolate_network: bool = GroupOptions.isolate_network, pass_env: Sequence[str] | None = None, **kwargs: Any) -> None:
+                 isolate_network: bool = GroupOptions.isolate_network, pass_env: Sequence[str] | None = None,
+                 min_shard_bytes: int | str | None = None, max_shard_bytes: int | str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.dataset = dataset
         self.model = model
@@ -154,8 +159,10 @@ class LaunchTFClusterOperator(LineageMethods, BaseOperator):
         self.intra_op_threads = intra_op_threads
         self.inter_op_threads = inter_op_threads
         self.seed = seed
-        self.min_shard_bytes = min_shard_bytes
-        self.max_shard_bytes = max_shard_bytes
+        self.min_slice_bytes = renamed(type(self).__name__, "min_shard_bytes", "min_slice_bytes",
+                                       min_shard_bytes, min_slice_bytes, unset=TrainingConfig.min_slice_bytes)
+        self.max_slice_bytes = renamed(type(self).__name__, "max_shard_bytes", "max_slice_bytes",
+                                       max_shard_bytes, max_slice_bytes, unset=TrainingConfig.max_slice_bytes)
         self.ps_memory_limit = ps_memory_limit
         self.run_dir = run_dir
         self.backend = backend
@@ -186,6 +193,11 @@ class LaunchTFClusterOperator(LineageMethods, BaseOperator):
                    "one parameter per option, e.g. LaunchTFClusterOperator(steps=300, learning_rate=0.1)")
         if not isinstance(training, dict):
             raise TypeError(f"training: expected a dict of training options, got {training!r}")
+        training = dict(training)
+        for old, new in RENAMED_OPTIONS.items():
+            if old in training:
+                training[new] = renamed(type(self).__name__, old, new, training.pop(old),
+                                        training.get(new))
         unknown = sorted(set(training) - set(TRAINING_OPTIONS))
         if unknown:
             raise ValueError(f"training: unknown option(s) {', '.join(unknown)}; the options are "

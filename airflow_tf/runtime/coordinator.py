@@ -27,7 +27,7 @@ import tensorflow as tf
 from airflow_tf.cluster.training import TrainingConfig
 from airflow_tf.data import make_dataset
 
-from .embeddings import refuse_sharded_tables_in_coordinator_mode
+from .embeddings import refuse_sliced_tables_in_coordinator_mode
 from .errors import ModelError, TaskConfigError
 from .logs import log
 from .loop import (KEEP_CHECKPOINTS, AfterStep, NanPolicy, Progress, Start, placement, prepare_run_dir,
@@ -119,7 +119,7 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:  # noqa: PLR0915
     keras.utils.set_random_seed(config.seed)
     with strategy.scope():
         model = build_model(config, schema)
-        refuse_sharded_tables_in_coordinator_mode(model, config.min_shard_bytes)
+        refuse_sliced_tables_in_coordinator_mode(model, config.min_slice_bytes)
         optimizer = make_optimizer(config)
         optimizer.build(model.trainable_variables)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")

@@ -12,7 +12,7 @@ share (placed round robin, as the variables would be) under the checkpoint's nam
 - whenever the session starts (a fresh start, a restore, a warm start, a ps replaced), the
   trainer pulls the copies back before its first step.
 
-The global step stays on the ps, and so do the shards of embedding tables split over the ps (a
+The global step stays on the ps, and so do the slices of embedding tables split over the ps (a
 step updates the rows it looked up there). With several trainers, several towers or synchronous
 updates every variable stays on the ps (:func:`keeps_variables`)."""
 
@@ -33,7 +33,7 @@ def keeps_variables(config: TrainingConfig, trainers: int, towers: int) -> bool:
 
 
 def on_task(variable, device: str) -> bool:
-    """Whether ``variable`` (a sharded table's shards: a list) lives on the task ``device`` names."""
+    """Whether ``variable`` (a sliced table's slices: a list) lives on the task ``device`` names."""
     if isinstance(variable, list):
         return False
     placed, task = tf.DeviceSpec.from_string(variable.device), tf.DeviceSpec.from_string(device)

@@ -69,8 +69,8 @@ def target_step(config: TrainingConfig, examples_per_step: int) -> int:
 
 
 def placement(variables: dict[str, tf.Variable | list[tf.Variable]]) -> str:
-    """``/job:ps/task:0=global_step,model/001_bias /job:ps/task:1=model/000_kernel``; a sharded
-    variable appears on each ps that holds a shard of it."""
+    """``/job:ps/task:0=global_step,model/001_bias /job:ps/task:1=model/000_kernel``; a sliced
+    variable appears on each ps that holds a slice of it."""
     by_device: dict[str, list[str]] = defaultdict(list)
     for name, value in sorted(variables.items()):
         for variable in value if isinstance(value, list) else [value]:

@@ -10,8 +10,8 @@ ps of 1 GiB of tables peaked at 2 GiB at each checkpoint.
 Here a save reads each variable without a copy (``DisableCopyOnRead`` first), and writes the
 large variables of a ps one after another, each in its own ``SaveV2`` whose read waits for the
 previous write. A sparse update that reaches the variable being written still copies it (the
-write holds the old buffer); that is one variable, and tables are split into shards of at most
-``max_shard_bytes`` (embeddings.py) so that one is small. The checkpoint is an ordinary sharded
+write holds the old buffer); that is one variable, and tables are split into slices of at most
+``max_slice_bytes`` (embeddings.py) so that one is small. The checkpoint is an ordinary sharded
 V2 checkpoint (one data file per group), read by every TensorFlow checkpoint reader."""
 
 from __future__ import annotations

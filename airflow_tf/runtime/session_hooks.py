@@ -20,7 +20,8 @@ class FiniteSaver(tf.compat.v1.train.Saver):
     evaluated where each variable lives)."""
 
     def __init__(self, var_list: dict, nan_policy: NanPolicy, **kwargs):
-        # One variable of a ps written at a time, sharded by ps: a save costs a ps one shard.
+        # One variable of a ps written at a time, sharded by ps: a save costs a ps one variable (a table's
+        # largest slice).
         super().__init__(var_list=var_list, builder=OneAtATimeSaverBuilder(), sharded=True, **kwargs)
         self._nan_policy = nan_policy
         self.step_bound: StepBoundHook | None = None

@@ -23,7 +23,7 @@ from airflow_tf.data import make_dataset
 from airflow_tf.data.errors import DataError
 from airflow_tf.data.reader import EMPTY_SHARE_REMEDY
 
-from .embeddings import ShardedTable, check_ps_memory, ps_table_budget, shard_embeddings, trainable_variables
+from .embeddings import SlicedTable, check_ps_memory, ps_table_budget, slice_embeddings, trainable_variables
 from .kept_variables import KeptVariables, PullHook, keeps_variables, on_task
 from .errors import TaskConfigError
 from .logs import log
@@ -80,20 +80,20 @@ def training_forward(model, features):
     return predictions, [op for op in graph.get_operations()[first:] if op.type in STATE_UPDATES]
 
 
-def checkpoint_variables(model, tables: Sequence[ShardedTable] = ()) -> dict[str, tf.Variable | list[tf.Variable]]:
+def checkpoint_variables(model, tables: Sequence[SlicedTable] = ()) -> dict[str, tf.Variable | list[tf.Variable]]:
     """Every global variable under its checkpoint name: the model's weights by position (see
-    :mod:`.models`), the rest (global step, optimizer slots) by graph name. A sharded embedding
-    table, and each optimizer slot of it, is the list of its shards under one name: the
+    :mod:`.models`), the rest (global step, optimizer slots) by graph name. A sliced embedding
+    table, and each optimizer slot of it, is the list of its slices under one name: the
     checkpoint holds it as one tensor (see :mod:`.embeddings`)."""
-    sharded = {id(t.shadow): t.shards for t in tables}
+    sliced = {id(t.shadow): t.slices for t in tables}
     named: dict[str, tf.Variable | list[tf.Variable]] = {
-        weight_key(i, w): sharded.get(id(w.value), w.value) for i, w in enumerate(model.weights)}
+        weight_key(i, w): sliced.get(id(w.value), w.value) for i, w in enumerate(model.weights)}
     in_model = {v.name for value in named.values() for v in (value if isinstance(value, list) else [value])}
     for variable in tf.compat.v1.global_variables():
         if variable.name in in_model:
             continue
         slice_info = variable._save_slice_info
-        if slice_info is not None:  # a shard of an optimizer slot of a sharded table
+        if slice_info is not None:  # a slice of an optimizer slot of a sliced table
             named.setdefault(slice_info.full_name, []).append(variable)
         else:
             named[variable.op.name] = variable
@@ -148,7 +148,7 @@ def _warm_start(start: Start, variables: dict):
 
 
 def _no_constant_folding(tf_config) -> None:
-    """No constant folding in sessions over sharded tables: Grappler folds a slot's fill (an
+    """No constant folding in sessions over sliced tables: Grappler folds a slot's fill (an
     accumulator's initial value) into a constant the ps keeps for good, so the first sparse
     update copies the slot; and each ps evaluates a table's initial values to fold them whenever
     a graph is registered with it. Both cost the ps a table's memory."""
@@ -207,7 +207,7 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
             )
             iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
             keys = {id(w.value): weight_key(i, w) for i, w in enumerate(model.weights)}
-            tables = shard_embeddings(model, keys, task.ps_count, config.min_shard_bytes, config.max_shard_bytes)
+            tables = slice_embeddings(model, keys, task.ps_count, config.min_slice_bytes, config.max_slice_bytes)
             check_ps_memory(tables, config.optimizer, task.ps_count, ps_table_budget(config.ps_memory_limit, task.ps_count))
             optimizer = make_optimizer(config)
             sync_optimizer = None

@@ -51,7 +51,7 @@ def test_recommendation_dag_trains_tables_on_both_ps_and_exports_a_model_of_raw_
     assert metrics["task"] == "binary_classification" and metrics["metrics"]["auc"] >= 0.7, metrics
     worker_log = next((run_dir / "logs").rglob("*-worker-0.log")).read_text()
     for table in ("user_embedding", "item_embedding"):
-        assert f"airflow-tf embedding {table} 524288x16 32.0 MiB in 2 shard(s) on ps 0,1" in worker_log
+        assert f"airflow-tf embedding {table} 524288x16 32.0 MiB in 2 slice(s) on ps 0,1" in worker_log
     export = tmp_path / "storage" / "models" / "clicks" / "1"
     import tensorflow as tf
 

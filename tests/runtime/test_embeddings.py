@@ -23,7 +23,7 @@ from airflow_tf.cluster.model_code import snapshot_model_code
 from airflow_tf.data import load_schema, prepare_dataset
 from airflow_tf.data.samples import write_clicks_csv
 from airflow_tf.runtime import models
-from airflow_tf.runtime.embeddings import check_ps_memory, shard_count, shard_embeddings, shard_rows
+from airflow_tf.runtime.embeddings import check_ps_memory, slice_count, slice_embeddings, slice_rows
 from airflow_tf.runtime.errors import TaskConfigError
 from airflow_tf.runtime.optimizers import LazyAdamOptimizer
 from airflow_tf.runtime.training import checkpoint_variables
@@ -49,7 +49,7 @@ def click_model(rows=4096, dim=8):
     return namespace["build"](rows, dim)
 
 
-def build_training_graph(rows=4096, dim=8, min_shard_bytes=1024, shard=True):
+def build_training_graph(rows=4096, dim=8, min_slice_bytes=1024, sliced=True):
     """The click model's forward and Adagrad update in a graph placed for CLUSTER, as a worker builds it."""
     graph = tf.Graph()
     with graph.as_default():
@@ -59,10 +59,10 @@ def build_training_graph(rows=4096, dim=8, min_shard_bytes=1024, shard=True):
             global_step = tf.compat.v1.train.get_or_create_global_step()
             model = click_model(rows, dim)
             keys = {id(w.value): models.weight_key(i, w) for i, w in enumerate(model.weights)}
-            tables = shard_embeddings(model, keys, 2, min_shard_bytes) if shard else []
+            tables = slice_embeddings(model, keys, 2, min_slice_bytes) if sliced else []
             features = {"user": tf.constant(["u1", "u2"]), "item": tf.constant(["i1", "i2"])}
             loss = tf.reduce_mean(model(features, training=True))
-            variables = [v for t in tables for v in t.shards] + [
+            variables = [v for t in tables for v in t.slices] + [
                 w.value for w in model.trainable_weights if all(w.value is not t.shadow for t in tables)]
             optimizer = tf.compat.v1.train.AdagradOptimizer(0.1)
             grads = optimizer.compute_gradients(loss, var_list=variables)
@@ -70,35 +70,35 @@ def build_training_graph(rows=4096, dim=8, min_shard_bytes=1024, shard=True):
     return graph, model, tables, grads
 
 
-def test_shards_follow_the_table_size_and_the_ps_count():
-    assert shard_count(64 * 2**20, ps_tasks=4, min_shard_bytes=16 * 2**20) == 4
-    assert shard_count(2 * 2**30, ps_tasks=4, min_shard_bytes=16 * 2**20) == 4  # 2 GB over 4 ps: ~0.5 GB each
-    assert shard_count(20 * 2**20, ps_tasks=4, min_shard_bytes=16 * 2**20) == 2
-    assert shard_count(1024, ps_tasks=4, min_shard_bytes=16 * 2**20) == 1
-    # Past max_shard_bytes per ps, several shards per ps, as many on each: 2 GB over 4 ps in 128 MB shards.
-    assert shard_count(2 * 2**30, ps_tasks=4, min_shard_bytes=16 * 2**20, max_shard_bytes=128 * 2**20) == 16
-    assert shard_count(512 * 2**20, ps_tasks=3, min_shard_bytes=16 * 2**20, max_shard_bytes=128 * 2**20) == 6
-    assert shard_count(256 * 2**20, ps_tasks=2, min_shard_bytes=16 * 2**20, max_shard_bytes=128 * 2**20) == 2
-    assert shard_rows(10, 3) == [4, 3, 3] and sum(shard_rows(4_194_304, 3)) == 4_194_304
+def test_slices_follow_the_table_size_and_the_ps_count():
+    assert slice_count(64 * 2**20, ps_tasks=4, min_slice_bytes=16 * 2**20) == 4
+    assert slice_count(2 * 2**30, ps_tasks=4, min_slice_bytes=16 * 2**20) == 4  # 2 GB over 4 ps: ~0.5 GB each
+    assert slice_count(20 * 2**20, ps_tasks=4, min_slice_bytes=16 * 2**20) == 2
+    assert slice_count(1024, ps_tasks=4, min_slice_bytes=16 * 2**20) == 1
+    # Past max_slice_bytes per ps, several slices per ps, as many on each: 2 GB over 4 ps in 128 MB slices.
+    assert slice_count(2 * 2**30, ps_tasks=4, min_slice_bytes=16 * 2**20, max_slice_bytes=128 * 2**20) == 16
+    assert slice_count(512 * 2**20, ps_tasks=3, min_slice_bytes=16 * 2**20, max_slice_bytes=128 * 2**20) == 6
+    assert slice_count(256 * 2**20, ps_tasks=2, min_slice_bytes=16 * 2**20, max_slice_bytes=128 * 2**20) == 2
+    assert slice_rows(10, 3) == [4, 3, 3] and sum(slice_rows(4_194_304, 3)) == 4_194_304
 
 
 def test_lookups_run_on_the_ps_and_no_table_is_read_whole_on_the_worker():
     graph, _, tables, grads = build_training_graph()
     assert len(tables) == 2
     for table in tables:
-        assert sorted(s.device for s in table.shards) == ["/job:ps/task:0", "/job:ps/task:1"]
-    shard_names = {s.op.name for t in tables for s in t.shards}
+        assert sorted(s.device for s in table.slices) == ["/job:ps/task:0", "/job:ps/task:1"]
+    slice_names = {s.op.name for t in tables for s in t.slices}
     gathers = [op for op in graph.get_operations() if op.type == "ResourceGather"
-               and op.inputs[0].op.name in shard_names]
-    assert len(gathers) == 4, "one lookup per shard of each table"
+               and op.inputs[0].op.name in slice_names]
+    assert len(gathers) == 4, "one lookup per slice of each table"
     for op in gathers:
         assert op.device == op.inputs[0].op.device and op.device.startswith("/job:ps/"), (op.name, op.device)
-    reads = [op for op in graph.get_operations() if op.type == "ReadVariableOp" and op.inputs[0].op.name in shard_names]
+    reads = [op for op in graph.get_operations() if op.type == "ReadVariableOp" and op.inputs[0].op.name in slice_names]
     leaving = [(read.name, consumer.name, consumer.device) for read in reads for consumer in read.outputs[0].consumers()
                if consumer.device != read.inputs[0].op.device]
-    assert leaving == [], f"a table shard is read whole off its ps: {leaving}"
+    assert leaving == [], f"a table slice is read whole off its ps: {leaving}"
     for grad, variable in grads:
-        if variable.op.name in shard_names:
+        if variable.op.name in slice_names:
             assert isinstance(grad, tf.IndexedSlices), "a table's gradient is its looked-up rows only"
     sparse_updates = [op for op in graph.get_operations() if op.type == "ResourceSparseApplyAdagrad"]
     assert len(sparse_updates) == 4 and all(op.device.startswith("/job:ps/") for op in sparse_updates)
@@ -106,14 +106,14 @@ def test_lookups_run_on_the_ps_and_no_table_is_read_whole_on_the_worker():
 
 def test_without_the_ps_lookup_keras_reads_the_whole_table_onto_the_worker():
     """What the lookup above replaces (and what the test above would see without it)."""
-    graph, model, _, _ = build_training_graph(shard=False)
+    graph, model, _, _ = build_training_graph(sliced=False)
     tables = {layer.embeddings.value.op.name for layer in model.layers if isinstance(layer, keras.layers.Embedding)}
     reads = [op for op in graph.get_operations() if op.type == "ReadVariableOp" and op.inputs[0].op.name in tables]
     gathers = [op for op in graph.get_operations() if op.type == "GatherV2" and op.inputs[0].op in reads]
     assert reads and gathers and all(op.device.startswith("/job:worker") for op in gathers)
 
 
-def test_the_checkpoint_names_each_table_once_whatever_its_shard_count():
+def test_the_checkpoint_names_each_table_once_whatever_its_slice_count():
     graph, model, tables, _ = build_training_graph()
     with graph.as_default():
         named = checkpoint_variables(model, tables)
@@ -127,7 +127,7 @@ def test_tables_that_would_not_fit_on_a_ps_are_refused_with_the_numbers():
     with pytest.raises(TaskConfigError) as refused:
         check_ps_memory(tables, "adagrad", 2, budget_bytes=100_000)
     message = str(refused.value)
-    assert "4,096 rows x 8 x 4 bytes" in message and "2 shard(s)" in message and "2 ps" in message
+    assert "4,096 rows x 8 x 4 bytes" in message and "2 slice(s)" in message and "2 ps" in message
     assert "ps_memory_limit" in message and "Add ps tasks" in message
     check_ps_memory(tables, "adagrad", 2, budget_bytes=10**9)  # fits: nothing raised
 
@@ -173,38 +173,38 @@ def clicks(tmp_path_factory):
 
 def click_options(code_dir, **options):
     return dict(model="user_click_model:build", code_dir=code_dir, loss="binary_crossentropy", optimizer="adagrad",
-                min_shard_bytes=1024, batch_size=64, **options)
+                min_slice_bytes=1024, batch_size=64, **options)
 
 
 @pytest.fixture(scope="module")
-def sharded_run(clicks, train):
+def sliced_run(clicks, train):
     dataset, run_dir, code_dir = clicks
     return train("rt-emb", dataset, run_dir, ps=2, workers=2, **click_options(code_dir, steps=400))
 
 
 @pytest.mark.slow
-def test_a_plain_keras_click_model_trains_with_its_tables_split_over_every_ps(sharded_run):
-    assert sharded_run.succeeded, sharded_run.report
+def test_a_plain_keras_click_model_trains_with_its_tables_split_over_every_ps(sliced_run):
+    assert sliced_run.succeeded, sliced_run.report
     for worker in ("worker-0", "worker-1"):
-        described = sharded_run.lines(worker, "airflow-tf embedding ")
-        assert len(described) == 2 and all("4096x8" in line and "2 shard(s) on ps 0,1" in line for line in described)
-    (placement,) = sharded_run.lines("worker-0", "airflow-tf variables ")
+        described = sliced_run.lines(worker, "airflow-tf embedding ")
+        assert len(described) == 2 and all("4096x8" in line and "2 slice(s) on ps 0,1" in line for line in described)
+    (placement,) = sliced_run.lines("worker-0", "airflow-tf variables ")
     held = dict(pair.split("=") for pair in placement.split("airflow-tf variables ")[1].split())
     for ps in ("/job:ps/task:0", "/job:ps/task:1"):
         assert {"model/000_embeddings", "model/001_embeddings"} <= set(held[ps].split(",")), placement
-    reader = tf.train.load_checkpoint(models.latest_checkpoint(sharded_run.run_dir))
+    reader = tf.train.load_checkpoint(models.latest_checkpoint(sliced_run.run_dir))
     shapes = reader.get_variable_to_shape_map()
     assert shapes["model/000_embeddings"] == [4096, 8] and shapes["model/000_embeddings/Adagrad"] == [4096, 8]
-    assert len(list(sharded_run.run_dir.glob("model.ckpt-*.data-*-of-00002"))) >= 2, "each ps saves its own part"
+    assert len(list(sliced_run.run_dir.glob("model.ckpt-*.data-*-of-00002"))) >= 2, "each ps saves its own part"
 
 
 @pytest.mark.slow
-def test_evaluation_and_the_export_of_a_sharded_model_agree_on_raw_string_ids(sharded_run, clicks, tmp_path):
+def test_evaluation_and_the_export_of_a_sliced_model_agree_on_raw_string_ids(sliced_run, clicks, tmp_path):
     from airflow_tf.serving.evaluate import evaluate_checkpoint, evaluate_saved_model
     from airflow_tf.serving.export import export_saved_model
 
     dataset, run_dir, _ = clicks
-    config = sharded_run.config.to_dict()
+    config = sliced_run.config.to_dict()
     evaluation = evaluate_checkpoint(run_dir, dataset, config, thresholds={"auc": {"min": 0.6}})
     assert evaluation["task"] == "binary_classification" and evaluation["blessed"], evaluation
     exported = export_saved_model(run_dir, dataset, config, tmp_path / "serving", "clicks", metrics=evaluation)
@@ -226,17 +226,17 @@ def test_evaluation_and_the_export_of_a_sharded_model_agree_on_raw_string_ids(sh
 
 
 @pytest.mark.slow
-def test_a_run_resumed_with_another_ps_count_restores_its_own_slices(sharded_run, clicks, train):
+def test_a_run_resumed_with_another_ps_count_restores_its_own_slices(sliced_run, clicks, train):
     dataset, run_dir, code_dir = clicks
     reader = tf.train.load_checkpoint(models.latest_checkpoint(run_dir))
     before, step = reader.get_tensor("model/000_embeddings"), int(reader.get_tensor("global_step"))
-    # Three ps now, and shards of at most 20,000 bytes: each 131,072-byte table is re-split into
-    # nine shards, three per ps, and each shard restores its rows.
+    # Three ps now, and slices of at most 20,000 bytes: each 131,072-byte table is re-split into
+    # nine slices, three per ps, and each slice restores its rows.
     resumed = train("rt-emb-3ps", dataset, run_dir, ps=3, workers=1,
-                    **click_options(code_dir, steps=step + 20, learning_rate=1e-9, max_shard_bytes=20_000))
+                    **click_options(code_dir, steps=step + 20, learning_rate=1e-9, max_slice_bytes=20_000))
     assert resumed.succeeded, resumed.report
     assert resumed.lines("worker-0", f"start=restoring {run_dir}")
-    assert all("9 shard(s) on ps 0,1,2,0,1,2,0,1,2" in line
+    assert all("9 slice(s) on ps 0,1,2,0,1,2,0,1,2" in line
                for line in resumed.lines("worker-0", "airflow-tf embedding "))
     after_reader = tf.train.load_checkpoint(models.latest_checkpoint(run_dir))
     assert int(after_reader.get_tensor("global_step")) >= step + 20

@@ -45,7 +45,7 @@ EVICTION_API = "EvictionByEvictionAPI"
 
 SPREAD_WEIGHTS = {"ps": 100, "worker": 50}
 """Preferred anti-affinity weights: a parameter server away from the trainers matters most (its
-node lost takes every variable shard with it), workers away from each other less."""
+node lost takes every variable and table slice with it), workers away from each other less."""
 
 
 def node_tolerations(own: list[dict], seconds: int | None) -> list[dict]:
