@@ -201,3 +201,33 @@ def test_the_architecture_page_names_every_module_of_the_package():
     documented = _documented_modules()
     assert sorted(modules - documented) == [], "modules missing from docs/explanation/architecture.md's layout"
     assert sorted(documented - modules) == [], "the layout names modules that do not exist"
+
+
+TOOLING = PACKAGE.parent / "scripts" / "localkube"
+"""The local Kubernetes' package (scripts/kube): developer tooling, never in the wheel."""
+
+
+def test_the_local_kubernetes_tooling_imports_only_the_standard_library_and_the_plane_env_leaf():
+    # scripts/kube runs before any environment exists, and the arrow points from the tooling to the
+    # package: the tooling takes DIR/env's format from airflow_tf.plane_env (which the shipped demo
+    # reads with), a leaf of the standard library only; nothing of airflow_tf imports the tooling.
+    def bad(name: str) -> bool:
+        return not (_root(name) in sys.stdlib_module_names or name.startswith("localkube")
+                    or name == "airflow_tf.plane_env")
+
+    tooling = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}" for path in sorted(TOOLING.glob("*.py"))
+               for line, name in _imports_of_tooling(path) if bad(name)]
+    leaf = _violations(["plane_env.py"], lambda name: _root(name) not in sys.stdlib_module_names)
+    package = _violations(["."], lambda name: _root(name) == "localkube")
+    assert (tooling, leaf, package) == ([], [], [])
+
+
+def _imports_of_tooling(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in a module of the tooling's package."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.lineno, "localkube" if node.level else node.module or ""))
+    return found
