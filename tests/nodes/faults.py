@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from airflow_tf.backends.kubernetes.labels import GROUP_LABEL, INDEX_LABEL, ROLE_LABEL
+from airflow_tf.backends.kubernetes.nodes import NOT_READY, UNREACHABLE
 from airflow_tf.demo import DEMO_NAMESPACE
 
 from k8s.plane import KUBE_SCRIPT, wait_for
@@ -81,6 +82,8 @@ class Faults:
         self.group: str | None = None
         self.dead: set[str] = set()
         """Pods of a faulted task: never its replacement."""
+        self.stopped: set[str] = set()
+        """Nodes stopped and not started again yet (:meth:`start_stopped`)."""
 
     @staticmethod
     def pods_now(directory: Path) -> set[str]:
@@ -132,6 +135,16 @@ class Faults:
     def ready(self, node: str) -> bool:
         return any(c.type == "Ready" and c.status == "True" for c in self.core.read_node(node).status.conditions or [])
 
+    def usable(self, node: str) -> bool:
+        """Ready, schedulable, and no longer tainted as lost: the next pods may go there."""
+        spec = self.core.read_node(node).spec
+        return (self.ready(node) and not spec.unschedulable
+                and not any(t.key in (UNREACHABLE, NOT_READY) for t in spec.taints or []))
+
+    def terminating_on(self, node: str) -> list[str]:
+        """The group's pods on ``node`` being deleted and not gone (``Terminating``)."""
+        return [p.metadata.name for p in self.pods() if p.spec.node_name == node and p.metadata.deletion_timestamp]
+
     def _pod(self, name: str):
         from kubernetes.client.exceptions import ApiException
 
@@ -164,6 +177,7 @@ class Faults:
         started = time.monotonic()
         drain = None
         if fault == STOP:
+            self.stopped.add(node)
             self.node("stop", node)
         else:
             drain = self.kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=180s")
@@ -197,9 +211,16 @@ class Faults:
         """Start the stopped node again, or uncordon the drained one; wait for it Ready."""
         if recovery.fault == STOP:
             self.node("start", recovery.node)
+            self.stopped.discard(recovery.node)
         else:
             uncordon = self.kubectl("uncordon", recovery.node)
             out, _ = uncordon.communicate(timeout=60)
             assert uncordon.returncode == 0, f"kubectl uncordon {recovery.node}: {out}"
-        wait_for(lambda: self.ready(recovery.node) and not self.core.read_node(recovery.node).spec.unschedulable,
-                 READY_BOUND, f"node {recovery.node} Ready and schedulable again", interval=1)
+        wait_for(lambda: self.usable(recovery.node), READY_BOUND,
+                 f"node {recovery.node} Ready, schedulable and untainted again", interval=1)
+
+    def start_stopped(self) -> None:
+        """Start every node a failed test left stopped, so that the next tests have all of them."""
+        for node in sorted(self.stopped):
+            self.node("start", node)
+            self.stopped.discard(node)

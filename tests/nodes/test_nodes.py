@@ -23,8 +23,9 @@ import pytest
 from airflow_tf.demo import DEMO_NAMESPACE, ClusterRecorder, kubernetes_env, run_demo
 
 from serving_check import WARMUP, serve_both_ways
+from .faults import RECOVERY_BOUND, STOP, Faults
 from .host import container_pid, plane_env, processes, real_nodes
-from .scheduled import ScheduledRun, progress
+from .scheduled import ScheduledRun
 from k8s.plane import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="a kubelet and containerd run as root")]
@@ -61,36 +62,36 @@ def test_the_demo_dag_trains_on_kubernetes_end_to_end(nodes_plane, tmp_path):
     serve_both_ways(export, export / WARMUP, tmp_path)
 
 
-@pytest.mark.timeout(1200)  # a real Airflow, two faults and their recoveries: about 8 minutes under load
-def test_a_killed_and_a_frozen_ps_are_replaced_and_the_dag_trains_to_its_final_step(nodes_plane, tmp_path):
+@pytest.mark.timeout(1800)  # a real Airflow, three faults and their recoveries: about 12 minutes under load
+def test_a_killed_a_frozen_and_a_lost_ps_are_replaced_and_the_dag_trains_to_its_final_step(nodes_plane, tmp_path):
     """A ps container's process SIGKILLed on the node: the Job controller makes a new pod. The
     new ps frozen (SIGSTOP, its TCP port still accepting): its liveness probe (the health
     question, run in the container by the kubelet) fails, the kubelet kills it, and the Job makes
-    another. Each time the workers restore from the newest checkpoint and the DAG trains on to
-    its final step."""
-    from kubernetes import client, config
-
+    another. Then the node holding that ps stopped as a lost machine goes: Kubernetes judges it
+    lost and evicts the ps, the backend releases the pod its kubelet cannot confirm, and the ps
+    runs again on another node; the wait's log says so in a user's words. Each time the workers
+    restore from the newest checkpoint and the DAG trains on to its final step; the node is back
+    before the test ends."""
     directory = nodes_plane[0]
 
-    # Enough that the training outlasts both faults, and no more (each step costs the other
+    # Enough that the training outlasts the three faults, and no more (each step costs the other
     # tests CPU): the first comes at the first checkpoint past step 500 (about 2,000-3,000 steps in;
-    # the DAG checkpoints every 5 s), the second as soon as the replacement runs, a few hundred steps on;
-    # a frozen ps stops the training until its replacement restores the newest checkpoint.
-    steps = 8000
-    env = plane_env(directory)
-    core = client.CoreV1Api(config.new_client_from_config(config_file=env["KUBECONFIG"]))
-    runs = Path(env["AIRFLOW_TF_KUBE_STORAGE"]) / "runs"
+    # the DAG checkpoints every 5 s), the second as soon as the replacement runs, a few hundred steps on,
+    # the node's loss at the next checkpoint; a frozen or lost ps stops the training until its
+    # replacement restores the newest checkpoint.
+    steps = 12000
+    faults = Faults(directory, Faults.pods_now(directory))
     dag_run = ScheduledRun(tmp_path / "airflow", directory, steps)
     try:
-        _faults_during(dag_run, core, runs, steps, directory)
+        _faults_during(dag_run, faults, steps, directory)
     finally:
         dag_run.stop()
+        faults.start_stopped()
 
 
-def _faults_during(dag_run: ScheduledRun, core, runs: Path, steps: int, directory: Path) -> None:
-    earlier = {run.name for run in runs.glob("tf-*")}
-    replaced = [pod.metadata.name for pod in  # another test's, were one still going
-                core.list_namespaced_pod(DEMO_NAMESPACE, label_selector="airflow-tf/role=ps").items]
+def _faults_during(dag_run: ScheduledRun, faults: Faults, steps: int, directory: Path) -> None:
+    core = faults.core
+    replaced = sorted(faults.earlier_pods)  # another test's, were one still going
     dag_run.trigger()
 
     def running_ps(other_than: set[str]):
@@ -101,39 +102,56 @@ def _faults_during(dag_run: ScheduledRun, core, runs: Path, steps: int, director
                 return pod
         return None
 
-    def step() -> int:
-        return int(progress(runs, earlier).get("global_step") or 0)
-
     for fault in (signal.SIGKILL, signal.SIGSTOP):
         ps = wait_for(lambda: running_ps(set(replaced)), 240, "a running ps")
         # A checkpoint first, so the replacement has something to restore.
         checkpointed = wait_for(lambda: (lambda p: p if (p.get("checkpoint_step") or 0) > 500 else None)(
-            progress(runs, earlier)), 240, "a checkpoint of the training")
+            faults.progress()), 240, "a checkpoint of the training")
         # The container's first process (python, the image's entrypoint), as the node's containerd runs it.
         pid = container_pid(directory, ps.spec.node_name, ps.status.container_statuses[0].container_id)
-        at = step()
+        at = faults.step()
         assert at < steps - 1000, f"the training ran to step {at} of {steps} before the {fault.name}: raise steps"
         os.kill(pid, fault)
         faulted = time.monotonic()
         replaced.append(ps.metadata.name)
         wait_for(lambda: running_ps(set(replaced)), 180, f"a new ps after {fault.name}")
-        moved = wait_for(lambda: (lambda s: s if s > at + 200 else None)(step()), 150,
+        moved = wait_for(lambda: (lambda s: s if s > at + 200 else None)(faults.step()), 150,
                          f"training moving again after {fault.name} of the ps")
         print(f"{fault.name} of {ps.metadata.name} at step {at} (checkpoint {checkpointed['checkpoint_step']}): "
               f"step {moved} {time.monotonic() - faulted:.0f} s later")
+    # The wait (on the triggerer, its status every 10 s) said which task was replaced, and why.
+    killed = re.compile(r"replaced: \S+-ps-0 restarted 2 time\(s\), last: pod \S+ ended \(exit code 137 \(SIGKILL\)\)")
+    wait_for(lambda: killed.search(dag_run.task_logs()), 60, "the wait's log to name the ps killed twice", interval=2)
+
+    # The node holding the ps lost, after a checkpoint newer than the faults above; the training
+    # must move again within RECOVERY_BOUND (the fault fails past it).
+    lost = faults.fault(STOP, "ps-0", after_checkpoint=faults.progress().get("checkpoint_step") or 0,
+                        timeout=RECOVERY_BOUND)
+    print(f"{lost.describe()}; training moving again {lost.marks['moving']:.0f} s after the node's loss")
+    assert lost.new_node != lost.node, lost.describe()
+    assert lost.step < steps - 2000, f"the training was at step {lost.step} of {steps} when the node stopped: raise steps"
+    said = re.compile(rf"\bps-0 lost with node {re.escape(lost.node)}, replaced on (node-\d+) after (\d+) s")
+    reason = wait_for(lambda: said.search(dag_run.task_logs()), 60,
+                      f"the wait's log to say ps-0 lost with node {lost.node}, replaced on ... ({lost.describe()})",
+                      interval=2)
+    assert reason.group(1) == lost.new_node, (reason.group(0), lost.describe())
+    print(f"the wait's log: {reason.group(0)}")
+    # The backend released the ps its node's kubelet cannot confirm: nothing of the group stays
+    # Terminating there while the node is still down (the Job controller finishes a release within seconds).
+    wait_for(lambda: not faults.terminating_on(lost.node), 30,
+             f"no pod of the group Terminating on the lost {lost.node} ({faults.layout()})", interval=1)
+    assert not faults.ready(lost.node), f"{lost.node} came back by itself: the release above proves nothing"
+    faults.restore(lost)
 
     state = wait_for(dag_run.state, 600, "the DAG run's end", interval=2)
     logs = dag_run.task_logs()
     assert state == "success", logs[-4000:]
-    final = progress(runs, earlier)
+    final = faults.progress()
     # The final checkpoint is at or past the final step. Its name is the global step the chief read
     # just before saving: the other worker's last step may land after that read (async training),
     # so the final global step can be one past the name.
     saved = int(final["checkpoint"].rsplit("-", 1)[-1])
     assert final["done"] and final["global_step"] >= steps and steps <= saved <= final["global_step"], final
-    # The wait (on the triggerer) said which task was replaced, and why.
-    assert re.search(r"replaced: \S+-ps-0 restarted 2 time\(s\), last: pod \S+ ended \(exit code 137 \(SIGKILL\)\)",
-                     logs), logs[-4000:]
 
 
 PARTS_DAG = '''
