@@ -130,11 +130,18 @@ def _faults_during(dag_run: ScheduledRun, faults: Faults, steps: int, directory:
     print(f"{lost.describe()}; training moving again {lost.marks['moving']:.0f} s after the node's loss")
     assert lost.new_node != lost.node, lost.describe()
     assert lost.step < steps - 2000, f"the training was at step {lost.step} of {steps} when the node stopped: raise steps"
-    said = re.compile(rf"\bps-0 lost with node {re.escape(lost.node)}, replaced on (node-\d+) after (\d+) s")
-    reason = wait_for(lambda: said.search(dag_run.task_logs()), 60,
-                      f"the wait's log to say ps-0 lost with node {lost.node}, replaced on ... ({lost.describe()})",
-                      interval=2)
-    assert reason.group(1) == lost.new_node, (reason.group(0), lost.describe())
+    # The wait's line naming the node the ps runs on now. Not the first such line: while the ps's
+    # pod on the lost node is not evicted yet, the wait may call that pod the replacement of an
+    # earlier attempt that ended on the same node ("replaced on <the lost node> after 0 s").
+    said = re.compile(rf"\bps-0 lost with node {re.escape(lost.node)}, replaced on {re.escape(lost.new_node)} "
+                      r"after \d+ s")
+    try:
+        reason = wait_for(lambda: said.search(dag_run.task_logs()), 60, "the wait's log to say where ps-0 went",
+                          interval=2)
+    except AssertionError:
+        seen = sorted(set(re.findall(r"\bps-0 lost with node [^;\"]*", dag_run.task_logs())))
+        raise AssertionError(f"no line of the wait's log says {said.pattern!r} ({lost.describe()}); "
+                             f"its lines on the loss: {seen}") from None
     print(f"the wait's log: {reason.group(0)}")
     # The backend released the ps its node's kubelet cannot confirm: nothing of the group stays
     # Terminating there while the node is still down (the Job controller finishes a release within seconds).
