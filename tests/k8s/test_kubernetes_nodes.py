@@ -182,6 +182,20 @@ def test_the_status_says_a_task_waits_on_a_lost_node_then_where_it_runs_again_an
     assert moved["lose-worker-0"] == (Phase.RUNNING, "worker-0 lost with node node-1, replaced on node-3 after 80 s")
 
 
+def test_a_task_still_on_its_lost_node_is_not_called_replaced_there_by_an_older_attempts_eviction():
+    # An earlier attempt of the ps had ended on node-1; the node's eviction marks it too, while the
+    # attempt running now (created before) is not evicted yet: it is no replacement.
+    older = copy.deepcopy(LOST["ps_failed"])
+    older["metadata"].update(name="lose-ps-0-older", uid="older", creationTimestamp="2026-11-29T10:19:00Z")
+    running = copy.deepcopy(LOST["ps_evicted"])
+    for key in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+        running["metadata"].pop(key)
+    running["status"]["conditions"] = [c for c in running["status"]["conditions"] if c["type"] != "DisruptionTarget"]
+    phase, reason = tasks([older, running, LOST["worker0_evicted"], LOST["worker1"]], at("10:25:20"))["lose-ps-0"]
+    assert phase is Phase.RUNNING
+    assert "replaced on" not in (reason or ""), reason
+
+
 # A group on node-2, drained with kubectl drain (see the file's _about).
 DRAINED = json.loads((Path(__file__).with_name("node_drained_pods.json")).read_text())
 

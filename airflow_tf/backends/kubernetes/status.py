@@ -408,6 +408,11 @@ def _moved(previous: dict, current: dict) -> str | None:
     evicted = disruption(previous)
     if evicted is None or (evicted[0] not in LOST_NODE_REASONS and evicted[0] != EVICTION_API):
         return None
+    created = parse_time(_meta(current).get("creationTimestamp"))
+    if evicted[1] is not None and created is not None and created < evicted[1]:
+        # An older attempt that had ended on the node is marked by the node's eviction too: the
+        # pod running now predates it and is no replacement (it is lost itself, once evicted).
+        return None
     role, index = role_index(previous)
     task, node = f"{role}-{index}", (current.get("spec") or {}).get("nodeName")
     how = (f"{task} lost with node {node_of(previous)}" if evicted[0] in LOST_NODE_REASONS
