@@ -130,9 +130,7 @@ def _faults_during(dag_run: ScheduledRun, faults: Faults, steps: int, directory:
     print(f"{lost.describe()}; training moving again {lost.marks['moving']:.0f} s after the node's loss")
     assert lost.new_node != lost.node, lost.describe()
     assert lost.step < steps - 2000, f"the training was at step {lost.step} of {steps} when the node stopped: raise steps"
-    # The wait's line naming the node the ps runs on now. Not the first such line: while the ps's
-    # pod on the lost node is not evicted yet, the wait may call that pod the replacement of an
-    # earlier attempt that ended on the same node ("replaced on <the lost node> after 0 s").
+    # The wait's line naming the node the ps runs on now.
     said = re.compile(rf"\bps-0 lost with node {re.escape(lost.node)}, replaced on {re.escape(lost.new_node)} "
                       r"after \d+ s")
     try:
@@ -143,6 +141,9 @@ def _faults_during(dag_run: ScheduledRun, faults: Faults, steps: int, directory:
         raise AssertionError(f"no line of the wait's log says {said.pattern!r} ({lost.describe()}); "
                              f"its lines on the loss: {seen}") from None
     print(f"the wait's log: {reason.group(0)}")
+    # The ps's pod still on the lost node, not evicted yet, is no replacement of an earlier attempt
+    # that had ended there (the node's eviction marks that one too).
+    assert f"replaced on {lost.node} " not in dag_run.task_logs(), "the lost node was called the replacement's"
     # The backend released the ps its node's kubelet cannot confirm: nothing of the group stays
     # Terminating there while the node is still down (the Job controller finishes a release within seconds).
     wait_for(lambda: not faults.terminating_on(lost.node), 30,
