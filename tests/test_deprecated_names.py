@@ -146,3 +146,22 @@ def test_the_launch_operator_takes_the_old_name_as_parameter_and_training_key(ol
             LaunchTFClusterOperator(task_id="both", dataset="/d", steps=5, **{old: value, new: value + 1})
     assert getattr(launch.build_spec({"ti": ti}).training, new) == value
     assert getattr(in_training, new) == value
+
+
+def _defined_names() -> dict[str, list[str]]:
+    """Each public function or class defined at a module's top level, with the modules defining it;
+    a deprecation shim (it calls ``deprecated``) and a module's ``main`` (its entry point) left out."""
+    defined: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) or node.name.startswith("_"):
+                continue
+            shim = any(isinstance(call, ast.Call) and ast.unparse(call.func) == "deprecated" for call in ast.walk(node))
+            if not shim and node.name != "main":
+                defined.setdefault(node.name, []).append(str(path.relative_to(PACKAGE.parent)))
+    return defined
+
+
+def test_no_public_name_is_defined_in_two_modules():
+    twice = {name: paths for name, paths in _defined_names().items() if len(paths) > 1}
+    assert twice == {}, "one name, one meaning: rename one of them (through deprecated() if it is public API)"

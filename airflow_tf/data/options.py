@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from ..cluster.declarations import Bounds, flag_name, flag_settings
 from ..cluster.declarations import option as declared_option
-from ..cluster.declarations import parameter_docs as declared_docs
+from ..cluster.declarations import parameter_docs
 from ..cluster.training import is_unset, parse_bool
 from ..deprecation import renamed
 from .errors import DataError, SchemaError
@@ -31,13 +31,13 @@ RENAMED = {"target_shard_mb": "target_shard_mib", "workers": "encode_threads"}
 def _option(default: Any, doc: str, **declared: Any) -> Any:
     """A prepare option, declared once (see :func:`airflow_tf.cluster.declarations.option`): the
     checks, the flags of ``airflow-tf prepare`` (:func:`add_prepare_arguments`) and the parameter
-    documentation of the operator and of :class:`PrepareOptions` (:func:`parameter_docs`) read it."""
+    documentation of the operator and of :class:`PrepareOptions` (:func:`prepare_parameter_docs`) read it."""
     return declared_option(default, doc, **declared)
 
 
-def parameter_docs(names: Mapping[str, str] | None = None, indent: str = "    ") -> str:
+def prepare_parameter_docs(names: Mapping[str, str] | None = None, indent: str = "    ") -> str:
     """A ``:param name: ...`` line per prepare option (``names``: a parameter named otherwise)."""
-    return declared_docs(dataclasses.fields(PrepareOptions), names, indent)
+    return parameter_docs(dataclasses.fields(PrepareOptions), names, indent)
 
 
 def add_prepare_arguments(parser: Any, **types: Callable[[str], Any]) -> None:
@@ -221,7 +221,7 @@ class PrepareOptions:
         return cls(**{k: v for k, v in values.items() if k in cls.names()})
 
 
-PrepareOptions.__doc__ = f"{PrepareOptions.__doc__}\n\n    {parameter_docs()}\n    "
+PrepareOptions.__doc__ = f"{PrepareOptions.__doc__}\n\n    {prepare_parameter_docs()}\n    "
 
 
 def _compression(value: Any) -> str | None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from airflow.sdk import BaseOperator
 
 from airflow_tf.cluster.training import is_unset, parse_bool
-from airflow_tf.data.options import DEFAULTS, PrepareOptions, parameter_docs
+from airflow_tf.data.options import DEFAULTS, PrepareOptions, prepare_parameter_docs
 from airflow_tf.deprecation import renamed
 from airflow_tf.storage import datasets_dir
 
@@ -197,7 +197,7 @@ class PrepareTFRecordsOperator(LineageMethods, BaseOperator):
 
 # The prepare options' documentation is PrepareOptions' (with their defaults), as the flags' help is.
 PrepareTFRecordsOperator.__doc__ = (PrepareTFRecordsOperator.__doc__ or "").replace(
-    "{prepare_options}", parameter_docs())
+    "{prepare_options}", prepare_parameter_docs())
 
 
 class DatasetWindowOperator(BaseOperator):

@@ -30,7 +30,7 @@ from airflow_tf.data import make_dataset
 from .embeddings import refuse_sliced_tables_in_coordinator_mode
 from .errors import ModelError, TaskConfigError
 from .logs import log
-from .loop import (KEEP_CHECKPOINTS, AfterStep, NanPolicy, Progress, Start, placement, prepare_run_dir,
+from .loop import (KEEP_CHECKPOINTS, AfterStep, NanPolicy, ProgressReport, Start, placement, prepare_run_dir,
                    restore_refused, run_after_step, starting_point, target_step, task_result)
 from .models import build_model, checkpoint_weights, compute_loss, latest_checkpoint, resolve_loss, weight_key
 from .optimizers import make_optimizer
@@ -51,7 +51,7 @@ def coordinator_cluster(task: Task) -> dict[str, list[str]]:
     return {job: addresses for job, addresses in task.cluster.items() if job in ("chief", "worker", "ps")}
 
 
-def checkpoint_variables(model, optimizer, global_step) -> dict[str, tf.Variable]:
+def coordinator_checkpoint_variables(model, optimizer, global_step) -> dict[str, tf.Variable]:
     """The checkpoint's names: the model's weights as between-graph training names them (see
     :func:`.models.weight_key`), so evaluation and export read either mode's checkpoints."""
     named = {weight_key(i, w): w.value for i, w in enumerate(model.weights)}
@@ -103,7 +103,7 @@ def _after_closures(observers: list[AfterStep], losses: list[tuple[int, float]],
 
 # PLR0915: the strategy's closures (dataset_fn, worker_steps) and the scheduling loop share the
 # setup's locals (model, optimizer, global step, iterator); the restore is the helper above.
-def train(config: TrainingConfig, task: Task, schema) -> dict:  # noqa: PLR0915
+def train_with_coordinator(config: TrainingConfig, task: Task, schema) -> dict:  # noqa: PLR0915
     """The chief's loop: schedule steps until the global step reaches the target."""
     cluster = coordinator_cluster(task)
     workers = len(cluster.get("worker", []))
@@ -124,7 +124,7 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:  # noqa: PLR0915
         optimizer.build(model.trainable_variables)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
     loss_fn = resolve_loss(config, schema)
-    variables = checkpoint_variables(model, optimizer, global_step)
+    variables = coordinator_checkpoint_variables(model, optimizer, global_step)
     saver = tf.compat.v1.train.Saver(var_list=variables, max_to_keep=KEEP_CHECKPOINTS, save_relative_paths=True)
 
     start = starting_point(config, model, resume_from)
@@ -165,7 +165,7 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:  # noqa: PLR0915
     log(f"airflow-tf session ready global_step={step} target_step={target}")
 
     nan_policy = NanPolicy(config.on_nan)
-    progress = Progress(target=target, examples_per_step=config.batch_size, run_dir=config.run_dir,
+    progress = ProgressReport(target=target, examples_per_step=config.batch_size, run_dir=config.run_dir,
                         every_secs=config.log_every_secs, summary_every_steps=config.summary_every_steps,
                         learning_rate=config.learning_rate)
     observers: list[AfterStep] = [nan_policy, progress]
@@ -206,10 +206,10 @@ def train(config: TrainingConfig, task: Task, schema) -> dict:  # noqa: PLR0915
 
 
 def run_chief(config: TrainingConfig, task: Task, schema) -> dict:
-    """:func:`train`; when a ps is lost (its variables with it), restart this process so that it
+    """:func:`train_with_coordinator`; when a ps is lost (its variables with it), restart this process so that it
     reconnects and restores the newest checkpoint."""
     try:
-        return train(config, task, schema)
+        return train_with_coordinator(config, task, schema)
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as exc:
         restarts = int(os.environ.get(RESTARTS_ENV, "0"))
         reason = " ".join(str(exc.message).split())[:200]

@@ -7,7 +7,7 @@ calls it directly).
 - How far it goes: :func:`target_step`.
 - What follows each step, fed plain values (the global step after it, the loss it computed):
   an :class:`AfterStep` protocol, which the NaN policy (:class:`NanPolicy`, ``on_nan``) and the
-  chief's progress report with its TensorBoard summaries (:class:`Progress`) implement.
+  chief's progress report with its TensorBoard summaries (:class:`ProgressReport`) implement.
 - Whether a checkpoint may be written: :meth:`NanPolicy.may_save` (never NaN/inf variables).
 - What the task's exit line reports: :func:`task_result`."""
 
@@ -229,7 +229,7 @@ class Window:
         return loss, rate
 
 
-class Progress:
+class ProgressReport:
     """The chief's report: a log line and ``progress.json`` at the first step, then every
     ``every_secs`` seconds; TensorBoard scalars (loss, examples/s, learning rate) at each report
     and every ``summary_every_steps`` global steps, so a short run's curve has many points.
@@ -323,7 +323,7 @@ class Progress:
             writer.flush()
 
 
-def task_result(task: Task, step: int | None, nan_policy: NanPolicy, progress: Progress | None,
+def task_result(task: Task, step: int | None, nan_policy: NanPolicy, progress: ProgressReport | None,
                 run_dir: str) -> dict:
     """What the task's exit line reports (``airflow-tf task exit``, see :func:`.logs.log_exit`);
     the chief's names the final loss and checkpoint."""

@@ -27,7 +27,7 @@ from .embeddings import SlicedTable, check_ps_memory, ps_table_budget, slice_emb
 from .kept_variables import KeptVariables, PullHook, keeps_variables, on_task
 from .errors import TaskConfigError
 from .logs import log
-from .loop import (KEEP_CHECKPOINTS, NanPolicy, Progress, Start, placement, prepare_run_dir, restore_refused,
+from .loop import (KEEP_CHECKPOINTS, NanPolicy, ProgressReport, Start, placement, prepare_run_dir, restore_refused,
                    starting_point, target_step, task_result)
 from .models import build_model, compute_loss, matrix_model, resolve_loss, weight_key
 from .optimizers import make_optimizer
@@ -250,12 +250,12 @@ def train(config: TrainingConfig, task: Task, server, schema) -> dict:  # noqa: 
                               waits_on={f"ps:{i}": address for i, address in enumerate(task.cluster.get("ps", []))})
         saver.step_bound = bound
         bound.steps_of = lambda fetches: calls.by_op[fetches].steps if fetches in calls.by_op else 1
-        progress: Progress | None = None
+        progress: ProgressReport | None = None
         tf_config = session_config(task, config)
         if tables:
             _no_constant_folding(tf_config)
         if task.is_chief:
-            progress = Progress(target=target, examples_per_step=examples_per_step, run_dir=config.run_dir,
+            progress = ProgressReport(target=target, examples_per_step=examples_per_step, run_dir=config.run_dir,
                                 every_secs=config.log_every_secs, summary_every_steps=config.summary_every_steps,
                                 learning_rate=config.learning_rate, stalls=lambda: bound.stalls)
         training = _training_hook(config, global_step, target, calls, nan_policy=nan_policy, saver=saver,
@@ -279,7 +279,7 @@ def _kept_on_task(variables: dict, task: Task, single, chain):
 
 
 def _training_hook(config: TrainingConfig, global_step, target: int, calls: StepsPerCall, *, nan_policy: NanPolicy,
-                   saver: FiniteSaver, progress: Progress | None) -> TrainingHook:
+                   saver: FiniteSaver, progress: ProgressReport | None) -> TrainingHook:
     """The hook that runs the steps; the chief's (the one with ``progress``) also saves and reports."""
     return TrainingHook(
         global_step, target, calls, [nan_policy],  # the NaN policy before the saver: a NaN step is never saved

@@ -143,5 +143,5 @@ def test_coordinator_mode_refuses_towers_it_cannot_build(linear_dataset, tmp_pat
                             devices_per_worker=2)
     task = Task("chief", 0, {"chief": ["localhost:1"], "ps": ["localhost:2"], "worker": ["localhost:3"]})
     with pytest.raises(TaskConfigError, match="devices_per_worker=2: in coordinator mode"):
-        coordinator.train(config, task, load_schema(linear_dataset))
+        coordinator.train_with_coordinator(config, task, load_schema(linear_dataset))
     assert not (tmp_path / "run").exists()

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from airflow_tf.runtime import step_bound
-from airflow_tf.runtime.loop import Progress
+from airflow_tf.runtime.loop import ProgressReport
 from airflow_tf.serving.curves import read_scalars
 
 EVERY = 20
@@ -39,7 +39,7 @@ def test_a_summary_follows_every_multiple_the_global_step_crosses_even_in_a_jump
     seen = list(range(1, 22)) + [68] + list(range(69, 101))  # the global step after each of the chief's steps
     graph = tf.Graph().as_default() if mode == "between_graph" else contextlib.nullcontext()
     with graph:
-        progress = Progress(target=100, examples_per_step=32, run_dir=str(tmp_path), every_secs=3600,
+        progress = ProgressReport(target=100, examples_per_step=32, run_dir=str(tmp_path), every_secs=3600,
                             summary_every_steps=EVERY, learning_rate=0.1)
         progress.session_ready(0)
         for step in seen:

@@ -47,7 +47,7 @@ def test_chained_steps_stop_exactly_at_the_target_and_report_single_steps(one_an
     assert run.lines("worker-0", f"status=succeeded global_step={STEPS} ")
     last = parse_progress(run.logs["worker-0"])
     assert last["global_step"] == STEPS and last["percent"] == 100.0
-    # Progress lines fall between chains too: their steps are the global step after a call.
+    # ProgressReport lines fall between chains too: their steps are the global step after a call.
     steps = [parse_progress(line)["global_step"] for line in run.lines("worker-0", "airflow-tf progress")]
     assert steps == sorted(steps) and steps[0] >= 1
 
