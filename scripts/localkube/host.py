@@ -12,6 +12,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -69,36 +70,41 @@ def sysctl_path(name: str) -> Path:
     return Path("/proc/sys") / name
 
 
-# The host's sysctls as they were before the first plane with real nodes, and the planes with real
-# nodes running now: the last one down puts them back (planes may run side by side).
-SYSCTL_RECORD = Path("/run/airflow-tf-kube/sysctls.json")
+# The host as it was before the first plane with real nodes (its sysctls, the paths missing), and
+# the planes with real nodes running now: the last one down puts it back (planes may run side by side).
+HOST_RECORD = Path("/run/airflow-tf-kube/sysctls.json")
 
 
-def host_sysctls(directory: Path, joining: bool) -> None:
-    """Count the plane in ``directory`` in (``joining``) or out of the shared record of the host's
-    sysctls; the first one in records them, the last one out restores them. Planes whose
-    directory has lost its plane.json (killed without `down`) no longer count."""
-    SYSCTL_RECORD.parent.mkdir(parents=True, exist_ok=True)
-    with open(SYSCTL_RECORD.with_suffix(".lock"), "w") as lock:
+def shared_host_state(directory: Path, joining: bool) -> None:
+    """Count the plane in ``directory`` in (``joining``) or out of the shared record of the host;
+    the first one in records its sysctls and which of HOST_DIRS are missing, the last one out
+    restores the sysctls and removes those paths whole (what containerd's shims left there too).
+    Planes whose directory has lost its plane.json (killed without `down`) no longer count."""
+    HOST_RECORD.parent.mkdir(parents=True, exist_ok=True)
+    with open(HOST_RECORD.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            record = json.loads(SYSCTL_RECORD.read_text())
+            record = json.loads(HOST_RECORD.read_text())
         except (OSError, ValueError):
             record = {"values": {}, "planes": []}
         planes = [plane for plane in record["planes"] if plane != str(directory) and Path(plane, "plane.json").exists()]
         if joining:
             if not planes:
                 record["values"] = {name: sysctl_path(name).read_text().strip() for name in NODE_SYSCTLS}
-            SYSCTL_RECORD.write_text(json.dumps({**record, "planes": [*planes, str(directory)]}, indent=2) + "\n")
+                record["missing"] = [path for path in HOST_DIRS if not Path(path).exists()]
+            HOST_RECORD.write_text(json.dumps({**record, "planes": [*planes, str(directory)]}, indent=2) + "\n")
             return
         if planes:
-            SYSCTL_RECORD.write_text(json.dumps({**record, "planes": planes}, indent=2) + "\n")
+            HOST_RECORD.write_text(json.dumps({**record, "planes": planes}, indent=2) + "\n")
             return
         for name, value in record["values"].items():
             with contextlib.suppress(OSError):
                 if sysctl_path(name).read_text().strip() != value:
                     sysctl_path(name).write_text(value + "\n")
-        SYSCTL_RECORD.unlink(missing_ok=True)
+        if not other_node_processes(directory):
+            for path in record.get("missing", []):
+                shutil.rmtree(path, ignore_errors=True)
+        HOST_RECORD.unlink(missing_ok=True)
 
 
 def host_subnet() -> int:
@@ -210,7 +216,7 @@ def remove_real_nodes(directory: Path, info: RealNodes) -> None:
         subprocess.run(["ip", "link", "del", link], check=False, stderr=subprocess.DEVNULL)
     if "forward_rule" in info:
         subprocess.run(["iptables", "-w", "-D", *info["forward_rule"]], check=False, stderr=subprocess.DEVNULL)
-    host_sysctls(directory, joining=False)
+    shared_host_state(directory, joining=False)
     for name, value in info.get("sysctls", {}).items():  # a plane started before the shared record
         with contextlib.suppress(OSError):
             if sysctl_path(name).read_text().strip() != value:
@@ -229,6 +235,35 @@ def unmount_below(directory: Path) -> None:
             subprocess.run(["umount", "-l", point], check=False, stderr=subprocess.DEVNULL)
 
 
+def other_node_processes(directory: Path) -> bool:
+    """Whether a kubelet or containerd of another plane runs (this plane's own may still be listed:
+    killed a moment ago, not yet reaped on a busy machine)."""
+    return any(comm(p) in ("kubelet", "containerd") and not ours(int(p.name), directory) and not zombie(p)
+               for p in Path("/proc").iterdir() if p.name.isdigit())
+
+
+SHIM_SOCKETS = Path("/run/containerd/s")
+"""Where containerd's shims put their sockets whatever containerd's own state directory is."""
+
+
+def remove_dead_shim_sockets() -> None:
+    """The shims' sockets no process listens on any more (their shims were killed with a node).
+    Asked by connecting: /proc/net/unix lists only this network namespace's, and a node's shims
+    listen in the node's."""
+    if not SHIM_SOCKETS.is_dir():
+        return
+    for path in SHIM_SOCKETS.iterdir():
+        if not path.is_socket():
+            continue
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(path))
+            except ConnectionRefusedError:
+                path.unlink(missing_ok=True)
+            except OSError:
+                pass  # not ours to judge
+
+
 def remove_host_entries(directory: Path, made: list[str]) -> None:
     """The container log links into ``directory``, and the host paths ``up`` made: removed whole
     when no other kubelet or containerd (another plane's) may use them, else only if empty."""
@@ -237,9 +272,8 @@ def remove_host_entries(directory: Path, made: list[str]) -> None:
         for entry in logs.iterdir():
             if entry.is_symlink() and os.readlink(entry).startswith(f"{directory}/"):
                 entry.unlink()
-    # This plane's own may still be listed: killed a moment ago, not yet reaped on a busy machine.
-    others = any(comm(p) in ("kubelet", "containerd") and not ours(int(p.name), directory) and not zombie(p)
-                 for p in Path("/proc").iterdir() if p.name.isdigit())
+    others = other_node_processes(directory)
+    remove_dead_shim_sockets()
     for path in made:
         if others:
             with contextlib.suppress(OSError):

@@ -27,7 +27,7 @@ from .host import (
     Node,
     RealNodes,
     host_subnet,
-    host_sysctls,
+    shared_host_state,
     in_netns,
     kill_cgroup_root,
     make_cgroup_root,
@@ -197,7 +197,7 @@ def start_nodes(directory: Path, bin_dir: Path, server: str, pki: Path, admin: s
     }
     plane = json.loads((directory / "plane.json").read_text())
     (directory / "plane.json").write_text(json.dumps({**plane, "real_nodes": info}, indent=2) + "\n")
-    host_sysctls(directory, joining=True)
+    shared_host_state(directory, joining=True)
     for path in HOST_DIRS[:2]:
         Path(path).mkdir(parents=True, exist_ok=True)
     for node in info["nodes"].values():

@@ -1,0 +1,58 @@
+"""What `scripts/kube down` clears of the host that containerd's shims leave behind: a shim killed
+with its node (`node stop`, a plane killed without `down`) leaves its socket in /run/containerd/s,
+whatever containerd's own state directory was."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+from localkube import host  # noqa: E402  (the tooling is not an installed package)
+
+
+def test_down_removes_the_sockets_of_killed_shims_and_keeps_those_still_listening(tmp_path, monkeypatch):
+    monkeypatch.setattr(host, "SHIM_SOCKETS", tmp_path)
+    dead, live = tmp_path / "dead", tmp_path / "live"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as killed:
+        killed.bind(str(dead))  # bound, never listening: what a killed shim leaves
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listening.bind(str(live))
+    listening.listen()
+    (tmp_path / "not-a-socket").write_text("")
+    try:
+        host.remove_dead_shim_sockets()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["live", "not-a-socket"]
+    finally:
+        listening.close()
+
+
+def test_the_last_plane_down_removes_the_host_paths_missing_before_the_first_and_restores_its_sysctls(
+        tmp_path, monkeypatch):
+    made_by_planes, there_before = tmp_path / "run-containerd", tmp_path / "var-lib-kubelet"
+    there_before.mkdir()
+    sysctl = tmp_path / "overcommit"
+    sysctl.write_text("0\n")
+    monkeypatch.setattr(host, "HOST_RECORD", tmp_path / "record" / "host.json")
+    monkeypatch.setattr(host, "HOST_DIRS", (str(made_by_planes), str(there_before)))
+    monkeypatch.setattr(host, "NODE_SYSCTLS", ("overcommit",))
+    monkeypatch.setattr(host, "sysctl_path", lambda name: tmp_path / name)
+    # The kubelets and containerds of the planes are not running here (this test starts none).
+    monkeypatch.setattr(host, "other_node_processes", lambda directory: False)
+    first, second = tmp_path / "first", tmp_path / "second"
+    for plane in (first, second):
+        plane.mkdir()
+        (plane / "plane.json").write_text("{}")
+
+    host.shared_host_state(first, joining=True)
+    made_by_planes.joinpath("s").mkdir(parents=True)  # containerd makes it, its shims fill it
+    sysctl.write_text("1\n")  # the kubelet's
+    host.shared_host_state(second, joining=True)
+    host.shared_host_state(first, joining=False)
+    assert made_by_planes.exists() and sysctl.read_text() == "1\n", "the second plane still runs"
+    host.shared_host_state(second, joining=False)
+    assert not made_by_planes.exists()
+    assert there_before.exists(), "a path the host had before stays"
+    assert sysctl.read_text() == "0\n"
