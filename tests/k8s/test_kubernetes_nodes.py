@@ -19,7 +19,7 @@ from airflow_tf.backends.kubernetes.jobs import render_group
 from airflow_tf.backends.kubernetes.jobset import render_jobset
 from airflow_tf.backends.kubernetes.labels import GROUP_LABEL, ROLE_LABEL
 from airflow_tf.backends.kubernetes.nodes import force_deletion, lost_pods
-from airflow_tf.backends.kubernetes.status import assess
+from airflow_tf.backends.kubernetes.status import assess, next_wakeup
 from airflow_tf.cluster import Phase
 
 from .test_kubernetes_manifests import pods, spec
@@ -152,6 +152,14 @@ def test_a_pod_evicted_from_a_lost_node_is_released_only_once_its_grace_period_i
     running = copy.deepcopy(LOST["worker1"])
     running["metadata"]["deletionTimestamp"] = "2026-11-29T10:25:00Z"
     assert lost_pods([running, LOST["ps_failed"]], at("10:30:00")) == []
+
+
+def test_the_watch_wakes_when_a_release_falls_due_not_at_its_next_poll():
+    # A lost node sends no event: the watch must wake by itself when a release is due.
+    evicted = [LOST["ps_evicted"], LOST["worker0_evicted"], LOST["worker1"]]
+    assert next_wakeup(evicted, at("10:25:20")) == at("10:25:34"), "the ps's: 10 s past its 5 s grace"
+    assert next_wakeup(evicted, at("10:25:40")) == at("10:25:59"), "then the worker's: past its 30 s grace"
+    assert next_wakeup([LOST["ps_failed"], LOST["worker1"]], at("10:25:40")) is None, "nothing left to release"
 
 
 def test_the_release_marks_that_very_pod_failed_naming_its_node_then_deletes_it_at_once():

@@ -105,21 +105,28 @@ def disruption(pod: dict) -> tuple[str, dt.datetime | None] | None:
     return None if cond is None else (cond.get("reason") or "", _time(cond.get("lastTransitionTime")))
 
 
-def stuck_on_lost_node(pod: dict, now: dt.datetime) -> bool:
-    """A pod the taint eviction controller deleted (its node judged lost) that is still not
-    terminal ``FORCE_DELETE_AFTER_SECONDS`` after its grace period ended: its kubelet is not
-    there to confirm, and the Job replaces it only once it is gone. Read from the pod alone."""
+def release_due(pod: dict) -> dt.datetime | None:
+    """When a pod the taint eviction controller deleted (its node judged lost) is to be released if
+    still not terminal: ``FORCE_DELETE_AFTER_SECONDS`` after its grace period ended (its kubelet is
+    not there to confirm, and the Job replaces it only once it is gone); None for any other pod.
+    Read from the pod alone."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     deleting = _time(meta.get("deletionTimestamp"))
     evicted = disruption(pod)
     if deleting is None or evicted is None or evicted[0] not in LOST_NODE_REASONS:
-        return False
+        return None
     if meta.get("deletionGracePeriodSeconds") == 0:  # force-deleted already
-        return False
+        return None
     if status.get("phase") in ("Succeeded", "Failed"):
-        return False
+        return None
     # deletionTimestamp is the end of the grace period (the deletion time plus the grace).
-    return now >= deleting + dt.timedelta(seconds=FORCE_DELETE_AFTER_SECONDS)
+    return deleting + dt.timedelta(seconds=FORCE_DELETE_AFTER_SECONDS)
+
+
+def stuck_on_lost_node(pod: dict, now: dt.datetime) -> bool:
+    """A pod evicted from a lost node whose release is due (:func:`release_due`)."""
+    due = release_due(pod)
+    return due is not None and now >= due
 
 
 def lost_pods(pods: list[dict], now: dt.datetime) -> list[dict]:

@@ -27,7 +27,7 @@ from typing import Any
 
 from airflow_tf.cluster import GroupStatus, OutcomeCode, Phase, ReasonCode, TaskStatus, describe_exit, task_failure_reason, task_name
 
-from .nodes import EVICTION_API, LOST_NODE_REASONS, disruption, node_of
+from .nodes import EVICTION_API, LOST_NODE_REASONS, disruption, node_of, release_due
 from .labels import INDEX_LABEL, KUEUE_QUEUE_LABEL, REPLICAS, ROLE_LABEL, ROOT_ANNOTATION, SCHEDULE_TIMEOUT
 from .pod_options import DEFAULT_SCHEDULE_TIMEOUT
 
@@ -113,8 +113,10 @@ def overdue_unschedulable(pods: list[dict], now: dt.datetime) -> list[str]:
 
 
 def next_wakeup(pods: list[dict], now: dt.datetime) -> dt.datetime | None:
-    """The next moment the status can change without any event (a schedule timeout passing)."""
+    """The next moment the status can change without any event: a schedule timeout passing, or
+    the release of a pod stuck on a lost node falling due (its node sends no event any more)."""
     moments = [d for p in latest_pods(pods).values() if (d := schedule_deadline(p)) is not None and d > now]
+    moments += [d for p in pods if (d := release_due(p)) is not None and d > now]
     return min(moments) if moments else None
 
 
