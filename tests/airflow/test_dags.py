@@ -102,6 +102,7 @@ def test_retried_launch_reattaches_to_the_same_group(airflow_home, tmp_path, gro
     assert not group_processes(tmp_path / "groups"), "no process of the group is left"
 
 
+@pytest.mark.timeout(1500)  # four DAG runs through Airflow, beside the stack tests on two cores
 def test_continuous_retraining_warm_starts_and_exports_only_a_better_model(airflow_home, tmp_path, group_processes):
     conf = json.dumps({"steps": 800})
     models = tmp_path / "storage" / "models" / "linear_regression_retrained"

@@ -684,7 +684,7 @@ def test_hostile_dag_id_launches_with_valid_labels_and_the_original_in_annotatio
         assert job["metadata"]["annotations"]["airflow-tf/dag_id"] == dag_id
         assert ";" not in job["metadata"]["labels"]["dag_id"] and " " not in job["metadata"]["labels"]["dag_id"]
     assert backend.teardown(ref)
-    wait_for(lambda: kube.gone("pods"), 30, "the group's pods to be gone")
+    wait_for(lambda: kube.gone("pods"), 120, "the group's pods to be gone")  # their grace, on a loaded node
 
 
 # -- evaluation and export on the cluster ----------------------------------------------------------
