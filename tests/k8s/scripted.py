@@ -38,17 +38,24 @@ trap 'exit 143' TERM
 n=0
 while :; do
   if [ -e /tmp/act.$n ]; then
+    if [ -e /tmp/sender.$n ]; then
+      while [ -e /proc/$(cat /tmp/sender.$n) ]; do sleep 0.05; done
+    fi
     n=$((n + 1)); . /tmp/act.$((n - 1)); : > /tmp/done.$((n - 1))
   fi
   sleep 0.2
 done
 """
 """The containers' command: run each act ``/tmp/act.N`` the test sends, in order. SIGTERM ends
-it as it ends a task (exit 143), unless an act said to ignore it."""
+it as it ends a task (exit 143), unless an act said to ignore it. An act the sender does not wait
+for runs once the sender's ``kubectl exec`` process is gone: an act that ends the container would
+otherwise kill that process mid-exit (the exec fails with 137 on a loaded node)."""
 
 _SEND = """\
 n=0; while [ -e /tmp/act.$n ]; do n=$((n + 1)); done
-cat > /tmp/.act && mv /tmp/.act /tmp/act.$n
+cat > /tmp/.act
+[ "$1" = wait ] || echo $$ > /tmp/sender.$n
+mv /tmp/.act /tmp/act.$n
 if [ "$1" = wait ]; then until [ -e /tmp/done.$n ]; do sleep 0.1; done; fi
 """
 
