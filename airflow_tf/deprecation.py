@@ -26,20 +26,13 @@ def _our_directories() -> tuple[str, ...]:
     return tuple(directories)
 
 
-def _generated_init(code: Any) -> bool:
-    """A dataclass's ``__init__``, which has no file (a renamed field of ours is an ``InitVar``
-    read by ``__post_init__``): the user's line is its caller's."""
-    return code.co_name == "__init__" and code.co_filename == "<string>"
-
-
 def deprecated(what: str, replacement: str) -> None:
     """Warns that ``what`` is deprecated, naming its replacement. The warning points at the
     user's line: the first caller outside airflow-tf and Airflow (an operator's ``__init__``
     runs under Airflow's own wrappers)."""
     ours = _our_directories()
     frame, stacklevel = sys._getframe(1), 2
-    while frame.f_back is not None and (os.path.abspath(frame.f_code.co_filename).startswith(ours)
-                                        or _generated_init(frame.f_code)):
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(ours):
         frame, stacklevel = frame.f_back, stacklevel + 1
     warnings.warn(f"{what} is deprecated and will be removed in airflow-tf {REMOVED_IN}: use {replacement}",
                   AirflowTFDeprecationWarning, stacklevel=stacklevel)

@@ -5,6 +5,7 @@ and names its replacement; no module of the package warns with plain ``Deprecati
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,27 @@ def test_the_old_training_option_name_sets_the_slice_option_with_the_projects_wa
     with pytest.raises(ValueError, match=rf"{old} is the deprecated name of {new}; give {new} only"), \
             pytest.warns(AirflowTFDeprecationWarning):
         TrainingConfig(dataset="/d", run_dir="/r", steps=5, **{old: value, new: value + 1})
+
+
+@pytest.mark.parametrize(("old", "new", "value"), SHARD_TO_SLICE)
+def test_the_old_attribute_reads_and_writes_the_slice_option_with_the_warning(old, new, value):
+    """Code that read ``config.min_shard_bytes`` gets the value in force, never a silent None."""
+    import dataclasses
+
+    from airflow_tf.cluster import TrainingConfig
+
+    config = TrainingConfig(dataset="/d", run_dir="/r", steps=5, **{new: value})
+    with pytest.warns(AirflowTFDeprecationWarning, match=rf"TrainingConfig\.{old} is deprecated .* use "
+                                                         rf"TrainingConfig\.{new}") as caught:
+        assert getattr(config, old) == value
+    assert caught[0].filename == __file__
+    with pytest.warns(AirflowTFDeprecationWarning):
+        setattr(config, old, value * 2)
+    assert getattr(config, new) == value * 2
+    # The old name is no field: a copy with a change keeps the value and warns of nothing.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert getattr(dataclasses.replace(config, steps=6), new) == value * 2
 
 
 @pytest.mark.parametrize(("old", "new", "value"), SHARD_TO_SLICE)

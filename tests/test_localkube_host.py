@@ -4,6 +4,7 @@ whatever containerd's own state directory was."""
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 from pathlib import Path
@@ -36,6 +37,7 @@ def test_the_last_plane_down_removes_the_host_paths_missing_before_the_first_and
     sysctl = tmp_path / "overcommit"
     sysctl.write_text("0\n")
     monkeypatch.setattr(host, "HOST_RECORD", tmp_path / "record" / "host.json")
+    monkeypatch.setattr(host, "EARLIER_RECORD", tmp_path / "record" / "sysctls.json")
     monkeypatch.setattr(host, "HOST_DIRS", (str(made_by_planes), str(there_before)))
     monkeypatch.setattr(host, "NODE_SYSCTLS", ("overcommit",))
     monkeypatch.setattr(host, "sysctl_path", lambda name: tmp_path / name)
@@ -56,3 +58,19 @@ def test_the_last_plane_down_removes_the_host_paths_missing_before_the_first_and
     assert not made_by_planes.exists()
     assert there_before.exists(), "a path the host had before stays"
     assert sysctl.read_text() == "0\n"
+
+
+def test_a_plane_recorded_under_the_earlier_name_still_puts_the_host_back(tmp_path, monkeypatch):
+    """A plane started before the record was renamed (sysctls.json) and taken down after."""
+    sysctl = tmp_path / "overcommit"
+    sysctl.write_text("1\n")
+    (tmp_path / "record").mkdir()
+    monkeypatch.setattr(host, "HOST_RECORD", tmp_path / "record" / "host.json")
+    monkeypatch.setattr(host, "EARLIER_RECORD", tmp_path / "record" / "sysctls.json")
+    monkeypatch.setattr(host, "sysctl_path", lambda name: tmp_path / name)
+    monkeypatch.setattr(host, "other_node_processes", lambda directory: False)
+    plane = tmp_path / "plane"
+    host.EARLIER_RECORD.write_text(json.dumps({"values": {"overcommit": "0"}, "planes": [str(plane)], "missing": []}))
+    host.shared_host_state(plane, joining=False)
+    assert sysctl.read_text() == "0\n"
+    assert not host.EARLIER_RECORD.exists() and not host.HOST_RECORD.exists()

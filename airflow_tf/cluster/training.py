@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Callable
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -155,15 +156,10 @@ class TrainingConfig:
                                           "tables and their optimizer slots against before training; None: the ps "
                                           "role's ``resources`` (limits, else requests), else on a local group the "
                                           "memory available on the machine")
-    # The deprecated names of min/max_slice_bytes (RENAMED_OPTIONS): keywords only, not fields.
-    min_shard_bytes: InitVar[int | str | None] = None
-    max_shard_bytes: InitVar[int | str | None] = None
+    # The deprecated names of min/max_slice_bytes (RENAMED_OPTIONS) are no fields: __init__ takes
+    # them as keywords and they read as properties (_take_renamed_options, below the class).
 
-    def __post_init__(self, min_shard_bytes: int | str | None, max_shard_bytes: int | str | None) -> None:
-        for old, value in (("min_shard_bytes", min_shard_bytes), ("max_shard_bytes", max_shard_bytes)):
-            new = RENAMED_OPTIONS[old]
-            setattr(self, new, renamed("TrainingConfig", old, new, value, getattr(self, new),
-                                       unset=_FIELDS[new].default))
+    def __post_init__(self) -> None:
         errors = self._coerce_types()
         if errors:
             raise ValueError("invalid training options:\n  " + "\n  ".join(errors))
@@ -285,6 +281,39 @@ class TrainingConfig:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainingConfig)}
+
+
+def _take_renamed_options(cls: type[TrainingConfig]) -> None:
+    """``cls`` takes the deprecated names of :data:`RENAMED_OPTIONS` as keywords and reads them,
+    each time with the warning. They are no fields: ``dataclasses.replace`` and ``asdict`` see
+    the new names only."""
+    dataclass_init = cls.__init__
+
+    @functools.wraps(dataclass_init)
+    def __init__(self: TrainingConfig, *args: Any, **kwargs: Any) -> None:
+        for old, new in RENAMED_OPTIONS.items():
+            if kwargs.get(old) is not None:
+                kwargs[new] = renamed(cls.__name__, old, new, kwargs[old], kwargs.get(new), unset=_FIELDS[new].default)
+            kwargs.pop(old, None)
+        dataclass_init(self, *args, **kwargs)
+
+    def renamed_attribute(old: str, new: str) -> property:
+        def read(self: TrainingConfig) -> Any:
+            deprecated(f"{cls.__name__}.{old}", f"{cls.__name__}.{new}")
+            return getattr(self, new)
+
+        def write(self: TrainingConfig, value: Any) -> None:
+            deprecated(f"{cls.__name__}.{old}", f"{cls.__name__}.{new}")
+            setattr(self, new, value)
+
+        return property(read, write, doc=f"Deprecated since 0.2.0, removed in 0.3.0: :attr:`{new}`.")
+
+    setattr(cls, "__init__", __init__)  # noqa: B010 (mypy refuses assigning to a method)
+    for old, new in RENAMED_OPTIONS.items():
+        setattr(cls, old, renamed_attribute(old, new))
+
+
+_take_renamed_options(TrainingConfig)
 
 
 def _flag(name: str) -> str:

@@ -72,7 +72,10 @@ def sysctl_path(name: str) -> Path:
 
 # The host as it was before the first plane with real nodes (its sysctls, the paths missing), and
 # the planes with real nodes running now: the last one down puts it back (planes may run side by side).
-HOST_RECORD = Path("/run/airflow-tf-kube/sysctls.json")
+HOST_RECORD = Path("/run/airflow-tf-kube/host.json")
+EARLIER_RECORD = HOST_RECORD.with_name("sysctls.json")
+"""HOST_RECORD as a plane started by an earlier version of this script named it: taken over, so
+that its down still puts the host back."""
 
 
 def shared_host_state(directory: Path, joining: bool) -> None:
@@ -83,6 +86,8 @@ def shared_host_state(directory: Path, joining: bool) -> None:
     HOST_RECORD.parent.mkdir(parents=True, exist_ok=True)
     with open(HOST_RECORD.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        if EARLIER_RECORD.exists() and not HOST_RECORD.exists():
+            EARLIER_RECORD.replace(HOST_RECORD)
         try:
             record = json.loads(HOST_RECORD.read_text())
         except (OSError, ValueError):
@@ -92,10 +97,10 @@ def shared_host_state(directory: Path, joining: bool) -> None:
             if not planes:
                 record["values"] = {name: sysctl_path(name).read_text().strip() for name in NODE_SYSCTLS}
                 record["missing"] = [path for path in HOST_DIRS if not Path(path).exists()]
-            HOST_RECORD.write_text(json.dumps({**record, "planes": [*planes, str(directory)]}, indent=2) + "\n")
+            _write_record({**record, "planes": [*planes, str(directory)]})
             return
         if planes:
-            HOST_RECORD.write_text(json.dumps({**record, "planes": planes}, indent=2) + "\n")
+            _write_record({**record, "planes": planes})
             return
         for name, value in record["values"].items():
             with contextlib.suppress(OSError):
@@ -105,6 +110,13 @@ def shared_host_state(directory: Path, joining: bool) -> None:
             for path in record.get("missing", []):
                 shutil.rmtree(path, ignore_errors=True)
         HOST_RECORD.unlink(missing_ok=True)
+
+
+def _write_record(record: dict) -> None:
+    """Replace HOST_RECORD whole (a plane killed mid-write leaves the old record, never half of one)."""
+    partial = HOST_RECORD.with_suffix(".json.tmp")
+    partial.write_text(json.dumps(record, indent=2) + "\n")
+    partial.replace(HOST_RECORD)
 
 
 def host_subnet() -> int:

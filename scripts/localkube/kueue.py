@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .api import api_get, api_send, api_send_yaml, healthy
 from .build import CONTROLLERS, JOBSET, KUEUE, build_controller
-from .process import free_port, log, openssl, start, wait_for
+from .process import free_port, log, openssl, sign, start, wait_for
 
 KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 
@@ -62,11 +62,7 @@ def start_kueue(directory: Path) -> None:
     # One serving certificate for both controllers' webhook servers, which nothing calls.
     certs = pki / "webhook"
     certs.mkdir(mode=0o700)
-    (certs / "ext").write_text("extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "tls.key", "-out", "tls.csr", "-subj",
-            "/CN=airflow-tf-kube-webhooks", cwd=certs)
-    openssl("x509", "-req", "-in", "tls.csr", "-CA", str(ca), "-CAkey", str(pki / "ca.key"), "-CAcreateserial",
-            "-days", "30", "-out", "tls.crt", "-extfile", "ext", cwd=certs)
+    sign(pki, "tls", "/CN=airflow-tf-kube-webhooks", "serverAuth", "IP:127.0.0.1,DNS:localhost", into=certs)
     kueue_metrics_certs()
     env = {"KUBECONFIG": str(directory / "kubeconfig")}
     probes = {KUEUE: free_port(), JOBSET: free_port()}

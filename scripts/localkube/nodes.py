@@ -35,7 +35,7 @@ from .host import (
     node_packages,
 )
 from .images import PAUSE_IMAGE, image_archive, pause_archive, training_image
-from .process import comm, free_port, log, openssl, ours, start, stop, wait_for
+from .process import comm, free_port, log, ours, sign, start, stop, wait_for
 
 STORAGE_CLASS = "airflow-tf-storage"
 # Where the manifests mount the data and runs claims (airflow-tf render --data-mount/--runs-mount).
@@ -119,14 +119,7 @@ def node_certificates(pki: Path, name: str, address: str) -> None:
         ("client", f"/O=system:nodes/CN=system:node:{name}", "clientAuth", None),
         ("serving", f"/CN=system:node:{name}", "serverAuth", f"IP:{address},DNS:{name}"),
     ):
-        extensions = pki / f"{name}-{kind}.ext"
-        extensions.write_text(f"extendedKeyUsage={usage}\n" + (f"subjectAltName={names}\n" if names else ""))
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}-{kind}.key", "-out", f"{name}-{kind}.csr",
-                "-subj", subject, cwd=pki)
-        openssl("x509", "-req", "-in", f"{name}-{kind}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                "-days", "30", "-out", f"{name}-{kind}.crt", "-extfile", extensions.name, cwd=pki)
-        (pki / f"{name}-{kind}.csr").unlink()
-        extensions.unlink()
+        sign(pki, f"{name}-{kind}", subject, usage, names)
 
 
 CONTAINERD_CONFIG = """\

@@ -20,7 +20,7 @@ from .host import remove_real_nodes
 from .images import training_image
 from .kueue import start_kueue
 from .nodes import COREDNS_USER, STORAGE_CLASS, STORAGE_ROOT_VOLUME, start_nodes
-from .process import ROOT, alive, free_port, log, openssl, ours, start, stop, wait_for
+from .process import ROOT, alive, free_port, log, openssl, ours, sign, start, stop, wait_for
 
 # The test (or user) that owns the plane: when it dies without `down`, the reaper runs it.
 REAPER = "reaper"
@@ -40,14 +40,7 @@ def make_pki(pki: Path) -> None:
         ("apiserver-etcd-client", "/CN=kube-apiserver-etcd-client", "clientAuth", None),
         ("apiserver-kubelet-client", "/O=system:masters/CN=kube-apiserver-kubelet-client", "clientAuth", None),
     ):
-        extensions = pki / f"{name}.ext"
-        extensions.write_text(f"extendedKeyUsage={usage}\n" + (f"subjectAltName={names}\n" if names else ""))
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                "-subj", subject, cwd=pki)
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                "-days", "30", "-out", f"{name}.crt", "-extfile", extensions.name, cwd=pki)
-        (pki / f"{name}.csr").unlink()
-        extensions.unlink()
+        sign(pki, name, subject, usage, names)
     openssl("genrsa", "-out", "service-account.key", "2048", cwd=pki)
     openssl("rsa", "-in", "service-account.key", "-pubout", "-out", "service-account.pub", cwd=pki)
 

@@ -26,6 +26,21 @@ def openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+def sign(pki: Path, name: str, subject: str, usage: str, alt_names: str | None = None, into: Path | None = None) -> None:
+    """``name.key`` and ``name.crt`` in ``into`` (default ``pki``): a new key and its certificate
+    for ``subject``, signed by the plane's CA in ``pki`` for ``usage`` (extendedKeyUsage) and
+    ``alt_names`` (subjectAltName)."""
+    into = into or pki
+    extensions = into / f"{name}.ext"
+    extensions.write_text(f"extendedKeyUsage={usage}\n" + (f"subjectAltName={alt_names}\n" if alt_names else ""))
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+            "-subj", subject, cwd=into)
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", str(pki / "ca.crt"), "-CAkey", str(pki / "ca.key"),
+            "-CAcreateserial", "-days", "30", "-out", f"{name}.crt", "-extfile", extensions.name, cwd=into)
+    (into / f"{name}.csr").unlink()
+    extensions.unlink()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
