@@ -74,3 +74,16 @@ def test_a_plane_recorded_under_the_earlier_name_still_puts_the_host_back(tmp_pa
     host.shared_host_state(plane, joining=False)
     assert sysctl.read_text() == "0\n"
     assert not host.EARLIER_RECORD.exists() and not host.HOST_RECORD.exists()
+
+
+def test_down_removes_the_cni_results_of_its_own_planes_pods_only(tmp_path, monkeypatch):
+    """A pod killed with its node is never torn down through CNI: its cached result stays until `down`."""
+    results = tmp_path / "results"
+    results.mkdir()
+    ours = [results / "aftf7-node-1-0123abcd-eth0", results / "aftf7-node-3-4567ef01-eth0"]
+    others = [results / "aftf71-node-1-89abcdef-eth0", results / "cbr0-0123abcd-eth0"]
+    for entry in ours + others:
+        entry.write_text("{}")
+    monkeypatch.setattr(host, "CNI_RESULTS", results)
+    host.remove_cni_results("7")
+    assert sorted(results.iterdir()) == sorted(others)

@@ -233,7 +233,7 @@ def remove_real_nodes(directory: Path, info: RealNodes) -> None:
         with contextlib.suppress(OSError):
             if sysctl_path(name).read_text().strip() != value:
                 sysctl_path(name).write_text(value + "\n")
-    remove_host_entries(directory, info["made"])
+    remove_host_entries(directory, info["made"], info["tag"])
 
 
 def unmount_below(directory: Path) -> None:
@@ -252,6 +252,18 @@ def other_node_processes(directory: Path) -> bool:
     killed a moment ago, not yet reaped on a busy machine)."""
     return any(comm(p) in ("kubelet", "containerd") and not ours(int(p.name), directory) and not zombie(p)
                for p in Path("/proc").iterdir() if p.name.isdigit())
+
+
+CNI_RESULTS = Path("/var/lib/cni/results")
+"""Where the CNI library caches each pod's result, under its network's name (a node's network is
+``aftf<tag>-<node>``): a pod killed with its node (`node stop`) is never torn down through CNI."""
+
+
+def remove_cni_results(tag: str) -> None:
+    """The cached CNI results of the plane ``tag``'s networks; other planes' stay."""
+    if CNI_RESULTS.is_dir():
+        for entry in CNI_RESULTS.glob(f"aftf{tag}-*"):
+            entry.unlink(missing_ok=True)
 
 
 SHIM_SOCKETS = Path("/run/containerd/s")
@@ -276,9 +288,10 @@ def remove_dead_shim_sockets() -> None:
                 pass  # not ours to judge
 
 
-def remove_host_entries(directory: Path, made: list[str]) -> None:
-    """The container log links into ``directory``, and the host paths ``up`` made: removed whole
-    when no other kubelet or containerd (another plane's) may use them, else only if empty."""
+def remove_host_entries(directory: Path, made: list[str], tag: str) -> None:
+    """The container log links into ``directory``, the CNI results of the plane ``tag``'s pods, and
+    the host paths ``up`` made: removed whole when no other kubelet or containerd (another plane's)
+    may use them, else only if empty."""
     logs = Path("/var/log/containers")
     if logs.is_dir():
         for entry in logs.iterdir():
@@ -286,6 +299,7 @@ def remove_host_entries(directory: Path, made: list[str]) -> None:
                 entry.unlink()
     others = other_node_processes(directory)
     remove_dead_shim_sockets()
+    remove_cni_results(tag)
     for path in made:
         if others:
             with contextlib.suppress(OSError):
