@@ -308,6 +308,13 @@ def test_a_cut_off_task_moves_off_its_node_its_job_suspended_then_resumed_withou
             {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [node_of(cut)]}]}]}}
     annotations = resume.patch["metadata"]["annotations"]
     assert annotations[MOVING] is None and json.loads(annotations[MOVED]) == [note]
+    # Resumed: the cut-off pod, from before the move and on its way out, starts no second move.
+    resumed = copy.deepcopy(jobs)
+    for job in resumed:
+        if job["metadata"]["name"] == "lose-worker":
+            job["spec"]["suspend"] = False
+            job["metadata"]["annotations"] = {MOVED: annotations[MOVED]}
+    assert job_patches(resumed, [cut, other], "ml", at("10:30:30")) == []
 
 
 def test_the_status_says_a_cut_off_task_is_moving_then_where_it_runs_again_and_after_how_long():

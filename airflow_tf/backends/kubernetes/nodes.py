@@ -297,6 +297,9 @@ def move_off(pod: dict, job: dict, namespace: str, now: dt.datetime) -> JobPatch
     move. None when a move of that Job is under way already."""
     if moving(job) is not None or (job.get("spec") or {}).get("suspend"):
         return None
+    created = _time((pod.get("metadata") or {}).get("creationTimestamp"))
+    if created is not None and any((at := _time(m.get("at"))) is not None and created < at for m in moves(job)):
+        return None  # an attempt from before the last move, on its way out
     role, index = ((pod.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL), \
         ((pod.get("metadata") or {}).get("labels") or {}).get("batch.kubernetes.io/job-completion-index")
     task, node, name = f"{role}-{index}", node_of(pod), (job.get("metadata") or {})["name"]
