@@ -364,16 +364,23 @@ def _assess_task(group: str, role: str, index: int, job: _RoleJob, *, attempts: 
         _judge_exit(task, job, pod)
     elif task.phase is Phase.FAILED and _disrupted(task) and not job.gave_up_on(index):
         task.phase = Phase.RESTARTING  # a disruption: not counted, the pod is replaced
-    elif (moved_off := _moved_off(job, role, index, pod)) is not None and task.phase in (Phase.RUNNING, Phase.PENDING):
+    elif task.phase in (Phase.RUNNING, Phase.PENDING):
+        _say_why_replaced(task, job, attempts.earlier((role, index)), pod, now)
+    return task, False
+
+
+def _say_why_replaced(task: TaskStatus, job: _RoleJob, earlier: list[dict], pod: dict, now: dt.datetime) -> None:
+    """The reason of a running or pending task that runs in a new pod: moved off a node its pod
+    network was cut on, lost with its node or drained, else how its previous pod ended."""
+    moved_off = _moved_off(job, task.role, task.index, pod)
+    if moved_off is not None:
         task.reason = moved_off
-    elif restarts and task.phase in (Phase.RUNNING, Phase.PENDING) and attempts.earlier((role, index)):
-        previous = attempts.earlier((role, index))[-1]
-        moved = _moved(previous, pod)
+    elif task.restarts and earlier:
+        moved = _moved(earlier[-1], pod)
         if moved is not None:
             task.reason = moved + (f" ({task.reason})" if task.reason else "")
         elif not task.reason:
-            task.reason = _replaced(previous, job, now)
-    return task, False
+            task.reason = _replaced(earlier[-1], job, now)
 
 
 def _stopped_by_failed_job(task: TaskStatus, pod: dict, job: _RoleJob) -> bool:
