@@ -820,8 +820,8 @@ def _a_ps_cut_off_from_its_group(kube, group: str) -> None:
                                     "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}}]}})
         kube.plane.core.patch_namespaced_pod_status(name, kube.ns, {"status": {
             "phase": "Running",
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False",
-                            "lastTransitionTime": stamp(30)}],
+            "conditions": [{"type": kind, "status": "True" if ready else "False", "lastTransitionTime": stamp(30)}
+                           for kind in ("Ready", "ContainersReady")],
             "containerStatuses": [{"name": "ps", "image": ABSENT_IMAGE, "imageID": "", "ready": ready,
                                    "restartCount": 0, "started": True,
                                    "state": {"running": {"startedAt": stamp(60)}}}]}})

@@ -268,6 +268,11 @@ def test_a_task_whose_peers_stopped_answering_is_cut_off_while_the_others_reach_
     assert cut_off_pods([cut, _probed(other, ready=False, since="10:30:00")], at("10:31:00")) == []
     # Never Ready since its container started (10:20:02): its peers may not be up yet.
     assert cut_off_pods([_probed(LOST["worker1"], ready=False, since="10:19:57"), other], at("10:31:00")) == []
+    # A pod of a node judged lost: the node lifecycle controller marks it not Ready, its kubelet
+    # (gone) left its containers ready. That is the lost node's to handle, not a cut.
+    lost = _probed(LOST["worker1"], ready=False, since="10:30:00")
+    next(c for c in lost["status"]["conditions"] if c["type"] == "ContainersReady").update(status="True")
+    assert cut_off_pods([lost, other], at("10:31:00")) == []
     # A readiness probe of the user's own says nothing of the group.
     own = copy.deepcopy(cut)
     own["spec"]["containers"][0]["readinessProbe"] = {"httpGet": {"path": "/ready", "port": 8080}}

@@ -133,6 +133,18 @@ class Faults:
                 return pod
         return None
 
+    def alone_on_its_node(self) -> str | None:
+        """A running task (``ps-0``, ``worker-1``) with no other running task of the group on its
+        node, the ps first; None if there is none. Cut off from the pod network, its node's tasks
+        cannot even resolve their peers' names: only a lone task is told from the others."""
+        running = [p for p in self.pods() if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+        by_node: dict[str, list] = {}
+        for pod in running:
+            by_node.setdefault(pod.spec.node_name, []).append(pod)
+        alone = sorted((pods[0].metadata.labels or {}).get(ROLE_LABEL, "") + "-" + (
+            (pods[0].metadata.labels or {}).get(INDEX_LABEL) or "0") for pods in by_node.values() if len(pods) == 1)
+        return alone[0] if alone else None
+
     def trainer_roles(self) -> tuple[str, str]:
         """(the chief's task, a worker that is not the chief): the chief role's if the group has
         one, else worker-0 is the chief."""

@@ -63,16 +63,16 @@ def test_the_demo_dag_trains_on_kubernetes_end_to_end(nodes_plane, tmp_path):
 
 
 @pytest.mark.timeout(2400)  # a real Airflow, four faults and their recoveries: about 16 minutes under load
-def test_a_killed_a_frozen_a_lost_and_a_cut_off_ps_are_replaced_and_the_dag_trains_to_its_final_step(nodes_plane,
-                                                                                                      tmp_path):
+def test_a_killed_a_frozen_and_a_lost_ps_and_a_task_cut_off_are_replaced_and_the_dag_trains_to_its_final_step(
+        nodes_plane, tmp_path):
     """A ps container's process SIGKILLed on the node: the Job controller makes a new pod. The
     new ps frozen (SIGSTOP, its TCP port still accepting): its liveness probe (the health
     question, run in the container by the kubelet) fails, the kubelet kills it, and the Job makes
     another. Then the node holding that ps stopped as a lost machine goes: Kubernetes judges it
     lost and evicts the ps, the backend releases the pod its kubelet cannot confirm, and the ps
-    runs again on another node; the wait's log says so in a user's words. Then the node holding the
-    ps cut off from the pod network (its kubelet Ready): the health questions tell, and the backend
-    moves the ps off it. Each time the workers restore from the newest checkpoint and the DAG trains
+    runs again on another node; the wait's log says so in a user's words. Then the node of a task
+    alone there cut off from the pod network (its kubelet Ready): the health questions tell, and the
+    backend moves the task's role off it. Each time the workers restore from the newest checkpoint and the DAG trains
     on to its final step; the nodes are back before the test ends."""
     directory = nodes_plane[0]
 
@@ -153,18 +153,19 @@ def _faults_during(dag_run: ScheduledRun, faults: Faults, steps: int, directory:
     assert not faults.ready(lost.node), f"{lost.node} came back by itself: the release above proves nothing"
     faults.restore(lost)
 
-    # The node now holding the ps cut off from the pod network, its kubelet still Ready: the ps's
-    # peers stop answering its health question, it turns not Ready while the workers stay Ready,
-    # and the backend moves the ps Job off that node.
-    cut = faults.fault(CUT, "ps-0", after_checkpoint=faults.progress().get("checkpoint_step") or 0,
+    # The node of a task alone there (the ps, else a worker) cut off from the pod network, its
+    # kubelet still Ready: the task's peers stop answering its health question, it turns not Ready
+    # while the others, reaching each other, stay Ready, and the backend moves its role off that node.
+    task = wait_for(faults.alone_on_its_node, 120, f"a task alone on its node ({faults.layout()})", interval=1)
+    cut = faults.fault(CUT, task, after_checkpoint=faults.progress().get("checkpoint_step") or 0,
                        timeout=RECOVERY_BOUND)
     print(f"{cut.describe()}; training moving again {cut.marks['moving']:.0f} s after the cut")
     assert cut.new_node != cut.node, cut.describe()
     assert cut.step < steps - 2000, f"the training was at step {cut.step} of {steps} when the network was cut: raise steps"
     assert faults.ready(cut.node), "a cut node's kubelet still reports Ready: only the health questions can tell"
-    said = re.compile(rf"\bps-0 cut off from its group on node {re.escape(cut.node)}, replaced on "
+    said = re.compile(rf"\b{task} cut off from its group on node {re.escape(cut.node)}, replaced on "
                       rf"{re.escape(cut.new_node)} after \d+ s")
-    reason = wait_for(lambda: said.search(dag_run.task_logs()), 60, "the wait's log to say where the cut-off ps went",
+    reason = wait_for(lambda: said.search(dag_run.task_logs()), 60, f"the wait's log to say where the cut-off {task} went",
                       interval=2)
     print(f"the wait's log: {reason.group(0)}")
     faults.restore(cut)

@@ -211,8 +211,12 @@ MOVED = "airflow-tf/moved-off-nodes"
 """A Job's annotation: the moves done (JSON list of task, node, at), for the group's status."""
 
 
+def _condition_of(pod: dict, kind: str) -> dict | None:
+    return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == kind), None)
+
+
 def _ready_condition(pod: dict) -> dict | None:
-    return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+    return _condition_of(pod, "Ready")
 
 
 def _running_since(pod: dict) -> dt.datetime | None:
@@ -230,8 +234,10 @@ def _peers_probed(pod: dict) -> bool:
 
 def cut_off_due(pod: dict) -> dt.datetime | None:
     """When a running pod with the peers' readiness probe that turned not Ready is to be judged
-    (:func:`cut_off_pods`), else None. Read from the pod alone."""
-    ready, running = _ready_condition(pod), _running_since(pod)
+    (:func:`cut_off_pods`), else None. Read from the pod alone: its ``ContainersReady``, which only
+    its kubelet sets (the node lifecycle controller marks the pods of a node it judges lost not
+    ``Ready`` and leaves that; they are the lost node's, :func:`release_due`)."""
+    ready, running = _condition_of(pod, "ContainersReady"), _running_since(pod)
     if (not _peers_probed(pod) or ready is None or ready.get("status") != "False" or running is None
             or (pod.get("status") or {}).get("phase") != "Running" or (pod.get("metadata") or {}).get("deletionTimestamp")):
         return None
