@@ -7,8 +7,10 @@ Ours: ``--runs`` scheduled runs of the demo DAG (real Airflow, ``tests/nodes/sch
 ``scripts/kube up --nodes 3``, each with the faults of ``tests/nodes/faults.py``, one after
 another and each after a checkpoint: the ps's node stopped (``scripts/kube node stop``: kubelet,
 containerd and containers SIGKILLed), a worker's that is not the chief, the chief's, then the ps's
-node drained (``kubectl drain``); the stopped node is started and the drained one uncordoned before
-the next. For each it prints the seconds from the fault to (a) the node ``NotReady``, (b) the pod
+node drained (``kubectl drain``), then the ps's node cut off from the pod network (``scripts/kube
+node cut``, its kubelet Ready); the stopped node is started, the drained one uncordoned and the cut
+one joined before the next. For each it prints the seconds from the fault to (a) the node
+``NotReady`` (after a cut: the ps's pod not Ready), (b) the pod
 evicted (deletion started) and released (gone or marked ``Failed``: the backend's release of a pod
 stuck on a lost node), (c) its replacement running on another node, (d) training moving again (the
 chief's global step growing; the step of a worker's fault grows on with the other worker).
@@ -40,11 +42,12 @@ from airflow_tf.files import read_json
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from k8s.plane import KUBE_SCRIPT, wait_for  # noqa: E402
-from nodes.faults import DRAIN, STOP, Faults, Moving, Recovery  # noqa: E402
+from nodes.faults import CUT, DRAIN, STOP, Faults, Moving, Recovery  # noqa: E402
 from nodes.scheduled import ScheduledRun, progress  # noqa: E402
 
 FAULTS = (("ps node lost", STOP, "ps-0"), ("worker node lost", STOP, "worker-1"),
-          ("chief node lost", STOP, "worker-0"), ("ps node drained", DRAIN, "ps-0"))
+          ("chief node lost", STOP, "worker-0"), ("ps node drained", DRAIN, "ps-0"),
+          ("ps node cut off", CUT, "ps-0"))
 """(name, fault, task): the demo has no chief role, worker-0 is its chief."""
 MARKS = ("not_ready", "evicted", "released", "running", "moving")
 
@@ -122,7 +125,7 @@ def _median(values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="DAG runs with every fault (and local kills per task)")
-    parser.add_argument("--steps", type=int, default=100_000, help="the demo DAG's steps: outlasting the four faults")
+    parser.add_argument("--steps", type=int, default=100_000, help="the demo DAG's steps: outlasting the five faults")
     parser.add_argument("--local-steps", type=int, default=40_000, help="the local group's steps: outlasting 3 kills")
     args = parser.parse_args()
     if args.runs < 1:

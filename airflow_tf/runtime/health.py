@@ -9,13 +9,23 @@ never TensorFlow: a question costs a fraction of a second of CPU, the answer les
 
 Prints one line per task and exits 0 when every task answered, 1 otherwise (the Kubernetes
 liveness probe's contract; the local supervisor reads the lines). The bound a task gets, and how
-many questions in a row it may leave unanswered, are :class:`airflow_tf.cluster.HealthBounds`."""
+many questions in a row it may leave unanswered, are :class:`airflow_tf.cluster.HealthBounds`.
+
+With ``--peers-answered FILE`` (a Kubernetes task's liveness probe) it also asks the group's other
+tasks, named by the task's ``TF_CONFIG``, across the pod network, and keeps ``FILE`` while one of
+them answers (removed while none does): the readiness probe reads it, so a task whose node's pod
+network is cut turns not Ready while the others stay Ready. The exit status still answers for
+the task's own server only."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
+from collections.abc import Mapping
+from pathlib import Path
 
 from airflow_tf.cluster.spec import HEALTH_ANSWERED as ANSWERED
 
@@ -54,18 +64,40 @@ def ask(targets: list[str], timeout_secs: float) -> dict[str, str]:
             channel.close()
 
 
+def peers(environ: Mapping[str, str]) -> list[str]:
+    """The addresses of the group's other tasks, from ``TF_CONFIG`` in ``environ`` (none without it)."""
+    config = json.loads(environ.get("TF_CONFIG") or "{}")
+    task = config.get("task") or {}
+    own = (task.get("type"), task.get("index"))
+    return [address for role, addresses in (config.get("cluster") or {}).items()
+            for index, address in enumerate(addresses) if (role, index) != own]
+
+
+def record_peers(path: Path, answered: bool) -> None:
+    """Keep ``path`` while a peer answered (or there is none to ask), remove it while none did."""
+    if answered:
+        path.touch()
+    else:
+        path.unlink(missing_ok=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m airflow_tf.runtime.health",
                                      description="Ask TensorFlow servers for their status, with a deadline.")
     parser.add_argument("targets", nargs="+", metavar="HOST:PORT")
     parser.add_argument("--timeout", type=float, required=True, help="seconds each server has to answer")
+    parser.add_argument("--peers-answered", type=Path, metavar="FILE",
+                        help="also ask the group's other tasks (TF_CONFIG); keep FILE while one of them answers")
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
-    answers = ask(args.targets, args.timeout)
+    others = [p for p in peers(os.environ) if p not in args.targets] if args.peers_answered else []
+    answers = ask(args.targets + others, args.timeout)
     for target, answer in answers.items():
         print(f"{target} {answer}", flush=True)
-    return 0 if all(a.startswith(ANSWERED) for a in answers.values()) else 1
+    if args.peers_answered:
+        record_peers(args.peers_answered, not others or any(answers[p].startswith(ANSWERED) for p in others))
+    return 0 if all(answers[t].startswith(ANSWERED) for t in args.targets) else 1
 
 
 if __name__ == "__main__":

@@ -16,13 +16,22 @@ bits in a thread created for that step, so ids repeat within a long run; the mas
 misses the ps call, whose partition waits for ever (bench/README.md, ``request_id_repeats.py``).
 A step still running one more bound after its cancel is such a step: the task logs it and
 kills itself, to be restarted like any lost task. Every other recovery's log line names the
-error TensorFlow reported, which :data:`RECOVERED_ERRORS` keeps from MonitoredSession's log."""
+error TensorFlow reported, which :data:`RECOVERED_ERRORS` keeps from MonitoredSession's log.
+
+A session that cannot be recreated because a ps moved is ended the same way. TensorFlow keeps a
+task's connections to its peers for the task's whole life; when a ps is replaced at a new
+address (a pod moved off a node cut from the pod network), the connections to the old one can
+hang without an error, since the cut drops packets instead of refusing them. Once every ps the
+session waits on answers its health question at an address other than the one the session was
+made with, and the session is still not back :data:`MOVED_GRACE_SECS` later, the task exits: a
+new process connects to the new address."""
 
 from __future__ import annotations
 
 import logging
 import os
 import signal
+import socket
 import statistics
 import sys
 import threading
@@ -44,6 +53,11 @@ in sync mode can stretch one step to seconds without anything being stuck."""
 STALL_MULTIPLE = 20.0
 RECENT_STEPS = 200
 WATCH_INTERVAL_SECS = 1.0
+MOVED_GRACE_SECS = 30.0
+"""How long a session may still not be recreated once every ps it waits on answers at a new
+address: a ps that moved normally takes the recreated session within seconds."""
+MOVED_CHECK_SECS = 5.0
+"""How often a task whose session is being recreated looks its ps up again."""
 REPEATED_REQUEST = "received twice"
 """TensorFlow's refusal of a repeated request id ("The same RunGraph (Worker) request was received twice")."""
 
@@ -107,6 +121,17 @@ def exit_for_restart() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def resolve(address: str) -> frozenset[str]:
+    """The IP addresses ``host:port`` resolves to now; none when its name does not resolve (a
+    replaced pod not yet created)."""
+    host, _, port = address.rpartition(":")
+    try:
+        found = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+    except (OSError, ValueError):
+        return frozenset()
+    return frozenset(str(info[4][0]) for info in found)
 
 
 def step_bound(recent_secs: Sequence[float], cap_secs: float, steps: int = 1) -> float:
@@ -195,11 +220,18 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
         """Called when a step outlives its cancel by a whole bound (TensorFlow cannot cancel it)."""
         self.stalls: list[dict] = []
         """One entry per recovered step: ``{"global_step", "bound_secs", "lost_secs", "cause"}``."""
+        self._made_with: dict[str, frozenset[str]] = {}
+        """The addresses each task in ``waits_on`` resolved to when the session was made."""
+        self._looked_up = 0.0
+        self._moved_since: float | None = None
+        """Since when every ps answers at a new address while the session is being recreated."""
 
     def begin(self):
         threading.Thread(target=self._watch, name="airflow-tf-step-bound", daemon=True).start()
 
     def after_create_session(self, session, coord):
+        self._made_with = {task: resolve(address) for task, address in self._waits_on.items()}
+        self._moved_since = None
         step = int(session.run(self._global_step))
         with self._lock:
             started, warned, bound, what = self._started, self._warned, self._bound, self._what
@@ -268,7 +300,19 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
             with self._lock:
                 if self._started is None or self._escaped:
                     continue
+                recreating = RECOVERED_ERRORS.count != self._errors_before
                 ran = time.monotonic() - self._started
+            if recreating and (moved := self._moved_away()):
+                log(f"airflow-tf session not recreated: {moved}, yet {MOVED_GRACE_SECS:g} s on the session "
+                    "is not back: this task's connections still lead to the old address (TensorFlow keeps them "
+                    "for the task's life). The task exits now to be restarted, to connect to the new one")
+                with self._lock:
+                    self._escaped = True
+                self.escape()
+                continue
+            with self._lock:
+                if self._started is None or self._escaped:
+                    continue
                 if ran < self._bound or (self._warned and ran < 2 * self._bound):
                     continue
                 # Told to cancel a whole bound ago, and the step has not returned.
@@ -289,6 +333,33 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
                 continue
             log(f"airflow-tf step stuck: the {what} after global step {self._last_step} has run {ran:.0f} s, "
                 f"past its bound of {how}; it is cancelled and the session recreated{self._silent_tasks()}")
+
+    def _moved_away(self) -> str | None:
+        """While the session is being recreated: once every ps it waits on has answered its
+        health question at an address other than the one the session was made with, for
+        :data:`MOVED_GRACE_SECS`, the moves (``ps:0 moved from 10.0.1.5 to 10.0.2.7 and answers
+        there``); else None. Looked up every :data:`MOVED_CHECK_SECS`."""
+        now = time.monotonic()
+        if not self._made_with or now - self._looked_up < MOVED_CHECK_SECS:
+            return None
+        self._looked_up = now
+        moves = {task: (self._made_with[task], new) for task, address in self._waits_on.items()
+                 if (new := resolve(address)) and self._made_with.get(task) and not new & self._made_with[task]}
+        if moves:
+            from .health import ask  # gRPC only, once a ps moved
+
+            answers = ask([self._waits_on[task] for task in moves], DEFAULT_HEALTH_TIMEOUT)
+            if not all(answers[self._waits_on[task]].startswith(HEALTH_ANSWERED) for task in moves):
+                moves = {}
+        if not moves:
+            self._moved_since = None
+            return None
+        if self._moved_since is None:
+            self._moved_since = now
+        if now - self._moved_since < MOVED_GRACE_SECS:
+            return None
+        return ", ".join(f"{task} moved from {', '.join(sorted(old))} to {', '.join(sorted(new))} and answers there"
+                         for task, (old, new) in moves.items())
 
     def _silent_tasks(self) -> str:
         """``; waiting on ps:0 (... no answer within 5 s)``: which task the stuck step waits on."""

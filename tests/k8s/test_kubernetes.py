@@ -26,6 +26,9 @@ from airflow_tf.backends import BackendError, backend_for, get_backend
 from airflow_tf.backends.kubernetes.jobs import render_group
 from airflow_tf.backends.kubernetes.status import assess
 from airflow_tf.backends.kubernetes.labels import GROUP_LABEL, ROLE_LABEL
+from airflow_tf.backends.kubernetes.manifests import PEERS_ANSWERED_CHECK
+from airflow_tf.backends.kubernetes.nodes import moves, moving
+from airflow_tf.backends.kubernetes.status import INDEX_LABEL
 from airflow_tf.cluster import GroupSpec, OutcomeCode, Phase, TrainingConfig, group_outcome, group_name
 from airflow_tf.cluster.progress import format_progress
 
@@ -754,6 +757,9 @@ def test_rbac_role_grants_exactly_what_the_backend_uses(kube, scripted, kubeconf
                                                             "kubernetes": {"schedule_timeout_seconds": 1}}}))
     lost = _pod_stuck_on_a_lost_node(kube, ref.name)
     scripted.running(pod(scripted, "ps", 0))
+    _a_ps_cut_off_from_its_group(kube, ref.name)
+    wait_for(lambda: backend.status(ref) and moves(kube.get("jobs", f"{ref.name}-ps")) and not moving(
+        kube.get("jobs", f"{ref.name}-ps")), 90, "the backend to move the ps Job off the cut-off node")
     time.sleep(1.5)  # past the worker's schedule timeout: status reads the scheduler's events
     assert outcome_when_done(backend, ref)
     wait_for(lambda: backend.status(ref) and kube.get("pods", lost) is None, 30,
@@ -788,6 +794,37 @@ def _pod_stuck_on_a_lost_node(kube, group: str) -> str:
         "message": "Taint manager: deleting due to NoExecute taint"}]}})
     assert kube.get("pods", name)["metadata"].get("deletionTimestamp"), "no kubelet confirms the deletion"
     return name
+
+
+def _a_ps_cut_off_from_its_group(kube, group: str) -> None:
+    """Two pods of the group's ps Job as a cut node's kubelet and another's would report them,
+    standing in for a cut network this one-node plane cannot have (tests/nodes cuts one for real):
+    both run, bound to nodes no kubelet serves; the one that was Ready turned not Ready 30 s ago (no
+    other task answered its question), the other is Ready. The backend suspends the ps Job and
+    resumes it without the cut node."""
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def stamp(seconds_ago: int) -> str:
+        return (now - dt.timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    for name, node, ready in ((f"{group}-ps-0-cut", "node-cut", False), (f"{group}-ps-0-peer", "node-peer", True)):
+        kube.plane.core.create_namespaced_pod(kube.ns, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {GROUP_LABEL: group, ROLE_LABEL: "ps",
+                                                  "batch.kubernetes.io/job-name": f"{group}-ps",
+                                                  INDEX_LABEL: "0"}},
+            "spec": {"nodeName": node, "containers": [{
+                "name": "ps", "image": ABSENT_IMAGE,
+                "readinessProbe": {"exec": {"command": ["python", "-c", PEERS_ANSWERED_CHECK]}},
+                "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                    "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}}]}})
+        kube.plane.core.patch_namespaced_pod_status(name, kube.ns, {"status": {
+            "phase": "Running",
+            "conditions": [{"type": kind, "status": "True" if ready else "False", "lastTransitionTime": stamp(30)}
+                           for kind in ("Ready", "ContainersReady")],
+            "containerStatuses": [{"name": "ps", "image": ABSENT_IMAGE, "imageID": "", "ready": ready,
+                                   "restartCount": 0, "started": True,
+                                   "state": {"running": {"startedAt": stamp(60)}}}]}})
 
 
 def _allowed(kube, verb, resource, group) -> bool:

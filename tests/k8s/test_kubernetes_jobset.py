@@ -165,13 +165,19 @@ def test_tf_config_is_the_jobs_forms_but_for_the_job_index_in_each_host(cluster_
 
 def test_each_replicated_job_is_the_jobs_forms_job_without_what_the_jobset_holds():
     """Pods, restarts, failure rules, deadlines: the Jobs form's Job; the JobSet holds the name,
-    the suspension, the queue label and the TTL."""
+    the suspension, the queue label and the TTL. The peers' readiness question is the Jobs form's
+    only: a JobSet's startupPolicy waits for the ps to be Ready before it creates the trainers."""
     group = spec(chief=1, success_policy="ChiefOrWorker0", active_deadline_seconds=900)
     jobs = {o["metadata"]["name"]: o for o in render_group(group, "ml") if o["kind"] == "Job"}
     for role, rjob in replicated(the_jobset(render_jobset(group, "ml"))).items():
         job = copy.deepcopy(jobs[f"tf-demo-{role}"])
         job["spec"].pop("suspend")
         job["spec"].pop("ttlSecondsAfterFinished", None)
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        assert "/tmp/airflow-tf-peers-answered" in str(container.pop("readinessProbe"))
+        for probe in ("livenessProbe", "startupProbe"):
+            assert container[probe]["exec"]["command"][-2] == "--peers-answered"
+            container[probe]["exec"]["command"] = container[probe]["exec"]["command"][:-2]
         ours = copy.deepcopy(rjob["template"])
         for pod in (ours["spec"]["template"], job["spec"]["template"]):
             pod["spec"]["containers"][0]["env"] = [e for e in pod["spec"]["containers"][0]["env"] if e["name"] != "TF_CONFIG"]

@@ -13,7 +13,8 @@ import yaml
 from airflow_tf.backends.kubernetes.default_requests import ROLE_REQUESTS
 from airflow_tf.backends.kubernetes.jobs import render_group
 from airflow_tf.backends.kubernetes.labels import GROUP_LABEL
-from airflow_tf.backends.kubernetes.manifests import to_yaml
+from airflow_tf.backends.kubernetes.manifests import PEERS_ANSWERED_CHECK, to_yaml
+from airflow_tf.backends.kubernetes.nodes import PEERS_ANSWERED
 from airflow_tf.cli import main
 from airflow_tf.cluster import GroupSpec, SpecError, TrainingConfig, group_name
 from airflow_tf.cluster.names import is_dns1123_label
@@ -364,7 +365,8 @@ def test_ps_and_workers_are_probed_by_their_health_question_with_the_groups_boun
     found = probes(spec(evaluator=1, health_timeout=4, port=2345))
     for name in ("tf-demo-ps", "tf-demo-worker"):
         liveness, startup = found[name]
-        question = ["python", "-m", "airflow_tf.runtime.health", "127.0.0.1:2345", "--timeout", "4"]
+        question = ["python", "-m", "airflow_tf.runtime.health", "127.0.0.1:2345", "--timeout", "4",
+                    "--peers-answered", PEERS_ANSWERED]
         assert liveness == {"exec": {"command": question}, "periodSeconds": 4, "failureThreshold": 3,
                             "timeoutSeconds": 14}, "3 unanswered questions of 4 s, 4 s apart: killed"
         # TensorFlow's import and the server's start get 10 minutes before the first answer is due.
@@ -378,6 +380,25 @@ def test_ps_and_workers_are_probed_by_their_health_question_with_the_groups_boun
     assert set(probes(spec(health_timeout=None)).values()) == {(None, None)}, "health_timeout=None asks nothing"
     own = spec(role_options={"worker": {"command": ["my-trainer"]}})
     assert probes(own)["tf-demo-worker"] == (None, None), "a command of one's own may serve no TensorFlow server"
+
+
+def test_a_task_is_ready_while_another_task_of_its_group_answers_it():
+    """The liveness probe also asks the group's other tasks and keeps a file while one answers;
+    the readiness probe reads it (tests/runtime/test_health.py asks real servers)."""
+    def readiness(group):
+        return {name: pod["spec"]["containers"][0].get("readinessProbe")
+                for name, pod in pods(render_group(group, "ml")).items()}
+
+    found = readiness(spec(health_timeout=4))
+    for name in ("tf-demo-ps", "tf-demo-worker"):
+        assert found[name] == {"exec": {"command": ["python", "-c", PEERS_ANSWERED_CHECK]}, "periodSeconds": 4,
+                               "failureThreshold": 3, "timeoutSeconds": 10}, name
+    # Two tasks cannot tell which of them is cut off: neither is asked.
+    alone = pods(render_group(spec(ps=1, workers=1), "ml"))
+    assert all("readinessProbe" not in p["spec"]["containers"][0] for p in alone.values())
+    assert all("--peers-answered" not in p["spec"]["containers"][0]["livenessProbe"]["exec"]["command"]
+               for p in alone.values())
+    assert set(readiness(spec(health_timeout=None)).values()) == {None}
 
 
 def test_the_backend_image_is_the_training_image_of_groups_that_name_none():

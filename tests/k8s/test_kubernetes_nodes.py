@@ -1,7 +1,8 @@
 """A group and its nodes, offline: the tolerations that bound how long a pod stays on a lost node,
 the spread over nodes, the PodDisruptionBudget that makes a drain wait, which pods stuck on a lost
 node the backend force-deletes, and what the status says when a task moved to another node (from
-pods shaped as the API server returned them on a three-node plane)."""
+pods shaped as the API server returned them on a three-node plane), and how a task cut off from
+its group (its node's pod network cut) is moved off its node."""
 
 from __future__ import annotations
 
@@ -18,7 +19,16 @@ from airflow_tf.backends.kubernetes import KubernetesBackend
 from airflow_tf.backends.kubernetes.jobs import render_group
 from airflow_tf.backends.kubernetes.jobset import render_jobset
 from airflow_tf.backends.kubernetes.labels import GROUP_LABEL, ROLE_LABEL
-from airflow_tf.backends.kubernetes.nodes import force_deletion, lost_pods
+from airflow_tf.backends.kubernetes.manifests import PEERS_ANSWERED_CHECK
+from airflow_tf.backends.kubernetes.nodes import (
+    MOVED,
+    MOVING,
+    cut_off_pods,
+    force_deletion,
+    job_patches,
+    lost_pods,
+    node_of,
+)
 from airflow_tf.backends.kubernetes.status import assess, next_wakeup
 from airflow_tf.cluster import Phase
 
@@ -228,3 +238,109 @@ def test_a_drained_task_says_it_was_evicted_then_where_it_runs_again_and_after_h
                     "10:33:20")
     assert moved["drain-ps-0"] == (Phase.RUNNING, "ps-0 evicted from node-2 (drain), replaced on node-2 after 50 s")
     assert moved["drain-worker-0"] == (Phase.RUNNING, None), "the workers' old pods are not in this list"
+
+
+# -- a task cut off from its group: its node's pod network cut while its kubelet stays Ready ------
+def _probed(pod: dict, ready: bool, since: str) -> dict:
+    """``pod`` (running since 10:20:02) with the peers' readiness probe, Ready or not since ``since``."""
+    pod = copy.deepcopy(pod)
+    pod["spec"]["containers"][0]["readinessProbe"] = {"exec": {"command": ["python", "-c", PEERS_ANSWERED_CHECK]}}
+    for cond in pod["status"]["conditions"]:
+        if cond["type"] in ("Ready", "ContainersReady"):
+            cond.update(status="True" if ready else "False", lastTransitionTime=f"2026-11-29T{since}Z")
+    return pod
+
+
+def _running(pod: dict, name: str, node: str) -> dict:
+    """A running pod of another task, shaped from ``pod``."""
+    pod = copy.deepcopy(pod)
+    pod["metadata"]["name"], pod["spec"]["nodeName"] = name, node
+    return pod
+
+
+def test_a_task_whose_peers_stopped_answering_is_cut_off_while_the_others_reach_each_other():
+    cut = _probed(LOST["worker1"], ready=False, since="10:30:00")
+    other = _probed(_running(LOST["worker1"], "lose-worker-0-abcde", "node-2"), ready=True, since="10:21:00")
+    assert cut_off_pods([cut, other], at("10:30:04")) == [], "one more question first"
+    assert cut_off_pods([cut, other], at("10:30:05")) == [cut]
+    assert next_wakeup([cut, other], at("10:30:01")) == at("10:30:05"), "the watch wakes for the verdict"
+    # Nobody Ready: the others cannot tell who is cut off.
+    assert cut_off_pods([cut, _probed(other, ready=False, since="10:30:00")], at("10:31:00")) == []
+    # Never Ready since its container started (10:20:02): its peers may not be up yet.
+    assert cut_off_pods([_probed(LOST["worker1"], ready=False, since="10:19:57"), other], at("10:31:00")) == []
+    # A pod of a node judged lost: the node lifecycle controller marks it not Ready, its kubelet
+    # (gone) left its containers ready. That is the lost node's to handle, not a cut.
+    lost = _probed(LOST["worker1"], ready=False, since="10:30:00")
+    next(c for c in lost["status"]["conditions"] if c["type"] == "ContainersReady").update(status="True")
+    assert cut_off_pods([lost, other], at("10:31:00")) == []
+    # A readiness probe of the user's own says nothing of the group.
+    own = copy.deepcopy(cut)
+    own["spec"]["containers"][0]["readinessProbe"] = {"httpGet": {"path": "/ready", "port": 8080}}
+    assert cut_off_pods([own, other], at("10:31:00")) == []
+
+
+def _suspended(job: dict) -> dict:
+    """``job`` as the Job controller leaves it once a suspension took its pods."""
+    job = copy.deepcopy(job)
+    job["spec"]["suspend"] = True
+    job["status"] = {"active": 0, "conditions": [{"type": "Suspended", "status": "True"}]}
+    return job
+
+
+def test_a_cut_off_task_moves_off_its_node_its_job_suspended_then_resumed_without_the_node():
+    cut = _probed(LOST["worker1"], ready=False, since="10:30:00")
+    other = _probed(_running(LOST["ps_replacement"], "lose-ps-0-abcde", "node-2"), ready=True, since="10:21:00")
+    jobs = copy.deepcopy(LOST["jobs"])
+    [suspend] = job_patches(jobs, [cut, other], "ml", at("10:30:06"))
+    assert (suspend.job, suspend.patch["spec"]) == ("lose-worker", {"suspend": True})
+    note = json.loads(suspend.patch["metadata"]["annotations"][MOVING])
+    assert note == {"task": "worker-1", "node": node_of(cut), "at": "2026-11-29T10:30:06Z"}
+    assert "worker-1 cut off from its group on node" in suspend.done
+    worker_job = next(j for j in jobs if j["metadata"]["name"] == "lose-worker")
+    worker_job["metadata"].setdefault("annotations", {})[MOVING] = json.dumps(note)
+    worker_job["spec"]["suspend"] = True
+    assert job_patches(jobs, [cut, other], "ml", at("10:30:08")) == [], "one move at a time, and not before its pods are gone"
+    # Suspended and its pods gone: resumed with the node excluded, whatever node affinity the role had.
+    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["train"]}]}]}}}
+    jobs = [_suspended(worker_job) if j is worker_job else j for j in jobs]
+    jobs[[j["metadata"]["name"] for j in jobs].index("lose-worker")]["spec"]["template"]["spec"]["affinity"] = own
+    [resume] = job_patches(jobs, [other], "ml", at("10:30:20"))
+    assert resume.patch["spec"]["suspend"] is False
+    assert resume.patch["spec"]["template"]["spec"]["affinity"]["nodeAffinity"] == {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "pool", "operator": "In", "values": ["train"]},
+            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [node_of(cut)]}]}]}}
+    annotations = resume.patch["metadata"]["annotations"]
+    assert annotations[MOVING] is None and json.loads(annotations[MOVED]) == [note]
+    # Resumed: the cut-off pod, from before the move and on its way out, starts no second move.
+    resumed = copy.deepcopy(jobs)
+    for job in resumed:
+        if job["metadata"]["name"] == "lose-worker":
+            job["spec"]["suspend"] = False
+            job["metadata"]["annotations"] = {MOVED: annotations[MOVED]}
+    assert job_patches(resumed, [cut, other], "ml", at("10:30:30")) == []
+
+
+def test_the_status_says_a_cut_off_task_is_moving_then_where_it_runs_again_and_after_how_long():
+    jobs = copy.deepcopy(LOST["jobs"])
+    worker_job = next(j for j in jobs if j["metadata"]["name"] == "lose-worker")
+    note = {"task": "worker-1", "node": "node-2", "at": "2026-11-29T10:30:06Z"}
+    worker_job["metadata"].setdefault("annotations", {})[MOVING] = json.dumps(note)
+    moving = {t.name: (t.phase, t.reason) for t in assess("lose", jobs, [LOST["ps_replacement"]], at("10:30:16")).tasks}
+    assert moving["lose-worker-1"] == (Phase.RESTARTING, "worker-1 cut off from its group on node node-2 (no other "
+                                       "task answered its health question): Job lose-worker suspended 10 s ago, to "
+                                       "start again on another node once its pods are gone")
+    assert moving["lose-worker-0"][1].startswith("worker-0 stopped with worker-1, cut off from its group on node node-2")
+    del worker_job["metadata"]["annotations"][MOVING]
+    worker_job["metadata"]["annotations"][MOVED] = json.dumps([note])
+    again = copy.deepcopy(LOST["worker1"])
+    again["metadata"]["creationTimestamp"], again["spec"]["nodeName"] = "2026-11-29T10:30:20Z", "node-3"
+    again["status"]["containerStatuses"][0]["state"] = {"running": {"startedAt": "2026-11-29T10:30:47Z"}}
+    status = assess("lose", jobs, [LOST["ps_replacement"], again], at("10:31:00"))
+    task = status.task("worker", 1)
+    assert (task.phase, task.reason) == (Phase.RUNNING, "worker-1 cut off from its group on node node-2, replaced on "
+                                                         "node-3 after 41 s")
+    assert task.restarts == 1 and status.replacements() == [
+        "lose-worker-1 restarted 1 time(s), last: worker-1 cut off from its group on node node-2, replaced on node-3 "
+        "after 41 s"]

@@ -1,8 +1,9 @@
 """A node taken from a training group on a plane of real nodes, timed: the node holding one of its
-tasks stopped as a lost machine goes (``scripts/kube node stop``) or drained (``kubectl drain``), and
-the seconds from the fault to the node ``NotReady``, the task's pod evicted and released (gone or
-``Failed``), its replacement running on another node, and the training moving again. Used by
-``bench/bench_node_loss.py``."""
+tasks stopped as a lost machine goes (``scripts/kube node stop``), drained (``kubectl drain``) or
+cut off from the pod network with its kubelet still Ready (``scripts/kube node cut``), and the
+seconds from the fault to the node ``NotReady`` (or the task's pod not Ready, after a cut), the
+task's pod evicted and released (gone or ``Failed``), its replacement running on another node, and
+the training moving again. Used by ``bench/bench_node_loss.py``."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from k8s.plane import KUBE_SCRIPT, wait_for
 from .host import plane_env
 from .scheduled import progress
 
-STOP, DRAIN = "node stop", "drain"
+STOP, DRAIN, CUT = "node stop", "drain", "network cut"
 RECOVERY_BOUND = 420
 """Seconds a fault may take to recover (training moving again): NotReady after 20 s, evicted 30 s
 later (the backend's toleration), released 10 s past a worker's 30 s grace, a new pod, TensorFlow
@@ -59,12 +60,16 @@ class Recovery:
     checkpoint: int
     new_node: str = "?"
     marks: dict[str, float] = field(default_factory=dict)
-    """not_ready (a stopped node only), evicted, released, running, moving."""
+    """not_ready (a stopped node; after a cut, the task's pod), evicted, released, running, moving."""
 
     def describe(self) -> str:
         seen = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in self.marks.items())
         return (f"{self.fault} of {self.node} holding {self.task} at step {self.step} (checkpoint {self.checkpoint}): "
                 f"{seen}; now on {self.new_node}")
+
+
+def _pod_ready(pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
 
 class Faults:
@@ -84,6 +89,8 @@ class Faults:
         """Pods of a faulted task: never its replacement."""
         self.stopped: set[str] = set()
         """Nodes stopped and not started again yet (:meth:`start_stopped`)."""
+        self.cut: set[str] = set()
+        """Nodes whose pod network is cut and not joined again yet (:meth:`start_stopped`)."""
 
     @staticmethod
     def pods_now(directory: Path) -> set[str]:
@@ -125,6 +132,18 @@ class Faults:
                     and statuses and statuses[0].state.running):
                 return pod
         return None
+
+    def alone_on_its_node(self) -> str | None:
+        """A running task (``ps-0``, ``worker-1``) with no other running task of the group on its
+        node, the ps first; None if there is none. Cut off from the pod network, its node's tasks
+        cannot even resolve their peers' names: only a lone task is told from the others."""
+        running = [p for p in self.pods() if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+        by_node: dict[str, list] = {}
+        for pod in running:
+            by_node.setdefault(pod.spec.node_name, []).append(pod)
+        alone = sorted((pods[0].metadata.labels or {}).get(ROLE_LABEL, "") + "-" + (
+            (pods[0].metadata.labels or {}).get(INDEX_LABEL) or "0") for pods in by_node.values() if len(pods) == 1)
+        return alone[0] if alone else None
 
     def trainer_roles(self) -> tuple[str, str]:
         """(the chief's task, a worker that is not the chief): the chief role's if the group has
@@ -179,6 +198,9 @@ class Faults:
         if fault == STOP:
             self.stopped.add(node)
             self.node("stop", node)
+        elif fault == CUT:
+            self.cut.add(node)
+            self.node("cut", node)
         else:
             drain = self.kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=180s")
         marks, moving = recovery.marks, Moving(self.step)
@@ -190,6 +212,8 @@ class Faults:
             if fault == STOP and "not_ready" not in marks and not self.ready(node):
                 marks["not_ready"] = seconds
             old = self._pod(pod.metadata.name)
+            if fault == CUT and "not_ready" not in marks and (old is None or not _pod_ready(old)):
+                marks["not_ready"] = seconds
             if "evicted" not in marks and (old is None or old.metadata.deletion_timestamp):
                 marks["evicted"] = seconds
             if "released" not in marks and (old is None or old.status.phase in ("Failed", "Succeeded")):
@@ -208,10 +232,13 @@ class Faults:
         return recovery
 
     def restore(self, recovery: Recovery) -> None:
-        """Start the stopped node again, or uncordon the drained one; wait for it Ready."""
+        """Start the stopped node again, join the cut one, or uncordon the drained one; wait for it Ready."""
         if recovery.fault == STOP:
             self.node("start", recovery.node)
             self.stopped.discard(recovery.node)
+        elif recovery.fault == CUT:
+            self.node("join", recovery.node)
+            self.cut.discard(recovery.node)
         else:
             uncordon = self.kubectl("uncordon", recovery.node)
             out, _ = uncordon.communicate(timeout=60)
@@ -220,7 +247,11 @@ class Faults:
                  f"node {recovery.node} Ready, schedulable and untainted again", interval=1)
 
     def start_stopped(self) -> None:
-        """Start every node a failed test left stopped, so that the next tests have all of them."""
+        """Start every node a failed test left stopped, and join every one it left cut, so that the
+        next tests have all of them."""
         for node in sorted(self.stopped):
             self.node("start", node)
             self.stopped.discard(node)
+        for node in sorted(self.cut):
+            self.node("join", node)
+            self.cut.discard(node)

@@ -23,7 +23,7 @@ import pytest
 from airflow_tf.demo import DEMO_NAMESPACE, ClusterRecorder, kubernetes_env, run_demo
 
 from serving_check import WARMUP, serve_both_ways
-from .faults import RECOVERY_BOUND, STOP, Faults
+from .faults import CUT, RECOVERY_BOUND, STOP, Faults
 from .host import container_pid, plane_env, processes, real_nodes
 from .scheduled import ScheduledRun
 from k8s.plane import wait_for
@@ -161,6 +161,66 @@ def _faults_during(dag_run: ScheduledRun, faults: Faults, steps: int, directory:
     # so the final global step can be one past the name.
     saved = int(final["checkpoint"].rsplit("-", 1)[-1])
     assert final["done"] and final["global_step"] >= steps and steps <= saved <= final["global_step"], final
+
+
+@pytest.mark.timeout(1800)  # the package's plane may start in it; then a fault and its recovery
+def test_a_ps_cut_off_from_its_group_is_moved_off_its_node_and_the_group_trains_to_its_final_step(nodes_plane):
+    """The node of the ps, alone there, cut off from the pod network with its kubelet still
+    Ready: Kubernetes sees nothing wrong. The workers stop answering the ps's health question, the
+    ps turns not Ready while the workers, reaching each other, stay Ready, and the backend moves
+    the ps's role off that node; its status says where the ps went. The workers' connections to
+    the old address hang in the cut: a trainer whose session does not come back while the new ps
+    answers exits and is restarted, and the group trains from the newest checkpoint to its final
+    step. No Airflow: the backend's own status is what the wait would show."""
+    from airflow_tf.backends import get_backend
+    from airflow_tf.backends.wait import wait_for_group
+    from airflow_tf.cluster import GroupSpec, TrainingConfig
+    from airflow_tf.data import prepare_dataset
+    from airflow_tf.data.samples import write_linear_regression_csv
+
+    directory, storage = nodes_plane
+    settings = plane_env(directory)
+    kubernetes_env(directory)  # the namespace and the claim of the storage folder
+    files = storage / "cut"
+    write_linear_regression_csv(files / "incoming" / "seed.csv", rows=5000, seed=0)
+    dataset = prepare_dataset(files / "incoming" / "seed.csv", files / "datasets", "linear_regression",
+                              label="y", eval_fraction=0.2, shards=2)["dataset_uri"]
+    faults = Faults(directory, Faults.pods_now(directory))
+    backend = get_backend("kubernetes", kubernetes_conn_id=None, config_file=settings["KUBECONFIG"],
+                          namespace=DEMO_NAMESPACE, image=settings["AIRFLOW_TF_KUBE_IMAGE"], poll_interval=2.0,
+                          pod_defaults={"volumes": [{"claim": settings["AIRFLOW_TF_KUBE_STORAGE_VOLUME"],
+                                                     "mount_path": str(storage)}]})
+    # Enough steps to outlast the cut: it comes at the first checkpoint past step 200 (checkpoints
+    # every 2 s), and the training stops until the moved ps restores the newest checkpoint.
+    steps = 6000
+    name = f"tf-cut-{uuid.uuid4().hex[:6]}"  # tf-*: the run directories Faults follows
+    training = TrainingConfig(dataset=dataset, run_dir=str(storage / "runs" / name), model="linear_regression",
+                              steps=steps, batch_size=64, learning_rate=0.01, checkpoint_every_secs=2)
+    ref = backend.launch(GroupSpec.for_training(name, training, ps=1, workers=2))
+    try:
+        # The ps prefers a node without trainers, the workers nodes without each other: three nodes, one task each.
+        wait_for(lambda: faults.alone_on_its_node() == "ps-0", 300, f"ps-0 alone on its node ({faults.layout()})",
+                 interval=1)
+        cut = faults.fault(CUT, "ps-0", after_checkpoint=200, timeout=RECOVERY_BOUND)
+        print(f"{cut.describe()}; training moving again {cut.marks['moving']:.0f} s after the cut")
+        assert cut.new_node != cut.node, cut.describe()
+        assert cut.step < steps - 1000, f"the training was at step {cut.step} of {steps} when the network was cut: raise steps"
+        assert faults.ready(cut.node), "a cut node's kubelet still reports Ready: only the health questions can tell"
+        said = re.compile(rf"\bps-0 cut off from its group on node {re.escape(cut.node)}, replaced on "
+                          rf"{re.escape(cut.new_node)} after \d+ s")
+        reason = wait_for(lambda: next((t.reason for t in backend.status(ref).tasks if said.search(t.reason or "")),
+                                       None), 60, "the status to say where the cut-off ps went", interval=2)
+        print(f"the status: {reason}")
+        faults.restore(cut)
+        outcome, status = wait_for_group(backend, ref, timeout=600, interval=2.0)
+        assert outcome.succeeded, outcome.reason
+        assert status.progress["global_step"] >= steps, status.progress
+        restarted = [line for index in (0, 1) for line in backend.logs(ref, "worker", index).splitlines()
+                     if "airflow-tf session ready" in line or "session not recreated" in line]
+        print("the workers' sessions:", *restarted[-6:], sep="\n  ")
+    finally:
+        backend.teardown(ref)
+        faults.start_stopped()
 
 
 PARTS_DAG = '''

@@ -234,6 +234,66 @@ def test_a_cancelled_step_whose_new_session_takes_long_does_not_end_the_task(cap
     assert "it ran past its bound of 1 s and TensorFlow cancelled it" in line, line
 
 
+class HeldRecreation(tf.compat.v1.train.ChiefSessionCreator):
+    """A session creator whose second session waits until ``release`` is set or ``hold_secs``
+    pass: the connections to a ps that moved hang without an error."""
+
+    def __init__(self, release, hold_secs: float):
+        super().__init__()
+        self.release, self.hold_secs, self.created = release, hold_secs, 0
+
+    def create_session(self):
+        self.created += 1
+        if self.created == 2:
+            self.release.wait(self.hold_secs)
+        return super().create_session()
+
+
+@pytest.mark.parametrize("answers", [True, False], ids=["answers-there", "not-answering-yet"])
+def test_a_session_not_recreated_while_its_ps_answers_at_a_new_address_ends_the_task(capsys, monkeypatch, answers):
+    """The ps's name resolves to a new address once the step is cut (a stand-in for the cluster
+    DNS following a pod that moved; the health question is real, to a real TensorFlow server). A
+    ps answering there while the session stays away for the grace ends the task, to be restarted
+    with new connections; a ps not answering yet (still starting) does not."""
+    import threading
+
+    import airflow_tf.runtime.training  # noqa: F401  (a cancelled step recovers like a lost ps)
+    from airflow_tf.backends.local.processes import free_ports
+
+    monkeypatch.setattr(step_bound, "WATCH_INTERVAL_SECS", 0.05)
+    monkeypatch.setattr(step_bound, "MOVED_CHECK_SECS", 0.1)
+    monkeypatch.setattr(step_bound, "MOVED_GRACE_SECS", 1.0)
+    step_bound.quiet_tensorflow_logs()
+    server = tf.distribute.Server.create_local_server()
+    address = server.target.removeprefix("grpc://") if answers else f"localhost:{free_ports(1)[0]}"
+    moved, release = threading.Event(), threading.Event()
+    monkeypatch.setattr(step_bound, "resolve", lambda _: frozenset({"10.201.3.7" if moved.is_set() else "10.201.2.5"}))
+    escaped: list[float] = []
+    steps: list[int] = []
+    hook = step_bound.StepBoundHook(None, cap_secs=1.0, waits_on={"ps:0": address})
+    hook.escape = lambda: (escaped.append(time.monotonic()), release.set())
+
+    def step():
+        steps.append(1)
+        if len(steps) == 2:
+            moved.set()
+            time.sleep(1.5)  # past the 1 s bound: TensorFlow cancels the step when this returns
+        return 0.0
+
+    graph, session, train_op = bounded_session(hook, step, creator=HeldRecreation(release, 60 if answers else 4))
+    with graph.as_default(), session:
+        for _ in range(3):
+            session.run(train_op)
+    out = capsys.readouterr().out
+    if not answers:
+        assert not escaped and "session not recreated" not in out, out
+        return
+    assert escaped, "the task whose ps answers elsewhere was not ended"
+    (line,) = [ln for ln in out.splitlines() if "airflow-tf session not recreated" in ln]
+    assert "ps:0 moved from 10.201.2.5 to 10.201.3.7 and answers there, yet 1 s on" in line, line
+    assert "The task exits now to be restarted" in line, line
+
+
 def test_ending_the_task_kills_it_so_that_it_is_restarted_as_a_lost_task():
     """SIGKILL, since the stuck step holds TensorFlow's threads: a negative exit code locally (137
     in a container), which the ExitCode restart policy retries."""

@@ -45,7 +45,9 @@ from .manifests import DEFAULT_PS_MAX_LIFETIME_SECONDS, DEFAULT_TTL_SECONDS_AFTE
 from .nodes import (
     DEFAULT_UNREACHABLE_TOLERATION_SECONDS,
     FORCE_DELETE_MISSES,
+    JobPatch,
     force_deletion,
+    job_patches,
     lost_pods,
 )
 from .status import (
@@ -312,6 +314,12 @@ class KubernetesBackend:
             raise
         release.done(log)
 
+    def _patch_job(self, patch: JobPatch) -> None:
+        """Send one step of moving a cut-off task off its node (:func:`.nodes.job_patches`)."""
+        with self._api(patch.doing):
+            self._batch.patch_namespaced_job(patch.job, patch.namespace, patch.patch)
+        log.warning("%s", patch.done)
+
     def _read_log(self, namespace: str, pod: str, container: str, tail_lines: int | None, **since: Any) -> str:
         """``since``: the API's since_seconds, timestamps and limit_bytes, when given."""
         from kubernetes.client.exceptions import ApiException
@@ -438,6 +446,8 @@ class KubernetesBackend:
         pods = _tasks(self._list("pods", namespace, group_selector(ref.name)))
         for lost in lost_pods(pods, now):
             self._force_delete(namespace, lost)
+        for patch in job_patches(jobs, pods, namespace, now):
+            self._patch_job(patch)
         messages = {}
         for pod in overdue_unschedulable(pods, now):
             with self._api(f"list events of pod {pod}"):

@@ -29,7 +29,7 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from airflow_tf.cluster import GroupSpec, RoleSpec, SpecError, cluster_def, label_value, task_name
 from airflow_tf.cluster.names import GROUP_ENV, RUN_ENV
-from airflow_tf.cluster.spec import CHIEF_OR_WORKER0, HEALTH_STARTUP_SECS
+from airflow_tf.cluster.spec import CHIEF_OR_WORKER0, HEALTH_COMMAND, HEALTH_STARTUP_SECS
 
 from .labels import (
     GROUP_LABEL,
@@ -42,7 +42,7 @@ from .labels import (
     SUCCESS_POLICY,
 )
 from .default_requests import ROLE_REQUESTS, with_default_requests
-from .nodes import DEFAULT_UNREACHABLE_TOLERATION_SECONDS, node_tolerations, spread_affinity
+from .nodes import DEFAULT_UNREACHABLE_TOLERATION_SECONDS, PEERS_ANSWERED, node_tolerations, spread_affinity
 from .restricted import restricted_pod
 from .pod_options import (
     LABEL_KEY,
@@ -68,6 +68,9 @@ is 30 s)."""
 PROBE_START_SECS = 10
 """Seconds a health probe gets beyond its question's deadline, to start Python and gRPC in the
 container (a fraction of a second on an idle node)."""
+PEERS_ANSWERED_CHECK = f"import os, sys; sys.exit(0 if os.path.exists({PEERS_ANSWERED!r}) else 1)"
+MIN_PEERS_JUDGED = 3
+"""Tasks a group needs for a cut-off one to be told from the others: with two, each reaches no one."""
 USER_ERROR_EXIT_CODES = list(range(1, 129))
 """Exit codes of a program error under the ``ExitCode`` policy; above 128 is death by a signal."""
 
@@ -355,22 +358,34 @@ def pod_settings(opts: PodOptions, resources: dict[str, dict[str, str]]) -> dict
     }
 
 
-def health_probes(spec: GroupSpec, role: str) -> dict[str, dict | int | None]:
+def health_probes(spec: GroupSpec, role: str, *, peers: bool = False) -> dict[str, dict | int | None]:
     """The liveness and startup probes of a task of ``role``: the health question to its own
     TensorFlow server, with the group's bounds (``health_timeout``); None for both when the
     role's tasks are not asked. The startup probe gives TensorFlow's import and the server's
     start ``HEALTH_STARTUP_SECS``; from the first answer on, the liveness probe has the
     kubelet kill a container that leaves ``HEALTH_FAILURES`` questions in a row unanswered, and
     the Job replaces its pod (same index, so same DNS name) within the role's backoff limit.
-    A parameter server's grace period is ``PS_STOP_GRACE_SECONDS``: see there."""
+    A parameter server's grace period is ``PS_STOP_GRACE_SECONDS``: see there.
+
+    With ``peers`` (the Jobs form, in a group of three tasks or more that answer), the question
+    also goes to the group's other tasks across the pod network, and the readiness probe says
+    whether one of them answered (:data:`PEERS_ANSWERED`): a task cut off from the others turns
+    not Ready, which the backend acts on (:func:`.nodes.cut_off_pods`). Not in a JobSet: its
+    ``startupPolicy`` waits for the parameter servers to be Ready before it creates the others."""
     bounds = spec.health_bounds()
     if bounds is None or not spec.answers_health(role):
-        return {"liveness_probe": None, "startup_probe": None, "termination_grace_seconds": None}
-    probe = {"exec": {"command": spec.health_command([f"127.0.0.1:{spec.port}"])},
-             "timeoutSeconds": math.ceil(bounds.timeout_secs) + PROBE_START_SECS,
+        return {"liveness_probe": None, "startup_probe": None, "readiness_probe": None,
+                "termination_grace_seconds": None}
+    peers = peers and sum(spec.replicas(r) for r in spec.roles if spec.answers_health(r)) >= MIN_PEERS_JUDGED
+    command = spec.health_command([f"127.0.0.1:{spec.port}"]) + (["--peers-answered", PEERS_ANSWERED] if peers else [])
+    probe = {"exec": {"command": command}, "timeoutSeconds": math.ceil(bounds.timeout_secs) + PROBE_START_SECS,
              "periodSeconds": math.ceil(bounds.period_secs)}
+    readiness = {"exec": {"command": [HEALTH_COMMAND[0], "-c", PEERS_ANSWERED_CHECK]},
+                 "timeoutSeconds": PROBE_START_SECS, "periodSeconds": math.ceil(bounds.period_secs),
+                 "failureThreshold": bounds.failures} if peers else None
     return {"liveness_probe": {**probe, "failureThreshold": bounds.failures},
             "startup_probe": {**probe, "failureThreshold": math.ceil(HEALTH_STARTUP_SECS / bounds.period_secs)},
+            "readiness_probe": readiness,
             "termination_grace_seconds": PS_STOP_GRACE_SECONDS if role == "ps" else None}
 
 
@@ -426,7 +441,7 @@ def role_job(group: Group, role: Role, *, standalone: bool = True) -> dict:
         "job.yaml.j2", name=job_name(spec.name, role.name), namespace=group.namespace,
         replicas=spec.replicas(role.name), service=service_name(spec.name), role=role.name,
         image=role.spec.image or spec.image, command=spec.command(role.name), env=task_env(group, role),
-        port=spec.port if role.name != "evaluator" else None, **health_probes(spec, role.name),
+        port=spec.port if role.name != "evaluator" else None, **health_probes(spec, role.name, peers=standalone),
         **_job_metadata(group, role), **_lifecycle(group, role, standalone=standalone),
         **pod_settings(role.options, role.resources),
     )[0]
@@ -481,7 +496,7 @@ def one_off_pod_template(*, container: str, image: str, command: list[str], env:
     job = render(
         "job.yaml.j2", name=container, namespace="default", replicas=1, service=None, role=container,
         image=image, command=command, env=_process_env(env, options, resources), port=None,
-        liveness_probe=None, startup_probe=None, termination_grace_seconds=None,
+        liveness_probe=None, startup_probe=None, readiness_probe=None, termination_grace_seconds=None,
         job_labels={}, job_annotations={}, pod_labels=options.labels, pod_annotations=options.annotations,
         backoff_limit_per_index=0, pod_failure_rules=[], success_policy=None, active_deadline_seconds=None,
         ttl_seconds_after_finished=None, suspend=False, **pod_settings(options, resources),

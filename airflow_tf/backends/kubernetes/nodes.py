@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import logging
+from typing import Any
 
 from .labels import GROUP_LABEL, ROLE_LABEL
 
@@ -192,3 +194,175 @@ def force_deletion(pod: dict, namespace: str) -> ForceDeletion:
     return ForceDeletion(pod=meta["name"], namespace=namespace, node=node_of(pod),
                          status_patch=failed_on_lost_node(pod),
                          delete_options={"gracePeriodSeconds": 0, "preconditions": {"uid": meta.get("uid")}})
+
+
+# -- a task cut off from its group (its node's pod network cut, the kubelet still Ready) ------------
+CUT_OFF_AFTER_SECONDS = 5
+"""How long a task must have been not Ready (its readiness probe failed ``HEALTH_FAILURES`` times
+in a row: no other task of its group answered) before the backend moves it: one more question."""
+HOSTNAME = "kubernetes.io/hostname"
+PEERS_ANSWERED = "/tmp/airflow-tf-peers-answered"
+"""The file a task's liveness probe keeps while another task of its group answers it, and its
+readiness probe checks (:func:`.manifests.health_probes`)."""
+MOVING = "airflow-tf/moving-off-node"
+"""A Job's annotation while the backend moves one of its tasks off a node (JSON: task, node, at):
+the Job is suspended until its pods are gone, then resumed with that node excluded."""
+MOVED = "airflow-tf/moved-off-nodes"
+"""A Job's annotation: the moves done (JSON list of task, node, at), for the group's status."""
+
+
+def _condition_of(pod: dict, kind: str) -> dict | None:
+    return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == kind), None)
+
+
+def _ready_condition(pod: dict) -> dict | None:
+    return _condition_of(pod, "Ready")
+
+
+def _running_since(pod: dict) -> dt.datetime | None:
+    """When the pod's containers all run (the latest start), else None."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    starts = [_time(((s.get("state") or {}).get("running") or {}).get("startedAt")) for s in statuses]
+    return max(starts) if starts and all(starts) else None  # type: ignore[type-var]
+
+
+def _peers_probed(pod: dict) -> bool:
+    """Whether the pod's readiness is the peers' question (not a probe of the user's)."""
+    return any(PEERS_ANSWERED in json.dumps(c.get("readinessProbe") or {})
+               for c in (pod.get("spec") or {}).get("containers") or [])
+
+
+def cut_off_due(pod: dict) -> dt.datetime | None:
+    """When a running pod with the peers' readiness probe that turned not Ready is to be judged
+    (:func:`cut_off_pods`), else None. Read from the pod alone: its ``ContainersReady``, which only
+    its kubelet sets (the node lifecycle controller marks the pods of a node it judges lost not
+    ``Ready`` and leaves that; they are the lost node's, :func:`release_due`)."""
+    ready, running = _condition_of(pod, "ContainersReady"), _running_since(pod)
+    if (not _peers_probed(pod) or ready is None or ready.get("status") != "False" or running is None
+            or (pod.get("status") or {}).get("phase") != "Running" or (pod.get("metadata") or {}).get("deletionTimestamp")):
+        return None
+    since = _time(ready.get("lastTransitionTime"))
+    if since is None or since <= running:
+        return None
+    return since + dt.timedelta(seconds=CUT_OFF_AFTER_SECONDS)
+
+
+def cut_off_pods(pods: list[dict], now: dt.datetime) -> list[dict]:
+    """The group's pods cut off from it: running pods with the peers' readiness probe
+    (:func:`.manifests.health_probes`) that were Ready and have not been for
+    ``CUT_OFF_AFTER_SECONDS`` (no other task answered their question), while another pod of the
+    group is Ready (the others still reach each other; pods on one node reach each other whatever
+    befell the node's network). A pod never Ready since its container started is not judged: its
+    peers may not be up yet."""
+    live = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"
+            and not (p.get("metadata") or {}).get("deletionTimestamp")]
+    ready = {_name(p) for p in live if (_ready_condition(p) or {}).get("status") == "True"}
+    return [p for p in live if (due := cut_off_due(p)) is not None and now >= due and ready - {_name(p)}]
+
+
+def _name(pod: dict) -> str:
+    return (pod.get("metadata") or {}).get("name") or ""
+
+
+def job_of(pod: dict) -> str | None:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get("batch.kubernetes.io/job-name")
+
+
+def _annotation(job: dict, key: str) -> Any:
+    text = ((job.get("metadata") or {}).get("annotations") or {}).get(key)
+    return json.loads(text) if text else None
+
+
+def moving(job: dict) -> dict | None:
+    """The move under way in ``job`` (task, node, at), or None."""
+    return _annotation(job, MOVING)
+
+
+def moves(job: dict) -> list[dict]:
+    """The moves done in ``job`` (task, node, at), oldest first."""
+    return _annotation(job, MOVED) or []
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPatch:
+    """A patch of a group's Job the backend sends through whichever client (the status read's,
+    the watch's), and what to log once it is done."""
+
+    job: str
+    namespace: str
+    patch: dict
+    doing: str
+    """What the patch does, for an error message."""
+    done: str
+    """What was done, for the task log."""
+
+
+def move_off(pod: dict, job: dict, namespace: str, now: dt.datetime) -> JobPatch | None:
+    """The first step of moving a cut-off pod's task to another node: suspend its Job (the Job
+    controller deletes the Job's pods; a running Job's pod template cannot change) and note the
+    move. None when a move of that Job is under way already."""
+    if moving(job) is not None or (job.get("spec") or {}).get("suspend"):
+        return None
+    created = _time((pod.get("metadata") or {}).get("creationTimestamp"))
+    if created is not None and any((at := _time(m.get("at"))) is not None and created < at for m in moves(job)):
+        return None  # an attempt from before the last move, on its way out
+    role, index = ((pod.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL), \
+        ((pod.get("metadata") or {}).get("labels") or {}).get("batch.kubernetes.io/job-completion-index")
+    task, node, name = f"{role}-{index}", node_of(pod), (job.get("metadata") or {})["name"]
+    note = {"task": task, "node": node, "at": now.isoformat().replace("+00:00", "Z")}
+    return JobPatch(job=name, namespace=namespace,
+                    patch={"metadata": {"annotations": {MOVING: json.dumps(note)}}, "spec": {"suspend": True}},
+                    doing=f"suspend Job {name} in namespace {namespace} to move {task} off node {node}",
+                    done=f"{task} cut off from its group on node {node} (no other task answered its health "
+                         f"question): Job {name} suspended, to be resumed without that node once its pods are gone")
+
+
+def _suspended(job: dict) -> bool:
+    return any(c.get("type") == "Suspended" and c.get("status") == "True"
+               for c in (job.get("status") or {}).get("conditions") or [])
+
+
+def _without(affinity: dict | None, node: str) -> dict:
+    """``affinity`` (a pod's) whose required node affinity also excludes ``node``."""
+    affinity = json.loads(json.dumps(affinity or {}))
+    required = affinity.setdefault("nodeAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    away = {"key": HOSTNAME, "operator": "NotIn", "values": [node]}
+    terms = required.get("nodeSelectorTerms") or [{}]
+    required["nodeSelectorTerms"] = [{**t, "matchExpressions": [*(t.get("matchExpressions") or []), away]}
+                                     for t in terms]
+    return affinity
+
+
+def resume_elsewhere(job: dict, namespace: str) -> JobPatch | None:
+    """The second step, once the Job suspended by :func:`move_off` has no active pod left (the
+    JobSuspended condition: its pod template is mutable then): resume it with the node excluded
+    from its pods' required node affinity, and the move recorded. None while not due."""
+    note = moving(job)
+    status = job.get("status") or {}
+    if note is None or not _suspended(job) or status.get("active"):
+        return None
+    name, template = (job.get("metadata") or {})["name"], (job.get("spec") or {}).get("template") or {}
+    affinity = _without((template.get("spec") or {}).get("affinity"), note["node"])
+    return JobPatch(job=name, namespace=namespace,
+                    patch={"metadata": {"annotations": {MOVING: None, MOVED: json.dumps([*moves(job), note])}},
+                           "spec": {"suspend": False, "template": {"spec": {"affinity": affinity}}}},
+                    doing=f"resume Job {name} in namespace {namespace} without node {note['node']}",
+                    done=f"Job {name} resumed: {note['task']} and the other tasks of its role start again on "
+                         f"nodes other than {note['node']}")
+
+
+def job_patches(jobs: list[dict], pods: list[dict], namespace: str, now: dt.datetime) -> list[JobPatch]:
+    """The Job patches that move the group's cut-off tasks (:func:`cut_off_pods`) off their nodes,
+    each step when due."""
+    by_name = {(j.get("metadata") or {}).get("name"): j for j in jobs}
+    patches = [p for j in jobs if (p := resume_elsewhere(j, namespace)) is not None]
+    started: set[str] = set()
+    for pod in cut_off_pods(pods, now):
+        job = by_name.get(job_of(pod))
+        if job is None or job_of(pod) in started:
+            continue
+        patch = move_off(pod, job, namespace, now)
+        if patch is not None:
+            started.add(patch.job)
+            patches.append(patch)
+    return patches

@@ -27,7 +27,7 @@ from typing import Any
 
 from airflow_tf.cluster import GroupStatus, OutcomeCode, Phase, ReasonCode, TaskStatus, describe_exit, task_failure_reason, task_name
 
-from .nodes import EVICTION_API, LOST_NODE_REASONS, disruption, node_of, release_due
+from .nodes import EVICTION_API, LOST_NODE_REASONS, cut_off_due, disruption, moves, moving, node_of, release_due
 from .labels import INDEX_LABEL, KUEUE_QUEUE_LABEL, REPLICAS, ROLE_LABEL, ROOT_ANNOTATION, SCHEDULE_TIMEOUT
 from .pod_options import DEFAULT_SCHEDULE_TIMEOUT
 
@@ -113,10 +113,11 @@ def overdue_unschedulable(pods: list[dict], now: dt.datetime) -> list[str]:
 
 
 def next_wakeup(pods: list[dict], now: dt.datetime) -> dt.datetime | None:
-    """The next moment the status can change without any event: a schedule timeout passing, or
-    the release of a pod stuck on a lost node falling due (its node sends no event any more)."""
+    """The next moment the status can change without any event: a schedule timeout passing, the
+    release of a pod stuck on a lost node falling due (its node sends no event any more), or the
+    verdict on a pod cut off from its group."""
     moments = [d for p in latest_pods(pods).values() if (d := schedule_deadline(p)) is not None and d > now]
-    moments += [d for p in pods if (d := release_due(p)) is not None and d > now]
+    moments += [d for p in pods if (d := release_due(p) or cut_off_due(p)) is not None and d > now]
     return min(moments) if moments else None
 
 
@@ -339,7 +340,12 @@ def _assess_task(group: str, role: str, index: int, job: _RoleJob, *, attempts: 
     None for a parameter server being torn down (its exit is expected). ``name``: the task's
     pod host when it is not ``<group>-<role>-<index>`` (a JobSet's)."""
     name, restarts = name or task_name(group, role, index), attempts.restarts((role, index))
+    restarts += sum(1 for move in moves(job.job) if move["task"] == f"{role}-{index}")
     pod = attempts.latest((role, index))
+    under_way = _moving_off(job, role, index, now)
+    if under_way is not None:
+        return TaskStatus(role=role, index=index, name=name, phase=Phase.RESTARTING, restarts=restarts,
+                          reason=under_way), False
     if pod is None:
         task = TaskStatus(role=role, index=index, name=name, phase=Phase.PENDING, restarts=restarts)
         return task, _task_without_pod(task, job)
@@ -358,14 +364,23 @@ def _assess_task(group: str, role: str, index: int, job: _RoleJob, *, attempts: 
         _judge_exit(task, job, pod)
     elif task.phase is Phase.FAILED and _disrupted(task) and not job.gave_up_on(index):
         task.phase = Phase.RESTARTING  # a disruption: not counted, the pod is replaced
-    elif restarts and task.phase in (Phase.RUNNING, Phase.PENDING):
-        previous = attempts.earlier((role, index))[-1]
-        moved = _moved(previous, pod)
+    elif task.phase in (Phase.RUNNING, Phase.PENDING):
+        _say_why_replaced(task, job, attempts.earlier((role, index)), pod, now)
+    return task, False
+
+
+def _say_why_replaced(task: TaskStatus, job: _RoleJob, earlier: list[dict], pod: dict, now: dt.datetime) -> None:
+    """The reason of a running or pending task that runs in a new pod: moved off a node its pod
+    network was cut on, lost with its node or drained, else how its previous pod ended."""
+    moved_off = _moved_off(job, task.role, task.index, pod)
+    if moved_off is not None:
+        task.reason = moved_off
+    elif task.restarts and earlier:
+        moved = _moved(earlier[-1], pod)
         if moved is not None:
             task.reason = moved + (f" ({task.reason})" if task.reason else "")
         elif not task.reason:
-            task.reason = _replaced(previous, job, now)
-    return task, False
+            task.reason = _replaced(earlier[-1], job, now)
 
 
 def _stopped_by_failed_job(task: TaskStatus, pod: dict, job: _RoleJob) -> bool:
@@ -423,6 +438,38 @@ def _moved(previous: dict, current: dict) -> str | None:
     if started is None or (current.get("status") or {}).get("phase") != "Running":
         return f"{how}, replacement pending" + (f" on {node}" if node else "")
     return f"{how}, replaced on {node_of(current)} after {_seconds(evicted[1], started)}"
+
+
+def _moving_off(job: _RoleJob, role: str, index: int, now: dt.datetime) -> str | None:
+    """Why a task of a Job the backend suspended to move a cut-off task off its node waits
+    (:func:`.nodes.move_off`), or None."""
+    note = moving(job.job)
+    if note is None:
+        return None
+    task = f"{role}-{index}"
+    cut = (f"{task} cut off from its group on node {note['node']} (no other task answered its health question)"
+           if note["task"] == task else f"{task} stopped with {note['task']}, cut off from its group on node "
+           f"{note['node']}")
+    return (f"{cut}: Job {job.name} suspended {_seconds(parse_time(note['at']), now)} ago, to start again on "
+            "another node once its pods are gone")
+
+
+def _moved_off(job: _RoleJob, role: str, index: int, pod: dict) -> str | None:
+    """A task the backend moved off a node its pod network was cut on, in a user's words: where it
+    runs now and how long after the verdict; None when its pod predates the last move."""
+    task = f"{role}-{index}"
+    done = [m for m in moves(job.job) if m["task"] == task]
+    if not done:
+        return None
+    created, at = parse_time(_meta(pod).get("creationTimestamp")), parse_time(done[-1]["at"])
+    if created is None or at is None or created < at:
+        return None
+    how = f"{task} cut off from its group on node {done[-1]['node']}"
+    started = _started(pod)
+    if started is None or (pod.get("status") or {}).get("phase") != "Running":
+        node = (pod.get("spec") or {}).get("nodeName")
+        return f"{how}, replacement pending" + (f" on {node}" if node else "")
+    return f"{how}, replaced on {node_of(pod)} after {_seconds(at, started)}"
 
 
 def _replaced(previous: dict, job: _RoleJob, now: dt.datetime) -> str:

@@ -22,7 +22,7 @@ from .calls import role_of as _role
 from .calls import tasks as _tasks
 from .jobset import is_jobset, read_view
 from .manifests import group_selector
-from .nodes import FORCE_DELETE_MISSES, disruption, force_deletion, lost_pods
+from .nodes import FORCE_DELETE_MISSES, JobPatch, disruption, force_deletion, job_patches, lost_pods
 from .one_off import PROGRESS_TAIL_LINES, is_one_off
 from .one_off import name_of as _name
 from .one_off import now as _now
@@ -208,6 +208,16 @@ class _WatchedGroup:
             raise BackendError(_explain(action, e.status, e.reason, e.body)) from e
         release.done(log)
 
+    async def _patch_job(self, patch: JobPatch) -> None:
+        """As :meth:`KubernetesBackend._patch_job`, through the async client."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            await self.batch.patch_namespaced_job(patch.job, patch.namespace, patch.patch)
+        except ApiException as e:
+            raise BackendError(_explain(patch.doing, e.status, e.reason, e.body)) from e
+        log.warning("%s", patch.done)
+
     async def status(self) -> GroupStatus:
         now = _now()
         listed = await self.batch.list_namespaced_job(self.namespace, label_selector=self.selector)
@@ -215,6 +225,8 @@ class _WatchedGroup:
         pods = list(self.pods.values())
         for lost in lost_pods(pods, now):
             await self._force_delete(lost)
+        for patch in job_patches(jobs, pods, self.namespace, now):
+            await self._patch_job(patch)
         pods += [pod for name, pod in self.moved.items() if name not in self.pods]
         messages = {}
         for pod in overdue_unschedulable(pods, now):
