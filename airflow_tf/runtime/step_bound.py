@@ -53,11 +53,12 @@ in sync mode can stretch one step to seconds without anything being stuck."""
 STALL_MULTIPLE = 20.0
 RECENT_STEPS = 200
 WATCH_INTERVAL_SECS = 1.0
-MOVED_GRACE_SECS = 30.0
-"""How long a session may still not be recreated once every ps it waits on answers at a new
-address: a ps that moved normally takes the recreated session within seconds."""
+MOVED_GRACE_SECS = 60.0
+"""How long a task may still have no session once every ps that moved answers at its new
+address: one replaced where the old address refuses connections takes the session within seconds
+(gRPC looks a name up again at most every 30 s)."""
 MOVED_CHECK_SECS = 5.0
-"""How often a task whose session is being recreated looks its ps up again."""
+"""How often a task waiting for its session looks its ps up again."""
 REPEATED_REQUEST = "received twice"
 """TensorFlow's refusal of a repeated request id ("The same RunGraph (Worker) request was received twice")."""
 
@@ -115,12 +116,18 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {first[:200]}"
 
 
+EXIT_FOR_RESTART = 128 + signal.SIGKILL
+"""The code a task ends with to be restarted: what a container runtime reports for a killed
+process (137), which the ``ExitCode`` restart policy retries like any lost task."""
+
+
 def exit_for_restart() -> None:
-    """Ends this task at once (SIGKILL: its stuck step holds TensorFlow's threads, so no clean
-    exit can finish); the supervisor or Kubernetes restarts it like a lost task."""
+    """Ends this task at once, without the clean exit its stuck step's TensorFlow threads would
+    hold up; the supervisor or Kubernetes restarts it like a lost task. Not by a signal to itself:
+    in a container the task is PID 1, which the kernel shields from its own SIGKILL."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(EXIT_FOR_RESTART)
 
 
 def resolve(address: str) -> frozenset[str]:
@@ -221,17 +228,21 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
         self.stalls: list[dict] = []
         """One entry per recovered step: ``{"global_step", "bound_secs", "lost_secs", "cause"}``."""
         self._made_with: dict[str, frozenset[str]] = {}
-        """The addresses each task in ``waits_on`` resolved to when the session was made."""
+        """The addresses each task in ``waits_on`` resolved to when the session was made (or,
+        before the first session, when the task began)."""
+        self._session_up = False
+        """A session was made and no step has failed since (else one is being made)."""
         self._looked_up = 0.0
         self._moved_since: float | None = None
         """Since when every ps answers at a new address while the session is being recreated."""
 
     def begin(self):
+        self._made_with = {task: resolve(address) for task, address in self._waits_on.items()}
         threading.Thread(target=self._watch, name="airflow-tf-step-bound", daemon=True).start()
 
     def after_create_session(self, session, coord):
         self._made_with = {task: resolve(address) for task, address in self._waits_on.items()}
-        self._moved_since = None
+        self._moved_since, self._session_up = None, True
         step = int(session.run(self._global_step))
         with self._lock:
             started, warned, bound, what = self._started, self._warned, self._bound, self._what
@@ -298,14 +309,15 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
         while True:
             time.sleep(WATCH_INTERVAL_SECS)
             with self._lock:
-                if self._started is None or self._escaped:
+                if self._escaped:
                     continue
-                recreating = RECOVERED_ERRORS.count != self._errors_before
-                ran = time.monotonic() - self._started
-            if recreating and (moved := self._moved_away()):
-                log(f"airflow-tf session not recreated: {moved}, yet {MOVED_GRACE_SECS:g} s on the session "
-                    "is not back: this task's connections still lead to the old address (TensorFlow keeps them "
-                    "for the task's life). The task exits now to be restarted, to connect to the new one")
+                if self._started is not None and RECOVERED_ERRORS.count != self._errors_before:
+                    self._session_up = False  # the step returned with an error: the session is being made again
+                made = self._session_up
+            if not made and (moved := self._moved_away()):
+                log(f"airflow-tf session not made: {moved}, yet {MOVED_GRACE_SECS:g} s on this task has no "
+                    "session: its connections still lead to the old address (TensorFlow keeps them for the "
+                    "task's life). The task exits now to be restarted, to connect to the new one")
                 with self._lock:
                     self._escaped = True
                 self.escape()
@@ -313,6 +325,7 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
             with self._lock:
                 if self._started is None or self._escaped:
                     continue
+                ran = time.monotonic() - self._started
                 if ran < self._bound or (self._warned and ran < 2 * self._bound):
                     continue
                 # Told to cancel a whole bound ago, and the step has not returned.
@@ -335,7 +348,7 @@ class StepBoundHook(tf.compat.v1.train.SessionRunHook):
                 f"past its bound of {how}; it is cancelled and the session recreated{self._silent_tasks()}")
 
     def _moved_away(self) -> str | None:
-        """While the session is being recreated: once every ps it waits on has answered its
+        """While the session is being made: once every ps it waits on has answered its
         health question at an address other than the one the session was made with, for
         :data:`MOVED_GRACE_SECS`, the moves (``ps:0 moved from 10.0.1.5 to 10.0.2.7 and answers
         there``); else None. Looked up every :data:`MOVED_CHECK_SECS`."""

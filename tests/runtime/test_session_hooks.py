@@ -234,27 +234,29 @@ def test_a_cancelled_step_whose_new_session_takes_long_does_not_end_the_task(cap
     assert "it ran past its bound of 1 s and TensorFlow cancelled it" in line, line
 
 
-class HeldRecreation(tf.compat.v1.train.ChiefSessionCreator):
-    """A session creator whose second session waits until ``release`` is set or ``hold_secs``
-    pass: the connections to a ps that moved hang without an error."""
+class HeldSession(tf.compat.v1.train.ChiefSessionCreator):
+    """A session creator whose session number ``held`` waits until ``release`` is set or
+    ``hold_secs`` pass: the connections to a ps that moved hang without an error."""
 
-    def __init__(self, release, hold_secs: float):
+    def __init__(self, held: int, release, hold_secs: float):
         super().__init__()
-        self.release, self.hold_secs, self.created = release, hold_secs, 0
+        self.held, self.release, self.hold_secs, self.created = held, release, hold_secs, 0
 
     def create_session(self):
         self.created += 1
-        if self.created == 2:
+        if self.created == self.held:
             self.release.wait(self.hold_secs)
         return super().create_session()
 
 
+@pytest.mark.parametrize("session", ["first", "again"])
 @pytest.mark.parametrize("answers", [True, False], ids=["answers-there", "not-answering-yet"])
-def test_a_session_not_recreated_while_its_ps_answers_at_a_new_address_ends_the_task(capsys, monkeypatch, answers):
-    """The ps's name resolves to a new address once the step is cut (a stand-in for the cluster
-    DNS following a pod that moved; the health question is real, to a real TensorFlow server). A
-    ps answering there while the session stays away for the grace ends the task, to be restarted
-    with new connections; a ps not answering yet (still starting) does not."""
+def test_a_task_without_a_session_while_its_ps_answers_at_a_new_address_ends(capsys, monkeypatch, answers, session):
+    """The ps's name resolves to a new address (a stand-in for the cluster DNS following a pod that
+    moved; the health question is real, to a real TensorFlow server) while the task waits for its
+    first session, or once its step is cut and the session is made again. A ps answering there
+    while the task stays without a session for the grace ends the task, to be restarted with new
+    connections; a ps not answering yet (still starting) does not."""
     import threading
 
     import airflow_tf.runtime.training  # noqa: F401  (a cancelled step recovers like a lost ps)
@@ -275,34 +277,46 @@ def test_a_session_not_recreated_while_its_ps_answers_at_a_new_address_ends_the_
 
     def step():
         steps.append(1)
-        if len(steps) == 2:
+        if session == "again" and len(steps) == 2:
             moved.set()
             time.sleep(1.5)  # past the 1 s bound: TensorFlow cancels the step when this returns
         return 0.0
 
-    graph, session, train_op = bounded_session(hook, step, creator=HeldRecreation(release, 60 if answers else 4))
-    with graph.as_default(), session:
+    if session == "first":
+        threading.Timer(0.5, moved.set).start()  # after the hook's begin() looked the ps up
+    creator = HeldSession(1 if session == "first" else 2, release, 60 if answers else 4)
+    graph, monitored, train_op = bounded_session(hook, step, creator=creator)
+    with graph.as_default(), monitored:
         for _ in range(3):
-            session.run(train_op)
+            monitored.run(train_op)
     out = capsys.readouterr().out
     if not answers:
-        assert not escaped and "session not recreated" not in out, out
+        assert not escaped and "session not made" not in out, out
         return
     assert escaped, "the task whose ps answers elsewhere was not ended"
-    (line,) = [ln for ln in out.splitlines() if "airflow-tf session not recreated" in ln]
-    assert "ps:0 moved from 10.201.2.5 to 10.201.3.7 and answers there, yet 1 s on" in line, line
+    (line,) = [ln for ln in out.splitlines() if "airflow-tf session not made" in ln]
+    assert "ps:0 moved from 10.201.2.5 to 10.201.3.7 and answers there, yet 1 s on this task has no session" in line
     assert "The task exits now to be restarted" in line, line
 
 
-def test_ending_the_task_kills_it_so_that_it_is_restarted_as_a_lost_task():
-    """SIGKILL, since the stuck step holds TensorFlow's threads: a negative exit code locally (137
-    in a container), which the ExitCode restart policy retries."""
+@pytest.mark.parametrize("pid_one", [False, True], ids=["process", "pid-1-of-its-namespace"])
+def test_ending_the_task_ends_it_so_that_it_is_restarted_as_a_lost_task(pid_one):
+    """At once (the stuck step holds TensorFlow's threads), with 137, which the ExitCode restart
+    policy retries. Also as PID 1 of its own PID namespace, as the task runs in a container: the
+    kernel ignores a SIGKILL PID 1 sends itself, which once left a task that meant to end running."""
+    import os
+    import shutil
     import subprocess
     import sys
 
     from airflow_tf.cluster import is_retryable_exit
 
     code = "from airflow_tf.runtime.step_bound import exit_for_restart; print('last words', flush=True); exit_for_restart()"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == -9 and "last words" in done.stdout
-    assert is_retryable_exit("ExitCode", done.returncode) and is_retryable_exit("ExitCode", 128 + 9)
+    command = [sys.executable, "-c", code]
+    if pid_one:
+        if os.geteuid() != 0 or shutil.which("unshare") is None:
+            pytest.fail("a PID namespace needs root and util-linux's unshare (scripts/test-deps)")
+        command = ["unshare", "--pid", "--fork", "--", sys.executable, "-c", f"import os; assert os.getpid() == 1; {code}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 137 and "last words" in done.stdout, (done.returncode, done.stderr[-2000:])
+    assert is_retryable_exit("ExitCode", done.returncode)
