@@ -58,8 +58,9 @@ def test_a_killed_a_frozen_and_a_lost_ps_are_replaced_and_the_dag_trains_to_its_
     # Enough that the training outlasts the three faults, and no more (each step costs the other
     # tests CPU): the first comes at the first checkpoint past step 500 (about 2,000-3,000 steps in
     # on a quiet machine, 570 in a loaded CI run; the DAG checkpoints every 5 s), the second as soon
-    # as the replacement runs, a few hundred steps on, the node's loss at the next checkpoint (up to
-    # step 5,000 quiet, 1,080 loaded); a frozen or lost ps stops the training until its replacement
+    # as the replacement runs, a few hundred steps on, the node's loss at the next checkpoint (at step
+    # 1,080 loaded, 2,192 alone; a quiet rate's 5 s between checkpoints puts it near 5,000 at most);
+    # a frozen or lost ps stops the training until its replacement
     # restores the newest checkpoint. Loaded, the steps left after the loss run at 10-20 a second.
     steps = 8000
     faults = Faults(directory, Faults.pods_now(directory))
