@@ -20,7 +20,6 @@ the task's own server only."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -65,12 +64,13 @@ def ask(targets: list[str], timeout_secs: float) -> dict[str, str]:
 
 
 def peers(environ: Mapping[str, str]) -> list[str]:
-    """The addresses of the group's other tasks, from ``TF_CONFIG`` in ``environ`` (none without it)."""
-    config = json.loads(environ.get("TF_CONFIG") or "{}")
-    task = config.get("task") or {}
-    own = (task.get("type"), task.get("index"))
-    return [address for role, addresses in (config.get("cluster") or {}).items()
-            for index, address in enumerate(addresses) if (role, index) != own]
+    """The addresses of the group's other tasks, from ``TF_CONFIG`` in ``environ`` read as the task
+    reads it (an Indexed Job's pods share one, the index is ``JOB_COMPLETION_INDEX``)."""
+    from .task import task_from_env  # no TensorFlow: the cluster's options and TF_CONFIG
+
+    task = task_from_env(dict(environ))
+    return [address for role, addresses in task.cluster.items()
+            for index, address in enumerate(addresses) if (role, index) != (task.type, task.index)]
 
 
 def record_peers(path: Path, answered: bool) -> None:

@@ -15,15 +15,15 @@ the ps was sent. TensorFlow 2.21 draws a step's request ids from a generator see
 bits in a thread created for that step, so ids repeat within a long run; the master's cancel then
 misses the ps call, whose partition waits for ever (bench/README.md, ``request_id_repeats.py``).
 A step still running one more bound after its cancel is such a step: the task logs it and
-kills itself, to be restarted like any lost task. Every other recovery's log line names the
+exits, to be restarted like any lost task. Every other recovery's log line names the
 error TensorFlow reported, which :data:`RECOVERED_ERRORS` keeps from MonitoredSession's log.
 
-A session that cannot be recreated because a ps moved is ended the same way. TensorFlow keeps a
+A task that cannot make its session because a ps moved exits the same way. TensorFlow keeps a
 task's connections to its peers for the task's whole life; when a ps is replaced at a new
 address (a pod moved off a node cut from the pod network), the connections to the old one can
-hang without an error, since the cut drops packets instead of refusing them. Once every ps the
-session waits on answers its health question at an address other than the one the session was
-made with, and the session is still not back :data:`MOVED_GRACE_SECS` later, the task exits: a
+hang without an error, since the cut drops packets instead of refusing them. Once every ps that
+moved answers its health question at its new address, and the task still has no session
+:data:`MOVED_GRACE_SECS` later (its first, or one made again after a failed step), it exits: a
 new process connects to the new address."""
 
 from __future__ import annotations

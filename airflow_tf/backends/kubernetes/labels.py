@@ -15,6 +15,8 @@ REPLICAS = f"{PREFIX}/replicas"
 RESTART_POLICY = f"{PREFIX}/restart-policy"
 # Set by the Job controller on every pod of an Indexed Job (label since Kubernetes 1.28).
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+"""The Job controller's label on each pod: the Job it belongs to."""
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 """A Kueue WorkloadPriorityClass: how Kueue orders and preempts the Workloads of its queues."""

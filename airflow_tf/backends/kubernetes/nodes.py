@@ -20,13 +20,14 @@ finalizer) and deletes it with grace 0, so nothing is left ``Terminating``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime as dt
 import json
 import logging
 from typing import Any
 
-from .labels import GROUP_LABEL, ROLE_LABEL
+from .labels import GROUP_LABEL, INDEX_LABEL, JOB_NAME_LABEL, ROLE_LABEL
 
 UNREACHABLE = "node.kubernetes.io/unreachable"
 NOT_READY = "node.kubernetes.io/not-ready"
@@ -89,11 +90,10 @@ def disruption_budget(name: str, namespace: str, labels: dict[str, str], group: 
             "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {GROUP_LABEL: group}}}}
 
 
-def _condition(pod: dict, kind: str) -> dict | None:
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == kind and cond.get("status") == "True":
-            return cond
-    return None
+def _condition(obj: dict, kind: str, status: str = "True") -> dict | None:
+    """The condition ``kind`` of a pod or Job when it has ``status``, else None."""
+    return next((c for c in (obj.get("status") or {}).get("conditions") or []
+                 if c.get("type") == kind and c.get("status") == status), None)
 
 
 def _time(value: str | None) -> dt.datetime | None:
@@ -211,14 +211,6 @@ MOVED = "airflow-tf/moved-off-nodes"
 """A Job's annotation: the moves done (JSON list of task, node, at), for the group's status."""
 
 
-def _condition_of(pod: dict, kind: str) -> dict | None:
-    return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == kind), None)
-
-
-def _ready_condition(pod: dict) -> dict | None:
-    return _condition_of(pod, "Ready")
-
-
 def _running_since(pod: dict) -> dt.datetime | None:
     """When the pod's containers all run (the latest start), else None."""
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
@@ -237,8 +229,8 @@ def cut_off_due(pod: dict) -> dt.datetime | None:
     (:func:`cut_off_pods`), else None. Read from the pod alone: its ``ContainersReady``, which only
     its kubelet sets (the node lifecycle controller marks the pods of a node it judges lost not
     ``Ready`` and leaves that; they are the lost node's, :func:`release_due`)."""
-    ready, running = _condition_of(pod, "ContainersReady"), _running_since(pod)
-    if (not _peers_probed(pod) or ready is None or ready.get("status") != "False" or running is None
+    ready, running = _condition(pod, "ContainersReady", "False"), _running_since(pod)
+    if (not _peers_probed(pod) or ready is None or running is None
             or (pod.get("status") or {}).get("phase") != "Running" or (pod.get("metadata") or {}).get("deletionTimestamp")):
         return None
     since = _time(ready.get("lastTransitionTime"))
@@ -256,7 +248,7 @@ def cut_off_pods(pods: list[dict], now: dt.datetime) -> list[dict]:
     peers may not be up yet."""
     live = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"
             and not (p.get("metadata") or {}).get("deletionTimestamp")]
-    ready = {_name(p) for p in live if (_ready_condition(p) or {}).get("status") == "True"}
+    ready = {_name(p) for p in live if _condition(p, "Ready")}
     return [p for p in live if (due := cut_off_due(p)) is not None and now >= due and ready - {_name(p)}]
 
 
@@ -265,7 +257,7 @@ def _name(pod: dict) -> str:
 
 
 def job_of(pod: dict) -> str | None:
-    return ((pod.get("metadata") or {}).get("labels") or {}).get("batch.kubernetes.io/job-name")
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(JOB_NAME_LABEL)
 
 
 def _annotation(job: dict, key: str) -> Any:
@@ -306,9 +298,8 @@ def move_off(pod: dict, job: dict, namespace: str, now: dt.datetime) -> JobPatch
     created = _time((pod.get("metadata") or {}).get("creationTimestamp"))
     if created is not None and any((at := _time(m.get("at"))) is not None and created < at for m in moves(job)):
         return None  # an attempt from before the last move, on its way out
-    role, index = ((pod.get("metadata") or {}).get("labels") or {}).get(ROLE_LABEL), \
-        ((pod.get("metadata") or {}).get("labels") or {}).get("batch.kubernetes.io/job-completion-index")
-    task, node, name = f"{role}-{index}", node_of(pod), (job.get("metadata") or {})["name"]
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    task, node, name = f"{labels.get(ROLE_LABEL)}-{labels.get(INDEX_LABEL)}", node_of(pod), (job.get("metadata") or {})["name"]
     note = {"task": task, "node": node, "at": now.isoformat().replace("+00:00", "Z")}
     return JobPatch(job=name, namespace=namespace,
                     patch={"metadata": {"annotations": {MOVING: json.dumps(note)}}, "spec": {"suspend": True}},
@@ -317,14 +308,9 @@ def move_off(pod: dict, job: dict, namespace: str, now: dt.datetime) -> JobPatch
                          f"question): Job {name} suspended, to be resumed without that node once its pods are gone")
 
 
-def _suspended(job: dict) -> bool:
-    return any(c.get("type") == "Suspended" and c.get("status") == "True"
-               for c in (job.get("status") or {}).get("conditions") or [])
-
-
 def _without(affinity: dict | None, node: str) -> dict:
     """``affinity`` (a pod's) whose required node affinity also excludes ``node``."""
-    affinity = json.loads(json.dumps(affinity or {}))
+    affinity = copy.deepcopy(affinity or {})
     required = affinity.setdefault("nodeAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
     away = {"key": HOSTNAME, "operator": "NotIn", "values": [node]}
     terms = required.get("nodeSelectorTerms") or [{}]
@@ -339,7 +325,7 @@ def resume_elsewhere(job: dict, namespace: str) -> JobPatch | None:
     from its pods' required node affinity, and the move recorded. None while not due."""
     note = moving(job)
     status = job.get("status") or {}
-    if note is None or not _suspended(job) or status.get("active"):
+    if note is None or _condition(job, "Suspended") is None or status.get("active"):
         return None
     name, template = (job.get("metadata") or {})["name"], (job.get("spec") or {}).get("template") or {}
     affinity = _without((template.get("spec") or {}).get("affinity"), note["node"])
