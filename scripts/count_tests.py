@@ -1,5 +1,5 @@
-"""Prints how many tests each folder of the suite holds, and how many of them are slow, as a
-Markdown table. The counts come from pytest's own collection, so they are never typed anywhere:
+"""Prints how many tests each folder of the suite holds, how many of them are slow and how many
+are in the long tier (``./scripts/test --long``), as a Markdown table. The counts come from pytest's own collection, so they are never typed anywhere:
 run this instead of writing a number down.
 
     .venv/bin/python scripts/count_tests.py            # the whole suite (tests/)
@@ -14,11 +14,13 @@ from collections import Counter
 from pathlib import Path
 
 
-def collected(paths: list[str], cwd: Path, marker: str | None = None) -> list[str]:
-    """The node ids pytest collects under ``paths`` (with ``-m marker`` when given)."""
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *paths]
-    if marker:
-        command += ["-m", marker]
+EVERY = "long or not long"
+"""The marker expression of every test: without ``-m`` the suite leaves its long tier out."""
+
+
+def collected(paths: list[str], cwd: Path, marker: str = EVERY) -> list[str]:
+    """The node ids pytest collects under ``paths`` with ``-m marker``."""
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *paths, "-m", marker]
     result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
     # 5: nothing collected (e.g. no slow test under these paths); anything else is a real failure.
     if result.returncode not in (0, 5):
@@ -34,18 +36,18 @@ def folder(node_id: str) -> str:
     return parts[0] + "/" if len(parts) > 1 else parts[0]
 
 
-def table(all_ids: list[str], slow_ids: list[str]) -> str:
-    every, slow = Counter(map(folder, all_ids)), Counter(map(folder, slow_ids))
-    rows = ["| folder | tests | of them slow |", "| --- | ---: | ---: |"]
-    rows += [f"| `{name}` | {every[name]} | {slow[name]} |" for name in sorted(every)]
-    rows.append(f"| all | {sum(every.values())} | {sum(slow.values())} |")
+def table(all_ids: list[str], slow_ids: list[str], long_ids: list[str]) -> str:
+    every, slow, long = Counter(map(folder, all_ids)), Counter(map(folder, slow_ids)), Counter(map(folder, long_ids))
+    rows = ["| folder | tests | of them slow | of them long |", "| --- | ---: | ---: | ---: |"]
+    rows += [f"| `{name}` | {every[name]} | {slow[name]} | {long[name]} |" for name in sorted(every)]
+    rows.append(f"| all | {sum(every.values())} | {sum(slow.values())} | {sum(long.values())} |")
     return "\n".join(rows)
 
 
 def main(argv: list[str]) -> int:
     root = Path(__file__).resolve().parents[1]
     paths = argv or ["tests"]
-    print(table(collected(paths, root), collected(paths, root, "slow")))
+    print(table(collected(paths, root), collected(paths, root, "slow"), collected(paths, root, "long")))
     return 0
 
 

@@ -32,6 +32,8 @@ def pytest_addoption(parser):
     parser.addoption("--record-durations", metavar="FILE", default=None,
                      help="write each test's time (setup, call, teardown) into FILE, merged with what it holds; "
                           "tests/durations.json orders the units of a run with -n (tests/xdist_groups.py)")
+    parser.addoption("--long", action="store_true", default=False,
+                     help="run the long tier too: the tests marked long, left out otherwise (tests/README.md)")
 
 
 def pytest_unconfigure(config):
@@ -49,9 +51,25 @@ def pytest_sessionfinish(session):
         xdist_groups.record_durations(Path(target), _MEASURED)
 
 
+def _named(item, args: list[str]) -> bool:
+    """Whether a ``path::name`` argument names this test (or its class)."""
+    for arg in args:
+        path, sep, rest = arg.partition("::")
+        if sep and Path(path).resolve() == item.path and item.nodeid.split("::", 1)[1].startswith(rest):
+            return True
+    return False
+
+
 def pytest_collection_modifyitems(config, items):
-    """With ``-n`` (pytest-xdist): tests sharing a costly fixture run on one worker
-    (:mod:`xdist_groups`); every other test goes to whichever worker is free."""
+    """Tests marked ``long`` are left out (deselected, never skipped) unless ``--long`` is given,
+    ``-m`` chooses by its own expression, or the test is named by its id. With ``-n``
+    (pytest-xdist): tests sharing a costly fixture run on one worker (:mod:`xdist_groups`);
+    every other test goes to whichever worker is free."""
+    if not config.getoption("long") and not config.getoption("markexpr"):
+        left_out = [item for item in items if item.get_closest_marker("long") and not _named(item, config.args)]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if item not in left_out]
     if hasattr(config, "workerinput") and xdist_groups.GROUPS_ENV in os.environ:
         xdist_groups.write_groups(items, TESTS)
 

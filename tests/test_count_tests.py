@@ -17,21 +17,23 @@ def load_script():
 
 
 def test_counts_follow_what_pytest_collects_per_folder(tmp_path):
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n    long: long\n")
     (tmp_path / "tests" / "data").mkdir(parents=True)
     (tmp_path / "tests" / "data" / "test_one.py").write_text(
         "import pytest\n\n"
         "@pytest.mark.parametrize('n', [1, 2, 3])\ndef test_fast(n):\n    pass\n\n"
-        "@pytest.mark.slow\ndef test_slow():\n    pass\n"
+        "@pytest.mark.slow\ndef test_slow():\n    pass\n\n"
+        "@pytest.mark.slow\n@pytest.mark.long\ndef test_long():\n    pass\n"
     )
     (tmp_path / "tests" / "test_two.py").write_text("def test_alone():\n    pass\n")
     count_tests = load_script()
     table = count_tests.table(count_tests.collected(["tests"], tmp_path),
-                              count_tests.collected(["tests"], tmp_path, "slow"))
+                              count_tests.collected(["tests"], tmp_path, "slow"),
+                              count_tests.collected(["tests"], tmp_path, "long"))
     assert table.splitlines()[2:] == [
-        "| `data/` | 4 | 1 |",
-        "| `test_two.py` | 1 | 0 |",
-        "| all | 5 | 1 |",
+        "| `data/` | 5 | 2 | 1 |",
+        "| `test_two.py` | 1 | 0 | 0 |",
+        "| all | 6 | 2 | 1 |",
     ]
 
 

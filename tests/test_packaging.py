@@ -79,6 +79,7 @@ def _check_without_tensorflow(python: Path, tmp_path: Path) -> None:
     assert report["modules"] > 20
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_pip_install_of_the_airflow_extra_brings_no_tensorflow_and_works(tmp_path):

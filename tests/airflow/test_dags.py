@@ -42,6 +42,7 @@ print(json.dumps([[name, task, extra] for name, task, extra in rows]))
     return events
 
 
+@pytest.mark.long
 def test_recommendation_dag_trains_tables_on_both_ps_and_exports_a_model_of_raw_ids(airflow_home, tmp_path,
                                                                                      group_processes):
     result = airflow_home.run("tf_recommendation", tmp_path, conf=json.dumps({"steps": 1500, "rows": 200_000}))
@@ -102,6 +103,7 @@ def test_retried_launch_reattaches_to_the_same_group(airflow_home, tmp_path, gro
     assert not group_processes(tmp_path / "groups"), "no process of the group is left"
 
 
+@pytest.mark.long
 @pytest.mark.timeout(1500)  # four DAG runs through Airflow, beside the stack tests on two cores
 def test_continuous_retraining_warm_starts_and_exports_only_a_better_model(airflow_home, tmp_path, group_processes):
     conf = json.dumps({"steps": 800})

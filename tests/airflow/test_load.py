@@ -42,6 +42,7 @@ def _run_dir(output: str, storage: Path) -> Path:
     return storage / "runs" / found.group(1)
 
 
+@pytest.mark.long
 def test_four_dag_runs_at_once_all_finish_without_collisions_each_serving_its_model(airflow_home, tmp_path,
                                                                                      group_processes,
                                                                                      migrated_airflow_db):

@@ -147,6 +147,7 @@ def mounted() -> set[str]:
     return {line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()}
 
 
+@pytest.mark.long
 @pytest.mark.timeout(3600)
 def test_compose_runs_the_demo_dag_to_a_blessed_export_and_down_leaves_nothing(tmp_path):
     containers.built("airflow-tensorflow", "postgres")  # current already: ./scripts/test built them
