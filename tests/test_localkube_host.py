@@ -4,7 +4,9 @@ whatever containerd's own state directory was."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import os
 import socket
 import sys
 from pathlib import Path
@@ -87,3 +89,28 @@ def test_down_removes_the_cni_results_of_its_own_planes_pods_only(tmp_path, monk
     monkeypatch.setattr(host, "CNI_RESULTS", results)
     host.remove_cni_results("7")
     assert sorted(results.iterdir()) == sorted(others)
+
+
+def test_planes_starting_side_by_side_install_the_node_packages_once_without_failing_on_dpkgs_lock(
+        tmp_path, monkeypatch):
+    # A stand-in apt-get (the real one would change the machine): like dpkg, it fails at once while
+    # another install holds its lock, and it installs by making the files the check looks for.
+    cni, runc, calls = tmp_path / "cni", tmp_path / "runc", tmp_path / "calls"
+    fake = tmp_path / "bin" / "apt-get"
+    fake.parent.mkdir()
+    fake.write_text(f"""#!/bin/sh
+echo "$@" >> {calls}
+mkdir {tmp_path}/dpkg-lock 2>/dev/null || {{ echo "E: Could not get lock" >&2; exit 100; }}
+sleep 1; mkdir -p {cni}; touch {cni}/bridge {runc}
+rmdir {tmp_path}/dpkg-lock
+""")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setattr(host, "CNI_BIN", cni)
+    monkeypatch.setattr(host, "RUNC", runc)
+    monkeypatch.setattr(host, "HOST_RECORD", tmp_path / "record" / "host.json")
+    with concurrent.futures.ThreadPoolExecutor(2) as planes:
+        for started in [planes.submit(host.node_packages) for _ in range(2)]:
+            started.result()  # raises CalledProcessError if an install failed on the lock
+    assert (cni / "bridge").exists() and runc.exists()
+    assert calls.read_text().splitlines() == ["-o DPkg::Lock::Timeout=600 install -y runc containernetworking-plugins"]

@@ -58,12 +58,22 @@ RUNC = Path("/usr/sbin/runc")
 
 
 def node_packages() -> None:
-    """Debian's runc and CNI plugins, installed when missing."""
-    missing = [package for package, path in (("runc", RUNC), ("containernetworking-plugins", CNI_BIN / "bridge"))
-               if not path.exists()]
-    if missing:
-        log(f"installing {' '.join(missing)} (apt-get)")
-        subprocess.run(["apt-get", "install", "-y", *missing], check=True, stdout=subprocess.DEVNULL)
+    """Debian's runc and CNI plugins, installed when missing. Planes starting side by side take
+    turns (one apt-get at a time: a second fails on dpkg's lock rather than waiting)."""
+    def missing() -> list[str]:
+        return [package for package, path in (("runc", RUNC), ("containernetworking-plugins", CNI_BIN / "bridge"))
+                if not path.exists()]
+
+    if not missing():
+        return
+    HOST_RECORD.parent.mkdir(parents=True, exist_ok=True)
+    with open(HOST_RECORD.with_name("apt.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if packages := missing():
+            log(f"installing {' '.join(packages)} (apt-get)")
+            # Another apt-get of this machine's (not a plane's) is waited for, up to 10 minutes.
+            subprocess.run(["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", *packages], check=True,
+                           stdout=subprocess.DEVNULL)
 
 
 def sysctl_path(name: str) -> Path:
