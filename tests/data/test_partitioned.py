@@ -129,7 +129,6 @@ for dag_id, source in (("parted_ok", {good!r}), ("parted_bad", {bad!r})):
 '''
 
 
-@pytest.mark.long
 @pytest.mark.slow
 def test_partitioned_prepare_runs_as_mapped_airflow_tasks(tmp_path, read_split, migrated_airflow_db):
     from airflow_tf.demo import airflow_env, dags_test

@@ -78,7 +78,6 @@ def test_a_group_trains_from_the_training_image_on_a_real_node(plane, kube, line
     wait_for(lambda: kube.gone("pods"), 60, "the group's pods to be gone")
 
 
-@pytest.mark.long
 def test_a_ps_short_of_memory_is_oomkilled_and_the_status_names_the_limit(plane, kube, linear_dataset,
                                                                            tmp_path):
     dataset, _, pod_defaults = storage(kube, linear_dataset, tmp_path)

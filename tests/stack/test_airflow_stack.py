@@ -26,7 +26,6 @@ def exported_versions(stack) -> list[str]:
     return sorted((p.name for p in models.iterdir() if p.name.isdigit()), key=int) if models.is_dir() else []
 
 
-@pytest.mark.long
 def test_a_scheduled_dag_runs_by_itself_once_unpaused(stack):
     api = stack.api
     dag_id = "tf_stack_hourly"

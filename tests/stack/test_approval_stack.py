@@ -103,7 +103,6 @@ def test_a_person_approves_the_chosen_run_of_a_sweep_through_the_rest_api(stack)
     assert f"APPROVED by {USERNAME}" in log, log[-3000:]
 
 
-@pytest.mark.long
 @pytest.mark.timeout(2400)
 def test_a_rejected_model_is_not_exported_and_the_run_says_so(stack):
     api = stack.api
@@ -126,7 +125,6 @@ def test_a_rejected_model_is_not_exported_and_the_run_says_so(stack):
     assert detail["chosen_options"] == ["Reject"], "Airflow's own record of the answer says Reject"
 
 
-@pytest.mark.long
 @pytest.mark.timeout(2400)
 def test_no_answer_within_the_timeout_rejects_by_itself(stack):
     api = stack.api

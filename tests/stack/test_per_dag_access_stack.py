@@ -423,7 +423,6 @@ def test_a_launch_result_returned_by_another_teams_task_claims_neither_the_run_n
         assert f"ignoring the launch result returned by tf_team_a_returns/{run_id}/returns" in log, run_id
 
 
-@pytest.mark.long
 def test_a_malformed_launch_result_breaks_no_ones_views(team_stack, trained):
     """team_a's DAG author returns launch-shaped values of the wrong types: each is skipped, and
     every user's TensorBoard, Training view and DAG-run view answer as before."""
