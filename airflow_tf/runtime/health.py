@@ -28,6 +28,9 @@ from pathlib import Path
 
 from airflow_tf.cluster.spec import HEALTH_ANSWERED as ANSWERED
 
+from .errors import TaskConfigError
+from .task import task_from_env
+
 GET_STATUS = "/tensorflow.WorkerService/GetStatus"
 """TensorFlow's gRPC method every server (ps or worker) serves; an empty request is valid."""
 
@@ -66,8 +69,6 @@ def ask(targets: list[str], timeout_secs: float) -> dict[str, str]:
 def peers(environ: Mapping[str, str]) -> list[str]:
     """The addresses of the group's other tasks, from ``TF_CONFIG`` in ``environ`` read as the task
     reads it (an Indexed Job's pods share one, the index is ``JOB_COMPLETION_INDEX``)."""
-    from .task import task_from_env  # no TensorFlow: the cluster's options and TF_CONFIG
-
     task = task_from_env(dict(environ))
     return [address for role, addresses in task.cluster.items()
             for index, address in enumerate(addresses) if (role, index) != (task.type, task.index)]
@@ -91,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
-    others = [p for p in peers(os.environ) if p not in args.targets] if args.peers_answered else []
+    try:
+        others = [p for p in peers(os.environ) if p not in args.targets] if args.peers_answered else []
+    except TaskConfigError as error:
+        parser.error(f"--peers-answered reads the group from TF_CONFIG: {error}")
     answers = ask(args.targets + others, args.timeout)
     for target, answer in answers.items():
         print(f"{target} {answer}", flush=True)

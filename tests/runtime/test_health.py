@@ -107,3 +107,15 @@ def test_the_probe_keeps_the_peers_file_while_another_task_answers_and_removes_i
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_bad_tf_config_fails_the_peers_question_naming_it_without_a_traceback(monkeypatch, capsys, tmp_path):
+    from airflow_tf.runtime import health
+
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"ps": ["a:1"]}, "task": {"type": "boss"}}))
+    with pytest.raises(SystemExit) as ended:
+        health.main(["127.0.0.1:1", "--timeout", "1", "--peers-answered", str(tmp_path / "answered")])
+    assert ended.value.code == 2
+    error = capsys.readouterr().err
+    assert "--peers-answered reads the group from TF_CONFIG" in error and "task type 'boss'" in error, error
+    assert not (tmp_path / "answered").exists()
