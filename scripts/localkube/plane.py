@@ -145,10 +145,10 @@ def up(directory: Path, owner_pid: int | None, with_kueue: bool = False, storage
     wait_for("kube-apiserver /readyz",
              lambda: (api_get(server, pki / "ca.crt", admin, "/readyz") or {}).get("text") == "ok", directory)
     api_ready = time.monotonic() - started
-    # One replica of each: a leader renews its lease every 15 s rather than every 2 s, which was a
-    # third of an idle plane's CPU (API server and etcd answering the renewals).
-    single_leader = ["--leader-elect-lease-duration=60s", "--leader-elect-renew-deadline=40s",
-                     "--leader-elect-retry-period=15s"]
+    # One replica of each, so nothing to elect. With leader election on, a replica whose lease
+    # renewal stalls (the API server answering in minutes on a loaded machine) exits, and the plane
+    # is left without its controllers or scheduler; the renewals also cost an idle plane CPU.
+    single_leader = ["--leader-elect=false"]
     start(directory, "kube-controller-manager", [
         str(bin_dir / "kube-controller-manager"),
         f"--kubeconfig={directory / 'run' / 'controller-manager.kubeconfig'}",
@@ -165,14 +165,8 @@ def up(directory: Path, owner_pid: int | None, with_kueue: bool = False, storage
         str(bin_dir / "kube-scheduler"), f"--kubeconfig={directory / 'run' / 'scheduler.kubeconfig'}",
         "--bind-address=127.0.0.1", "--secure-port=0", *single_leader, "--v=1"])
 
-    def leader(name: str) -> str | None:
-        lease = api_get(server, pki / "ca.crt", admin,
-                        f"/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/{name}") or {}
-        return (lease.get("spec") or {}).get("holderIdentity")
-
-    wait_for("kube-controller-manager and kube-scheduler (their leader leases)",
-             lambda: leader("kube-controller-manager") and leader("kube-scheduler"), directory)
-    # Pods can only be created once the namespace's default service account exists.
+    # Pods can only be created once the namespace's default service account exists (made by the
+    # controller manager: its sign of life; a scheduler not yet watching leaves pods Pending a moment).
     wait_for("the default service account",
              lambda: api_get(server, pki / "ca.crt", admin, "/api/v1/namespaces/default/serviceaccounts/default"),
              directory)
