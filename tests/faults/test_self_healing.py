@@ -62,6 +62,10 @@ def heal(linear_dataset, tmp_path, wait_until, name: str, fault: Callable[[Local
     ref = backend.launch(linear_group(name, linear_dataset, run_dir, steps=steps, workers=workers))
     try:
         wait_until(lambda: checkpoint_step(run_dir) >= 300, 600, what="a checkpoint past step 300")
+        # And the supervisor has read a progress line of the chief's: a chief frozen before its first
+        # one (and before its first health answer) is rightly judged stuck while starting.
+        wait_until(lambda: (backend.status(ref).progress or {}).get("global_step", 0) > 0, 60,
+                   what="the supervisor to see the chief step")
         faulted_at = time.monotonic()
         saved = checkpoint_step(run_dir)
         fault(backend, ref)

@@ -89,6 +89,13 @@ def other_nodes_run() -> bool:
     return False
 
 
+REMOVAL_BOUND = 120.0
+"""Seconds to wait for a deleted group's objects to be gone: its pods take the garbage
+collector's turn, the kubelet's SIGTERM and next sync, and the Job controller's release of its
+finalizer, each of which waits its turn on a node the rest of the suite keeps loaded (30 s was
+seen too short there)."""
+
+
 def wait_for(predicate, timeout: float = 30.0, what: str = "condition", interval: float = 0.1):
     """The predicate's first truthy value, or AssertionError after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

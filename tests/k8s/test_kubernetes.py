@@ -19,7 +19,7 @@ import time
 
 import pytest
 import yaml
-from .plane import ROLE_FILE, wait_for
+from .plane import REMOVAL_BOUND, ROLE_FILE, wait_for
 from .scripted import ABSENT_IMAGE, original_command, scripted_manifests, training_image
 
 from airflow_tf.backends import BackendError, backend_for, get_backend
@@ -610,7 +610,7 @@ def test_teardown_of_ps_leaves_finished_workers_then_all_leaves_nothing(kube, sc
     deleted = backend_for(ref).teardown(ref)
     assert deleted[0] == "job/tf-mnist-worker", "the root first"
     for kind in ("jobs", "pods", "services", "networkpolicies"):
-        wait_for(lambda: kube.gone(kind, f"{GROUP_LABEL}=tf-mnist"), 30, f"the group's {kind} to be gone")
+        wait_for(lambda: kube.gone(kind, f"{GROUP_LABEL}=tf-mnist"), REMOVAL_BOUND, f"the group's {kind} to be gone")
         assert kube.objects(kind, f"{GROUP_LABEL}=tf-other")
     assert backend.teardown(ref) == [], "a second teardown finds nothing and does not fail"
     assert not backend.status(ref).exists
@@ -626,7 +626,7 @@ def test_deleting_the_root_removes_every_object_of_the_group(kube, scripted, kub
     wait_for(lambda: len(tasks_of(kube)) == 4, 30, "the group's four pods")
     kube.remove("jobs", "tf-mnist-chief")  # kubectl delete job tf-mnist-chief
     for kind in ("jobs", "pods", "services", "networkpolicies"):
-        wait_for(lambda: kube.gone(kind), 30, f"the garbage collector to remove the group's {kind}")
+        wait_for(lambda: kube.gone(kind), REMOVAL_BOUND, f"the garbage collector to remove the group's {kind}")
 
 
 def test_a_group_whose_airflow_vanished_is_removed_by_kubernetes_after_its_ttl(kube, scripted, kubeconfig):
@@ -642,7 +642,7 @@ def test_a_group_whose_airflow_vanished_is_removed_by_kubernetes_after_its_ttl(k
     finished = time.monotonic()
     assert tasks_of(kube) == [("ps", 0), ("worker", 0), ("worker", 1)]
     for kind in ("jobs", "pods", "services"):
-        wait_for(lambda: kube.gone(kind), 60, f"the TTL controller and garbage collector to remove the {kind}")
+        wait_for(lambda: kube.gone(kind), REMOVAL_BOUND, f"the TTL controller and garbage collector to remove the {kind}")
     assert time.monotonic() - finished >= 2, "not before the TTL"
 
 
@@ -687,7 +687,7 @@ def test_hostile_dag_id_launches_with_valid_labels_and_the_original_in_annotatio
         assert job["metadata"]["annotations"]["airflow-tf/dag_id"] == dag_id
         assert ";" not in job["metadata"]["labels"]["dag_id"] and " " not in job["metadata"]["labels"]["dag_id"]
     assert backend.teardown(ref)
-    wait_for(lambda: kube.gone("pods"), 120, "the group's pods to be gone")  # their grace, on a loaded node
+    wait_for(lambda: kube.gone("pods"), REMOVAL_BOUND, "the group's pods to be gone")
 
 
 # -- evaluation and export on the cluster ----------------------------------------------------------

@@ -28,7 +28,7 @@ from airflow_tf.cluster import GroupSpec, Phase, TrainingConfig, group_outcome
 from airflow_tf.sensors import WorkerCompletionSensor
 from airflow_tf.triggers import WorkerCompletionTrigger
 
-from .plane import wait_for
+from .plane import REMOVAL_BOUND, wait_for
 from .scripted import training_image
 from .test_kubernetes import SETTLE_SECONDS, _granted, collect
 
@@ -280,7 +280,7 @@ def test_a_jobset_group_runs_to_success_through_the_backend(kube, scripted, back
     deleted = backend.teardown(ref)
     assert deleted[0] == "jobset/tf-c"
     assert jobset(kube, "tf-c") is None
-    wait_for(lambda: kube.gone("jobs", f"{GROUP_LABEL}=tf-c") and kube.gone("pods", f"{GROUP_LABEL}=tf-c"), 30,
+    wait_for(lambda: kube.gone("jobs", f"{GROUP_LABEL}=tf-c") and kube.gone("pods", f"{GROUP_LABEL}=tf-c"), REMOVAL_BOUND,
              "tf-c's Jobs and pods to be gone")
     assert backend.status(ref).exists is False
 

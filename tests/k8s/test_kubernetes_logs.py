@@ -17,7 +17,7 @@ from airflow_tf.backends.follow import LogFollower
 from airflow_tf.cluster import GroupSpec, TrainingConfig, group_outcome
 from airflow_tf.operators import TeardownTFClusterOperator
 
-from .plane import wait_for
+from .plane import REMOVAL_BOUND, wait_for
 from .scripted import training_image
 from .test_real_nodes import storage
 
@@ -68,4 +68,4 @@ def test_the_chief_log_is_followed_live_and_every_pod_log_is_kept_bounded_before
     assert worker.splitlines()[-1] == followed[-1], "the end of the chief's log is kept"
     ps = (kept / f"{ref.name}-ps-0.log").read_text()
     assert len(ps.encode()) <= KEPT_LOG_BYTES and ps_last in ps
-    wait_for(lambda: kube.gone("pods"), 60, "the group's pods to be gone")
+    wait_for(lambda: kube.gone("pods"), REMOVAL_BOUND, "the group's pods to be gone")

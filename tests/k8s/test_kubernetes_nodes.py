@@ -23,6 +23,7 @@ from airflow_tf.backends.kubernetes.manifests import PEERS_ANSWERED_CHECK
 from airflow_tf.backends.kubernetes.nodes import (
     MOVED,
     MOVING,
+    cut_nodes,
     cut_off_pods,
     force_deletion,
     job_patches,
@@ -320,6 +321,25 @@ def test_a_cut_off_task_moves_off_its_node_its_job_suspended_then_resumed_withou
             job["spec"]["suspend"] = False
             job["metadata"]["annotations"] = {MOVED: annotations[MOVED]}
     assert job_patches(resumed, [cut, other], "ml", at("10:30:30")) == []
+
+
+def test_a_task_started_on_a_node_its_group_was_cut_off_on_moves_too_if_it_never_turns_ready():
+    """The ps moved off node-2 (cut); worker-1, restarted onto node-2 (the scheduler spreads onto
+    the emptied node), never reaches its group. Elsewhere a pod never Ready is still starting."""
+    jobs = copy.deepcopy(LOST["jobs"])
+    ps_job = next(j for j in jobs if j["metadata"]["name"] == "lose-ps")
+    ps_job["metadata"].setdefault("annotations", {})[MOVED] = json.dumps(
+        [{"task": "ps-0", "node": "node-2", "at": "2026-11-29T10:19:00Z"}])
+    assert cut_nodes(jobs) == {"node-2"}
+    started = _probed(LOST["worker1"], ready=False, since="10:19:57")  # on node-2, running since 10:20:02
+    other = _probed(_running(LOST["ps_replacement"], "lose-ps-0-abcde", "node-3"), ready=True, since="10:20:30")
+    assert job_patches(jobs, [started, other], "ml", at("10:21:31")) == [], "its start gets 90 s"
+    assert next_wakeup([started, other], at("10:21:00"), cut_nodes(jobs)) == at("10:21:32")
+    [suspend] = job_patches(jobs, [started, other], "ml", at("10:21:32"))
+    assert (suspend.job, suspend.patch["spec"]) == ("lose-worker", {"suspend": True})
+    assert json.loads(suspend.patch["metadata"]["annotations"][MOVING])["node"] == "node-2"
+    elsewhere = _running(started, started["metadata"]["name"], "node-1")
+    assert job_patches(jobs, [elsewhere, other], "ml", at("10:40:00")) == []
 
 
 def test_the_status_says_a_cut_off_task_is_moving_then_where_it_runs_again_and_after_how_long():

@@ -16,7 +16,7 @@ from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
-from .plane import wait_for
+from .plane import REMOVAL_BOUND, wait_for
 from .scripted import original_command, training_image
 from .test_kubernetes import kubeconfig, make_spec, pod, tasks_of  # noqa: F401 (fixtures)
 
@@ -64,7 +64,7 @@ def test_teardown_of_a_launch_that_died_before_returning_removes_its_group(kube,
     deleted = teardown.execute({"ti": _TaskInstance(dag_id="train_k8s", run_id=run_id)})
     assert deleted[0] == f"job/{name}-worker"
     for kind in ("jobs", "pods", "services"):
-        wait_for(lambda: kube.gone(kind, f"{GROUP_LABEL}={name}"), 30, f"the group's {kind} to be gone")
+        wait_for(lambda: kube.gone(kind, f"{GROUP_LABEL}={name}"), REMOVAL_BOUND, f"the group's {kind} to be gone")
 
 
 def test_teardown_leaves_alone_a_same_named_group_its_launch_did_not_start(kube, scripted):

@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from .plane import wait_for
+from .plane import REMOVAL_BOUND, wait_for
 from .scripted import ABSENT_IMAGE, original_command, training_image
 from .test_kubernetes import kubeconfig  # noqa: F401 (fixtures)
 
@@ -236,7 +236,7 @@ def test_a_killed_part_task_deletes_its_job_and_its_pod(kube, scripted, tmp_path
                               "the part's pod")[0])
     operator.on_kill()
     runner.join(timeout=30)
-    wait_for(lambda: kube.gone("jobs") and kube.gone("pods"), 30,
+    wait_for(lambda: kube.gone("jobs") and kube.gone("pods"), REMOVAL_BOUND,
              "killing the task to delete the part's Job and, with it, its pod")
     assert outcome and isinstance(outcome[0], BackendError) and "disappeared before it finished" in str(outcome[0])
     with pytest.raises(DataError, match="part 0 of 2 of dataset 'clicks' did not finish"):

@@ -18,7 +18,7 @@ from airflow_tf.backends import get_backend
 from airflow_tf.backends.kubernetes.labels import ROLE_LABEL
 from airflow_tf.cluster import GroupSpec, TrainingConfig, group_outcome
 
-from .plane import KUBE_SCRIPT, wait_for
+from .plane import KUBE_SCRIPT, REMOVAL_BOUND, wait_for
 from .scripted import kubectl, training_image
 from .test_kubernetes import outcome_when_done
 
@@ -75,7 +75,7 @@ def test_a_group_trains_from_the_training_image_on_a_real_node(plane, kube, line
                        f"import socket; print(socket.gethostbyname({name!r}))").strip()
     assert resolved == ps["status"]["podIP"]
     assert backend.teardown(ref)
-    wait_for(lambda: kube.gone("pods"), 60, "the group's pods to be gone")
+    wait_for(lambda: kube.gone("pods"), REMOVAL_BOUND, "the group's pods to be gone")
 
 
 def test_a_ps_short_of_memory_is_oomkilled_and_the_status_names_the_limit(plane, kube, linear_dataset,

@@ -117,8 +117,13 @@ class Faults:
         return self.core.list_namespaced_pod(DEMO_NAMESPACE, label_selector=f"{GROUP_LABEL}={self.group}").items
 
     def layout(self) -> str:
-        """Each pod of the group: task, node, phase, deleting or not (for failure messages)."""
+        """Each pod of the group: task, node, phase, Ready or why not scheduled, deleting or not
+        (for failure messages)."""
+        def unscheduled(pod) -> str:
+            why = [c.message for c in pod.status.conditions or [] if c.type == "PodScheduled" and c.status == "False"]
+            return f" ({why[0]})" if why else ""
         return "; ".join(f"{p.metadata.name} on {p.spec.node_name}: {p.status.phase}"
+                         + (" Ready" if _pod_ready(p) else "") + unscheduled(p)
                          + (" (deleting)" if p.metadata.deletion_timestamp else "") for p in self.pods())
 
     def running(self, role: str, index: int):

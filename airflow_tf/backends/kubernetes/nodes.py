@@ -25,6 +25,7 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+from collections.abc import Collection
 from typing import Any
 
 from .labels import GROUP_LABEL, INDEX_LABEL, JOB_NAME_LABEL, ROLE_LABEL
@@ -200,6 +201,12 @@ def force_deletion(pod: dict, namespace: str) -> ForceDeletion:
 CUT_OFF_AFTER_SECONDS = 5
 """How long a task must have been not Ready (its readiness probe failed ``HEALTH_FAILURES`` times
 in a row: no other task of its group answered) before the backend moves it: one more question."""
+CUT_NODE_READY_SECONDS = 90
+"""How long a task started on a node its group was cut off on (see :func:`cut_nodes`) has to turn
+Ready before it is judged cut off too, never Ready as it is: a task's start (TensorFlow's import,
+its server, one question of its peers) took well under that on a loaded node here. Without it, a
+trainer restarted onto that node, which the scheduler's spreading favours once it is empty, would
+never reach its group and the training would wait for good."""
 HOSTNAME = "kubernetes.io/hostname"
 PEERS_ANSWERED = "/tmp/airflow-tf-peers-answered"
 """The file a task's liveness probe keeps while another task of its group answers it, and its
@@ -224,32 +231,40 @@ def _peers_probed(pod: dict) -> bool:
                for c in (pod.get("spec") or {}).get("containers") or [])
 
 
-def cut_off_due(pod: dict) -> dt.datetime | None:
+def cut_off_due(pod: dict, cut: Collection[str] = ()) -> dt.datetime | None:
     """When a running pod with the peers' readiness probe that turned not Ready is to be judged
     (:func:`cut_off_pods`), else None. Read from the pod alone: its ``ContainersReady``, which only
     its kubelet sets (the node lifecycle controller marks the pods of a node it judges lost not
-    ``Ready`` and leaves that; they are the lost node's, :func:`release_due`)."""
+    ``Ready`` and leaves that; they are the lost node's, :func:`release_due`). A pod never Ready
+    since its container started is judged only on a node in ``cut`` (:func:`cut_nodes`), after
+    ``CUT_NODE_READY_SECONDS``; elsewhere its peers may simply not be up yet."""
     ready, running = _condition(pod, "ContainersReady", "False"), _running_since(pod)
     if (not _peers_probed(pod) or ready is None or running is None
             or (pod.get("status") or {}).get("phase") != "Running" or (pod.get("metadata") or {}).get("deletionTimestamp")):
         return None
     since = _time(ready.get("lastTransitionTime"))
-    if since is None or since <= running:
-        return None
-    return since + dt.timedelta(seconds=CUT_OFF_AFTER_SECONDS)
+    if since is not None and since > running:
+        return since + dt.timedelta(seconds=CUT_OFF_AFTER_SECONDS)
+    if node_of(pod) in cut:
+        return running + dt.timedelta(seconds=CUT_NODE_READY_SECONDS)
+    return None
 
 
-def cut_off_pods(pods: list[dict], now: dt.datetime) -> list[dict]:
+def cut_nodes(jobs: list[dict]) -> frozenset[str]:
+    """The nodes the group moved a task off, or is moving one off: its pod network there was cut."""
+    return frozenset(note["node"] for job in jobs for note in [*moves(job), moving(job)] if note)
+
+
+def cut_off_pods(pods: list[dict], now: dt.datetime, cut: Collection[str] = ()) -> list[dict]:
     """The group's pods cut off from it: running pods with the peers' readiness probe
     (:func:`.manifests.health_probes`) that were Ready and have not been for
-    ``CUT_OFF_AFTER_SECONDS`` (no other task answered their question), while another pod of the
-    group is Ready (the others still reach each other; pods on one node reach each other whatever
-    befell the node's network). A pod never Ready since its container started is not judged: its
-    peers may not be up yet."""
+    ``CUT_OFF_AFTER_SECONDS`` (no other task answered their question), or that never were on a
+    node in ``cut`` (:func:`cut_off_due`), while another pod of the group is Ready (the others
+    still reach each other; pods on one node reach each other whatever befell the node's network)."""
     live = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"
             and not (p.get("metadata") or {}).get("deletionTimestamp")]
     ready = {_name(p) for p in live if _condition(p, "Ready")}
-    return [p for p in live if (due := cut_off_due(p)) is not None and now >= due and ready - {_name(p)}]
+    return [p for p in live if (due := cut_off_due(p, cut)) is not None and now >= due and ready - {_name(p)}]
 
 
 def _name(pod: dict) -> str:
@@ -343,7 +358,7 @@ def job_patches(jobs: list[dict], pods: list[dict], namespace: str, now: dt.date
     by_name = {(j.get("metadata") or {}).get("name"): j for j in jobs}
     patches = [p for j in jobs if (p := resume_elsewhere(j, namespace)) is not None]
     started: set[str] = set()
-    for pod in cut_off_pods(pods, now):
+    for pod in cut_off_pods(pods, now, cut_nodes(jobs)):
         job = by_name.get(job_of(pod))
         if job is None or job_of(pod) in started:
             continue

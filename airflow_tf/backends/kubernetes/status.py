@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,12 +113,12 @@ def overdue_unschedulable(pods: list[dict], now: dt.datetime) -> list[str]:
             if (d := schedule_deadline(p)) is not None and now >= d]
 
 
-def next_wakeup(pods: list[dict], now: dt.datetime) -> dt.datetime | None:
+def next_wakeup(pods: list[dict], now: dt.datetime, cut: Collection[str] = ()) -> dt.datetime | None:
     """The next moment the status can change without any event: a schedule timeout passing, the
     release of a pod stuck on a lost node falling due (its node sends no event any more), or the
-    verdict on a pod cut off from its group."""
+    verdict on a pod cut off from its group (``cut``: :func:`.nodes.cut_nodes`)."""
     moments = [d for p in latest_pods(pods).values() if (d := schedule_deadline(p)) is not None and d > now]
-    moments += [d for p in pods if (d := release_due(p) or cut_off_due(p)) is not None and d > now]
+    moments += [d for p in pods if (d := release_due(p) or cut_off_due(p, cut)) is not None and d > now]
     return min(moments) if moments else None
 
 

@@ -22,7 +22,7 @@ from .calls import role_of as _role
 from .calls import tasks as _tasks
 from .jobset import is_jobset, read_view
 from .manifests import group_selector
-from .nodes import FORCE_DELETE_MISSES, JobPatch, disruption, force_deletion, job_patches, lost_pods
+from .nodes import FORCE_DELETE_MISSES, JobPatch, cut_nodes, disruption, force_deletion, job_patches, lost_pods
 from .one_off import PROGRESS_TAIL_LINES, is_one_off
 from .one_off import name_of as _name
 from .one_off import now as _now
@@ -145,6 +145,8 @@ class _WatchedGroup:
         self.moved: dict[str, dict] = {}
         """Pods Kubernetes disrupted (node lost, drain) and then removed, as last seen: once its Job
         replaced it the pod is gone from the API, and the status still says where the task moved."""
+        self.cut: frozenset[str] = frozenset()
+        """The nodes the group was cut off on, as its Jobs said at the last status (:func:`.nodes.cut_nodes`)."""
         self.resource_version: str | None = None
         self.progress: dict[str, Any] | None = None
         self._progress_read_at: float | None = None
@@ -169,7 +171,7 @@ class _WatchedGroup:
 
     def seconds_to_wakeup(self) -> float | None:
         now = _now()
-        moment = next_wakeup(list(self.pods.values()), now)
+        moment = next_wakeup(list(self.pods.values()), now, self.cut)
         return None if moment is None else max(0.0, (moment - now).total_seconds()) + 0.5
 
     async def _read_progress(self) -> None:
@@ -223,6 +225,7 @@ class _WatchedGroup:
         listed = await self.batch.list_namespaced_job(self.namespace, label_selector=self.selector)
         jobs = _tasks(self.api.sanitize_for_serialization(i) for i in listed.items)
         pods = list(self.pods.values())
+        self.cut = cut_nodes(jobs)
         for lost in lost_pods(pods, now):
             await self._force_delete(lost)
         for patch in job_patches(jobs, pods, self.namespace, now):
