@@ -265,6 +265,9 @@ def test_a_task_whose_peers_stopped_answering_is_cut_off_while_the_others_reach_
     assert cut_off_pods([cut, other], at("10:30:04")) == [], "one more question first"
     assert cut_off_pods([cut, other], at("10:30:05")) == [cut]
     assert next_wakeup([cut, other], at("10:30:01")) == at("10:30:05"), "the watch wakes for the verdict"
+    # A peer Ready only since it turned not Ready (a trainer restarted meanwhile, Ready by reaching
+    # this very task) proves nothing: its next question will likely find the peer.
+    assert cut_off_pods([cut, _probed(other, ready=True, since="10:30:02")], at("10:31:00")) == []
     # Nobody Ready: the others cannot tell who is cut off.
     assert cut_off_pods([cut, _probed(other, ready=False, since="10:30:00")], at("10:31:00")) == []
     # Never Ready since its container started (10:20:02): its peers may not be up yet.

@@ -231,6 +231,34 @@ def _peers_probed(pod: dict) -> bool:
                for c in (pod.get("spec") or {}).get("containers") or [])
 
 
+@dataclasses.dataclass(frozen=True)
+class _Clock:
+    """The verdict's clock on a pod not Ready (:func:`cut_off_due`)."""
+
+    started: dt.datetime
+    seconds: float
+    peers_ready_before: dt.datetime | None
+    """Another pod must have been Ready since then for the verdict (None: any Ready pod will do)."""
+
+    @property
+    def due(self) -> dt.datetime:
+        return self.started + dt.timedelta(seconds=self.seconds)
+
+
+def _cut_off_clock(pod: dict, cut: Collection[str]) -> _Clock | None:
+    """The verdict's clock on ``pod``, if it runs (:func:`cut_off_due`, :func:`cut_off_pods`)."""
+    ready, running = _condition(pod, "ContainersReady", "False"), _running_since(pod)
+    if (not _peers_probed(pod) or ready is None or running is None
+            or (pod.get("status") or {}).get("phase") != "Running" or (pod.get("metadata") or {}).get("deletionTimestamp")):
+        return None
+    since = _time(ready.get("lastTransitionTime"))
+    if since is not None and since > running:
+        return _Clock(since, CUT_OFF_AFTER_SECONDS, peers_ready_before=since)
+    if node_of(pod) in cut:  # nobody there turned Ready by reaching it: any Ready pod reaches the others
+        return _Clock(running, CUT_NODE_READY_SECONDS, peers_ready_before=None)
+    return None
+
+
 def cut_off_due(pod: dict, cut: Collection[str] = ()) -> dt.datetime | None:
     """When a running pod with the peers' readiness probe that turned not Ready is to be judged
     (:func:`cut_off_pods`), else None. Read from the pod alone: its ``ContainersReady``, which only
@@ -238,16 +266,8 @@ def cut_off_due(pod: dict, cut: Collection[str] = ()) -> dt.datetime | None:
     ``Ready`` and leaves that; they are the lost node's, :func:`release_due`). A pod never Ready
     since its container started is judged only on a node in ``cut`` (:func:`cut_nodes`), after
     ``CUT_NODE_READY_SECONDS``; elsewhere its peers may simply not be up yet."""
-    ready, running = _condition(pod, "ContainersReady", "False"), _running_since(pod)
-    if (not _peers_probed(pod) or ready is None or running is None
-            or (pod.get("status") or {}).get("phase") != "Running" or (pod.get("metadata") or {}).get("deletionTimestamp")):
-        return None
-    since = _time(ready.get("lastTransitionTime"))
-    if since is not None and since > running:
-        return since + dt.timedelta(seconds=CUT_OFF_AFTER_SECONDS)
-    if node_of(pod) in cut:
-        return running + dt.timedelta(seconds=CUT_NODE_READY_SECONDS)
-    return None
+    clock = _cut_off_clock(pod, cut)
+    return None if clock is None else clock.due
 
 
 def cut_nodes(jobs: list[dict]) -> frozenset[str]:
@@ -259,12 +279,23 @@ def cut_off_pods(pods: list[dict], now: dt.datetime, cut: Collection[str] = ()) 
     """The group's pods cut off from it: running pods with the peers' readiness probe
     (:func:`.manifests.health_probes`) that were Ready and have not been for
     ``CUT_OFF_AFTER_SECONDS`` (no other task answered their question), or that never were on a
-    node in ``cut`` (:func:`cut_off_due`), while another pod of the group is Ready (the others
-    still reach each other; pods on one node reach each other whatever befell the node's network)."""
+    node in ``cut`` (:func:`cut_off_due`), while another pod of the group is Ready: the others
+    still reach each other (pods on one node reach each other whatever befell the node's
+    network). For a pod that was Ready, the other must have been Ready since before it turned not
+    Ready: a peer restarted meanwhile turns Ready by reaching this very task, which proves nothing."""
     live = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"
             and not (p.get("metadata") or {}).get("deletionTimestamp")]
-    ready = {_name(p) for p in live if _condition(p, "Ready")}
-    return [p for p in live if (due := cut_off_due(p, cut)) is not None and now >= due and ready - {_name(p)}]
+    ready_since = {_name(p): _time(c.get("lastTransitionTime")) for p in live if (c := _condition(p, "Ready"))}
+    judged = []
+    for pod in live:
+        clock = _cut_off_clock(pod, cut)
+        if clock is None or now < clock.due:
+            continue
+        before = clock.peers_ready_before
+        if any(name != _name(pod) and (before is None or since is None or since <= before)
+               for name, since in ready_since.items()):
+            judged.append(pod)
+    return judged
 
 
 def _name(pod: dict) -> str:
