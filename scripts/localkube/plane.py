@@ -148,13 +148,13 @@ def up(directory: Path, owner_pid: int | None, with_kueue: bool = False, storage
     # One replica of each, so nothing to elect. With leader election on, a replica whose lease
     # renewal stalls (the API server answering in minutes on a loaded machine) exits, and the plane
     # is left without its controllers or scheduler; the renewals also cost an idle plane CPU.
-    single_leader = ["--leader-elect=false"]
+    no_election = ["--leader-elect=false"]
     start(directory, "kube-controller-manager", [
         str(bin_dir / "kube-controller-manager"),
         f"--kubeconfig={directory / 'run' / 'controller-manager.kubeconfig'}",
         "--bind-address=127.0.0.1", "--secure-port=0",
         # nodeipam hands out pod CIDRs to nodes, which needs a cluster CIDR this plane does not have.
-        "--controllers=*,-nodeipam", "--use-service-account-credentials", *single_leader,
+        "--controllers=*,-nodeipam", "--use-service-account-credentials", *no_election,
         # A node whose kubelet stopped reporting is NotReady after 20 s (Kubernetes' default: 50 s), so
         # tests of lost nodes (`node stop`) wait less; checked every 5 s (the default), and the kubelets
         # renew their lease every 5 s (nodeLeaseDurationSeconds 20).
@@ -163,7 +163,7 @@ def up(directory: Path, owner_pid: int | None, with_kueue: bool = False, storage
         "--v=1"])
     start(directory, "kube-scheduler", [
         str(bin_dir / "kube-scheduler"), f"--kubeconfig={directory / 'run' / 'scheduler.kubeconfig'}",
-        "--bind-address=127.0.0.1", "--secure-port=0", *single_leader, "--v=1"])
+        "--bind-address=127.0.0.1", "--secure-port=0", *no_election, "--v=1"])
 
     # Pods can only be created once the namespace's default service account exists (made by the
     # controller manager: its sign of life; a scheduler not yet watching leaves pods Pending a moment).

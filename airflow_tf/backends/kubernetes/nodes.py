@@ -235,14 +235,9 @@ def _peers_probed(pod: dict) -> bool:
 class _Clock:
     """The verdict's clock on a pod not Ready (:func:`cut_off_due`)."""
 
-    started: dt.datetime
-    seconds: float
+    due: dt.datetime
     peers_ready_before: dt.datetime | None
     """Another pod must have been Ready since then for the verdict (None: any Ready pod will do)."""
-
-    @property
-    def due(self) -> dt.datetime:
-        return self.started + dt.timedelta(seconds=self.seconds)
 
 
 def _cut_off_clock(pod: dict, cut: Collection[str]) -> _Clock | None:
@@ -253,9 +248,9 @@ def _cut_off_clock(pod: dict, cut: Collection[str]) -> _Clock | None:
         return None
     since = _time(ready.get("lastTransitionTime"))
     if since is not None and since > running:
-        return _Clock(since, CUT_OFF_AFTER_SECONDS, peers_ready_before=since)
+        return _Clock(since + dt.timedelta(seconds=CUT_OFF_AFTER_SECONDS), peers_ready_before=since)
     if node_of(pod) in cut:  # nobody there turned Ready by reaching it: any Ready pod reaches the others
-        return _Clock(running, CUT_NODE_READY_SECONDS, peers_ready_before=None)
+        return _Clock(running + dt.timedelta(seconds=CUT_NODE_READY_SECONDS), peers_ready_before=None)
     return None
 
 
